@@ -1,0 +1,80 @@
+//! Typed errors of the core, each with the errno that madvise(2) would give for the same input.
+
+use std::fmt;
+
+/// Why a vrange operation refused its input or failed.
+///
+/// Every variant maps to one errno ([`Error::errno`]) so the C ABI can report it the way
+/// madvise(2) does. Nothing is marked, unmarked or lost when an operation returns an error,
+/// except where a variant's documentation says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// `start` is not page-aligned (EINVAL).
+    Unaligned,
+    /// `start + length`, rounded up to a page, overflows the address space (EINVAL).
+    Overflow,
+    /// The mode argument is not one of the defined modes (EINVAL; C ABI only).
+    BadMode,
+    /// Part of the range is not mapped (ENOMEM).
+    NotMapped,
+    /// The range is mapped but not private, anonymous, readable and writable memory, so the
+    /// kernel purge path cannot serve it (EINVAL). Shared, file-backed, read-only and
+    /// `PROT_NONE` memory land here.
+    Unsupported,
+    /// The kernel refused the purge hint for part of the range, for example because it is
+    /// locked with mlock(2) (EINVAL). The range was pinned again before returning.
+    Refused,
+    /// The range lies above the highest user address vrange tracks (EINVAL).
+    OutOfReach,
+    /// Any other failure of a system call, with its errno.
+    Os(i32),
+}
+
+impl Error {
+    /// The errno madvise(2) would report for the same condition.
+    pub fn errno(self) -> i32 {
+        match self {
+            Error::Unaligned
+            | Error::Overflow
+            | Error::BadMode
+            | Error::Unsupported
+            | Error::Refused
+            | Error::OutOfReach => libc::EINVAL,
+            Error::NotMapped => libc::ENOMEM,
+            Error::Os(e) => e,
+        }
+    }
+
+    /// The error for a raw errno returned by the kernel.
+    pub(crate) fn from_errno(e: i32) -> Error {
+        match e {
+            libc::ENOMEM => Error::NotMapped,
+            libc::EINVAL => Error::Refused,
+            e => Error::Os(e),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self {
+            Error::Unaligned => "start address is not page-aligned",
+            Error::Overflow => "range overflows the address space",
+            Error::BadMode => "unknown vrange mode",
+            Error::NotMapped => "range is not fully mapped",
+            Error::Unsupported => {
+                "range is not private anonymous read-write memory (shared, file-backed or protected)"
+            }
+            Error::Refused => "kernel refused the purge hint (locked memory?)",
+            Error::OutOfReach => "range lies above the addresses vrange tracks",
+            Error::Os(_) => "system call failed",
+        };
+        write!(f, "{what} (errno {})", self.errno())
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, Error>;

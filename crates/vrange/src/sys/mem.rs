@@ -1,0 +1,190 @@
+//! Anonymous mappings and the madvise purge hints, named after what they guarantee.
+//!
+//! Owns `mmap`, `munmap` and `madvise` for the whole crate. Never decides policy: callers say
+//! which guarantee they need.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Size of the 2 MiB block a PMD maps on x86-64 and arm64 with 4 KiB pages.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+static PAGE_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+/// The base page size. Async-signal-safe after its first call (a relaxed atomic load).
+#[inline]
+pub fn page_size() -> usize {
+    let cached = PAGE_SIZE.load(Ordering::Relaxed);
+    if cached != 0 {
+        return cached;
+    }
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let size = if size > 0 { size as usize } else { 4096 };
+    PAGE_SIZE.store(size, Ordering::Relaxed);
+    size
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Maps `len` bytes (a page multiple) of private anonymous read-write memory whose start is
+/// aligned to `align` (a power of two, at least a page). Content is zero.
+///
+/// # Errors
+/// The errno of mmap(2) (ENOMEM when the address space or overcommit limit is exhausted).
+pub fn map_anon(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
+    let page = page_size();
+    debug_assert!(align.is_power_of_two() && align >= page && len % page == 0);
+    let slack = align - page;
+    let total = len.checked_add(slack).ok_or(libc::ENOMEM)?;
+    // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases nothing.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    let start = raw as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let head = aligned - start;
+    let tail = slack - head;
+    // SAFETY: both trims lie inside the mapping just created, which nothing else knows of yet.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        if tail > 0 {
+            libc::munmap((aligned + len) as *mut libc::c_void, tail);
+        }
+    }
+    NonNull::new(aligned as *mut u8).ok_or(libc::ENOMEM)
+}
+
+/// Unmaps `[ptr, ptr + len)`.
+///
+/// # Safety
+/// The range must be a mapping (or part of one) that the caller owns, with no live references
+/// into it.
+pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: the caller owns the mapping and nothing refers into it.
+    unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+}
+
+fn advise(ptr: *mut u8, len: usize, advice: i32) -> Result<(), i32> {
+    // SAFETY: madvise validates the range itself and fails with ENOMEM on holes; the advices
+    // used here cannot make memory unsafe to access, only change its content as documented by
+    // the caller-facing function, whose own contract covers that.
+    let rc = unsafe { libc::madvise(ptr.cast(), len, advice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// Lets the kernel discard the pages in the range when memory is short (MADV_FREE). Until it
+/// does, content stays readable and a write to a page keeps that page. Pages shared after
+/// fork are left alone by the kernel.
+///
+/// # Errors
+/// EINVAL for locked, shared or file-backed memory, ENOMEM for holes (the rest of the range is
+/// still advised, as madvise(2) does).
+///
+/// # Safety
+/// The caller must be prepared for every page of the range to read as zero at any later time
+/// until the page is written again.
+///
+/// # References
+/// madvise(2) MADV_FREE; mm/madvise.c `madvise_free_single_vma`.
+pub unsafe fn purge_lazy(ptr: *mut u8, len: usize) -> Result<(), i32> {
+    advise(ptr, len, libc::MADV_FREE)
+}
+
+/// Drops the pages in the range now (MADV_DONTNEED): they read as zero afterwards. A call
+/// covering a whole 2 MiB block lets a kernel with PT_RECLAIM free its page table too.
+///
+/// # Errors
+/// EINVAL for locked memory, ENOMEM for holes.
+///
+/// # Safety
+/// The caller must own the range and hold no reference that expects its content.
+///
+/// # References
+/// madvise(2) MADV_DONTNEED; Documentation/mm/process_addrs.rst (PT_RECLAIM).
+pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> Result<(), i32> {
+    advise(ptr, len, libc::MADV_DONTNEED)
+}
+
+/// Asks the kernel to reclaim the range now (MADV_PAGEOUT). Clean lazy (purge_lazy) pages are
+/// discarded at once, which is the deterministic way to force a purge; dirty anonymous pages
+/// stay resident on a machine without swap. Pinned content is never lost.
+///
+/// # Errors
+/// EINVAL where the kernel lacks MADV_PAGEOUT (before 5.4) or for locked memory, ENOMEM for
+/// holes.
+pub fn reclaim_now(ptr: *mut u8, len: usize) -> Result<(), i32> {
+    advise(ptr, len, 21 /* MADV_PAGEOUT */)
+}
+
+/// Faults in every page of the range writable without changing content
+/// (MADV_POPULATE_WRITE, Linux 5.14).
+///
+/// # Errors
+/// EINVAL where unsupported, ENOMEM for holes or when memory runs out.
+pub fn populate_write(ptr: *mut u8, len: usize) -> Result<(), i32> {
+    advise(ptr, len, 23 /* MADV_POPULATE_WRITE */)
+}
+
+/// Asks for (or against) transparent huge pages on the range; content is kept.
+///
+/// # Errors
+/// EINVAL where THP is not built in.
+pub fn advise_huge(ptr: *mut u8, len: usize, huge: bool) -> Result<(), i32> {
+    let advice = if huge {
+        libc::MADV_HUGEPAGE
+    } else {
+        libc::MADV_NOHUGEPAGE
+    };
+    advise(ptr, len, advice)
+}
+
+/// Number of resident pages of the range, from mincore(2). For tests and reports.
+///
+/// # Errors
+/// ENOMEM for holes.
+pub fn resident_pages(ptr: *mut u8, len: usize) -> Result<usize, i32> {
+    let page = page_size();
+    let mut resident = 0;
+    let mut buf = [0u8; 4096];
+    let mut off = 0;
+    while off < len {
+        let chunk = (len - off).min(buf.len() * page);
+        // SAFETY: buf holds one byte per page of the chunk (chunk <= buf.len() pages); mincore
+        // reports holes as ENOMEM rather than touching them.
+        let rc = unsafe {
+            libc::mincore(
+                ptr.wrapping_add(off).cast(),
+                chunk,
+                buf.as_mut_ptr().cast::<libc::c_uchar>(),
+            )
+        };
+        if rc != 0 {
+            return Err(errno());
+        }
+        let pages = chunk.div_ceil(page);
+        resident += buf[..pages].iter().filter(|b| **b & 1 != 0).count();
+        off += chunk;
+    }
+    Ok(resident)
+}

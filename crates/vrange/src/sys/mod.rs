@@ -1,0 +1,33 @@
+//! The kernel boundary: every `mmap`, `madvise`, `ioctl` and `/proc` access of vrange lives
+//! below this module, and no other module calls them (`clippy.toml` enforces it).
+//!
+//! # Contract
+//! - Addresses passed to the memory functions are page-aligned and lengths are multiples of the
+//!   page size; callers check this first (`crate::range`). Violations are reported, not fixed.
+//! - Errors are raw errnos turned into [`crate::Error`] by the caller that knows the context.
+//! - What content survives each call, named by guarantee rather than by flag:
+//!
+//! | function            | advice                | content afterwards                          |
+//! |---------------------|-----------------------|---------------------------------------------|
+//! | [`mem::purge_lazy`]   | MADV_FREE           | kept until memory pressure; then zero pages |
+//! | [`mem::purge_forced`] | MADV_DONTNEED       | zero at once; page tables freed with PT_RECLAIM when a 2 MiB block is covered |
+//! | [`mem::reclaim_now`]  | MADV_PAGEOUT        | clean lazy pages discarded now; dirty pages kept (no swap) or swapped |
+//! | [`mem::populate_write`] | MADV_POPULATE_WRITE | kept; missing pages faulted in writable   |
+//! | [`mem::advise_huge`]  | MADV_(NO)HUGEPAGE   | kept                                        |
+//!
+//! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
+//!   [`mem::page_size`] after first use, [`vma::check_private_anon`].
+//! - Kernel features are probed once, at first use, and the result and any fallback is recorded
+//!   in [`probe::features`].
+//!
+//! # Safety
+//! This is one of the modules allowed `unsafe`: each block names the check it relies on.
+
+// The one place allowed to call the raw memory syscalls (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+pub mod cgroup;
+pub mod mem;
+pub mod probe;
+pub mod procfs;
+pub mod vma;

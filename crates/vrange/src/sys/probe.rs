@@ -1,0 +1,349 @@
+//! Kernel feature probe: what this kernel and these privileges allow, tried once at first use.
+//!
+//! Each probe performs the real operation on a scratch mapping (or opens the real file) rather
+//! than trusting version numbers, and each feature records what vrange does without it.
+
+use super::cgroup::{MemCgroup, Version};
+use super::{mem, procfs, vma};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// Transparent huge page policy from `/sys/kernel/mm/transparent_hugepage/enabled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThpMode {
+    /// Every large enough anonymous mapping gets huge pages.
+    Always,
+    /// Only ranges advised with MADV_HUGEPAGE (vrange advises its large regions).
+    Madvise,
+    /// Never.
+    Never,
+    /// The kernel has no THP support (or the file is unreadable).
+    Unavailable,
+}
+
+/// What the running kernel offers vrange, probed once; see [`features`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Features {
+    /// Base page size in bytes.
+    pub page_size: usize,
+    /// MADV_FREE (4.5): the lazy purge path. Without it, marking records state but the kernel
+    /// cannot discard anything: content is always kept.
+    pub madv_free: bool,
+    /// MADV_PAGEOUT (5.4): deterministic purge for tests and `vrange demo`. Without it, tests
+    /// rely on cgroup pressure only.
+    pub madv_pageout: bool,
+    /// MADV_POPULATE_WRITE (5.14): prefaulting without writing. Without it, pages are touched.
+    pub madv_populate_write: bool,
+    /// THP policy; vrange requests huge pages for 2 MiB-aligned regions under `madvise`.
+    pub thp: ThpMode,
+    /// PMD size (the THP size), usually 2 MiB.
+    pub thp_pmd_size: usize,
+    /// Multi-size THP folio sizes the kernel offers (bytes), from `hugepages-*kB` directories.
+    pub mthp_sizes: Vec<usize>,
+    /// Whether MADV_DONTNEED over a whole 2 MiB block frees its page table (PT_RECLAIM),
+    /// measured through VmPTE; `None` when it could not be measured.
+    pub pt_reclaim: Option<bool>,
+    /// PROCMAP_QUERY (6.11): range checks by ioctl. Without it, `/proc/self/maps` is parsed.
+    pub procmap_query: bool,
+    /// userfaultfd(2) usable by this process (user-mode faults only).
+    pub userfaultfd: bool,
+    /// `/dev/userfaultfd` present.
+    pub userfaultfd_dev: bool,
+    /// MAP_DROPPABLE (6.11) mappings can be created.
+    pub map_droppable: bool,
+    /// process_madvise(2) on our own pidfd (5.10) works.
+    pub process_madvise: bool,
+    /// `/proc/pressure/memory` readable (PSI).
+    pub psi: bool,
+    /// A PSI trigger with a 2 s window could be armed on `/proc/pressure/memory`.
+    pub psi_trigger: bool,
+    /// This process's memory cgroup, if any: version and directory.
+    pub cgroup: Option<(Version, PathBuf)>,
+    /// That cgroup's memory limit in bytes, if set.
+    pub cgroup_limit: Option<u64>,
+}
+
+/// The features of this kernel, probed on first call and cached for the process.
+pub fn features() -> &'static Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    FEATURES.get_or_init(probe)
+}
+
+fn probe() -> Features {
+    let page = mem::page_size();
+    let cg = MemCgroup::current();
+    Features {
+        page_size: page,
+        madv_free: try_advice(unsafe_free),
+        madv_pageout: try_advice(mem::reclaim_now),
+        madv_populate_write: try_advice(mem::populate_write),
+        thp: thp_mode(),
+        thp_pmd_size: read_number("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .unwrap_or(mem::HUGE_PAGE as u64) as usize,
+        mthp_sizes: mthp_sizes(),
+        pt_reclaim: pt_reclaim(),
+        procmap_query: vma::has_procmap_query(),
+        userfaultfd: userfaultfd_works(),
+        userfaultfd_dev: std::path::Path::new("/dev/userfaultfd").exists(),
+        map_droppable: map_droppable_works(),
+        process_madvise: process_madvise_works(),
+        psi: std::fs::read_to_string("/proc/pressure/memory").is_ok(),
+        psi_trigger: psi_trigger_works(),
+        cgroup_limit: cg.as_ref().and_then(|c| c.limit()),
+        cgroup: cg.map(|c| (c.version(), c.path().to_path_buf())),
+    }
+}
+
+fn unsafe_free(p: *mut u8, l: usize) -> Result<(), i32> {
+    // SAFETY: the scratch page belongs to the probe and its content does not matter.
+    unsafe { mem::purge_lazy(p, l) }
+}
+
+/// Maps a scratch page, writes it, applies `advise`, unmaps.
+fn try_advice(advise: impl FnOnce(*mut u8, usize) -> Result<(), i32>) -> bool {
+    let page = mem::page_size();
+    let Ok(ptr) = mem::map_anon(page, page) else {
+        return false;
+    };
+    // SAFETY: ptr is a fresh private mapping of one page owned here.
+    unsafe { ptr.as_ptr().write(1) };
+    let ok = advise(ptr.as_ptr(), page).is_ok();
+    // SAFETY: the scratch mapping is owned here and no reference into it exists.
+    unsafe { mem::unmap(ptr, page) };
+    ok
+}
+
+fn read_number(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn thp_mode() -> ThpMode {
+    let Ok(text) = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled") else {
+        return ThpMode::Unavailable;
+    };
+    match text.split('[').nth(1).and_then(|s| s.split(']').next()) {
+        Some("always") => ThpMode::Always,
+        Some("madvise") => ThpMode::Madvise,
+        Some("never") => ThpMode::Never,
+        _ => ThpMode::Unavailable,
+    }
+}
+
+fn mthp_sizes() -> Vec<usize> {
+    let mut sizes: Vec<usize> = std::fs::read_dir("/sys/kernel/mm/transparent_hugepage")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: usize = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            Some(kb * 1024)
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes
+}
+
+/// Touches one page in each of 64 2 MiB blocks (64 page tables, 256 KiB of VmPTE on x86-64),
+/// drops them with MADV_DONTNEED and sees whether VmPTE falls back.
+fn pt_reclaim() -> Option<bool> {
+    const BLOCKS: usize = 64;
+    let len = BLOCKS * mem::HUGE_PAGE;
+    let ptr = mem::map_anon(len, mem::HUGE_PAGE).ok()?;
+    let base = ptr.as_ptr();
+    let _ = mem::advise_huge(base, len, false);
+    let measure = || procfs::status(None).ok().map(|s| s.vm_pte_kb);
+    let before = measure();
+    for i in 0..BLOCKS {
+        // SAFETY: i * HUGE_PAGE < len, inside the probe's own mapping.
+        unsafe { base.add(i * mem::HUGE_PAGE).write(1) };
+    }
+    let touched = measure();
+    // SAFETY: the probe owns the mapping; its content is not needed.
+    let dropped = unsafe { mem::purge_forced(base, len) }
+        .ok()
+        .and_then(|_| measure());
+    // SAFETY: the probe owns the mapping and holds no reference into it.
+    unsafe { mem::unmap(ptr, len) };
+    let (before, touched, dropped) = (before?, touched?, dropped?);
+    let grown = touched.saturating_sub(before);
+    // Other threads can change VmPTE meanwhile; demand a clear signal either way.
+    if grown < 128 {
+        return None;
+    }
+    Some(touched.saturating_sub(dropped) >= grown * 3 / 4)
+}
+
+fn userfaultfd_works() -> bool {
+    const UFFD_USER_MODE_ONLY: libc::c_long = 1;
+    // SAFETY: userfaultfd takes flags only and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_userfaultfd,
+            libc::O_CLOEXEC as libc::c_long | UFFD_USER_MODE_ONLY,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fd was just returned to us.
+    unsafe { libc::close(fd as i32) };
+    true
+}
+
+fn map_droppable_works() -> bool {
+    const MAP_DROPPABLE: i32 = 0x08;
+    let page = mem::page_size();
+    // SAFETY: a fresh anonymous mapping aliases nothing; it is unmapped right after.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            MAP_DROPPABLE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        libc::munmap(p, page);
+    }
+    true
+}
+
+fn process_madvise_works() -> bool {
+    // SAFETY: pidfd_open on our own pid returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if pidfd < 0 {
+        return false;
+    }
+    let ok = try_advice(|p, l| {
+        let iov = libc::iovec {
+            iov_base: p.cast(),
+            iov_len: l,
+        };
+        // SAFETY: iov describes one page of the probe's scratch mapping; MADV_COLD keeps content.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd,
+                &iov,
+                1,
+                libc::MADV_COLD,
+                0,
+            )
+        };
+        if rc == l as libc::c_long {
+            Ok(())
+        } else {
+            Err(libc::EINVAL)
+        }
+    });
+    // SAFETY: pidfd was opened above.
+    unsafe { libc::close(pidfd as i32) };
+    ok
+}
+
+fn psi_trigger_works() -> bool {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/pressure/memory")
+    else {
+        return false;
+    };
+    // The trigger string must include its NUL; unprivileged windows are multiples of 2 s.
+    f.write_all(b"some 150000 2000000\0").is_ok()
+}
+
+impl fmt::Display for Features {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        let rows: [(&str, String, &str); 13] = [
+            ("page size", format!("{} bytes", self.page_size), ""),
+            (
+                "MADV_FREE",
+                yes(self.madv_free).into(),
+                "without: marking keeps every page",
+            ),
+            (
+                "MADV_PAGEOUT",
+                yes(self.madv_pageout).into(),
+                "without: purges wait for real pressure",
+            ),
+            (
+                "MADV_POPULATE_WRITE",
+                yes(self.madv_populate_write).into(),
+                "without: pages are touched",
+            ),
+            (
+                "THP",
+                format!("{:?}, PMD {} KiB", self.thp, self.thp_pmd_size >> 10),
+                "vrange advises 2 MiB-aligned regions",
+            ),
+            (
+                "mTHP sizes",
+                format!(
+                    "{:?} KiB",
+                    self.mthp_sizes.iter().map(|s| s >> 10).collect::<Vec<_>>()
+                ),
+                "",
+            ),
+            (
+                "PT_RECLAIM",
+                self.pt_reclaim.map_or("unknown".into(), |b| yes(b).into()),
+                "without: page tables stay after purges",
+            ),
+            (
+                "PROCMAP_QUERY",
+                yes(self.procmap_query).into(),
+                "without: /proc/self/maps is parsed",
+            ),
+            (
+                "userfaultfd",
+                format!(
+                    "{} (/dev/userfaultfd: {})",
+                    yes(self.userfaultfd),
+                    yes(self.userfaultfd_dev)
+                ),
+                "",
+            ),
+            ("MAP_DROPPABLE", yes(self.map_droppable).into(), ""),
+            (
+                "process_madvise",
+                yes(self.process_madvise).into(),
+                "without: one madvise per range",
+            ),
+            (
+                "PSI",
+                format!("{} (trigger: {})", yes(self.psi), yes(self.psi_trigger)),
+                "without: cgroup and budget sources only",
+            ),
+            (
+                "memory cgroup",
+                match &self.cgroup {
+                    Some((v, p)) => format!(
+                        "{v:?} {} limit {}",
+                        p.display(),
+                        self.cgroup_limit
+                            .map_or("none".into(), |l| format!("{} MiB", l >> 20))
+                    ),
+                    None => "none".into(),
+                },
+                "",
+            ),
+        ];
+        for (name, value, fallback) in rows {
+            writeln!(f, "{name:<20} {value:<28} {fallback}")?;
+        }
+        Ok(())
+    }
+}

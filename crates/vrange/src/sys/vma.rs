@@ -1,0 +1,369 @@
+//! Which mappings a range lies in, asked of the kernel without allocating.
+//!
+//! Owns every read of `/proc/self/maps`. Uses the PROCMAP_QUERY ioctl (Linux 6.11) on a cached
+//! descriptor, one call per mapping, and falls back to a streaming, byte-at-a-time parse of the
+//! file through a stack buffer on older kernels. Everything here is async-signal-safe: only
+//! open, read, ioctl and close are called, no allocation, no lock. It must stay that way,
+//! because unmarking from a signal handler depends on it.
+
+use crate::Error;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// `_IOWR('f', 17, struct procmap_query)` from `<linux/fs.h>`.
+const PROCMAP_QUERY: u64 = 0xC068_6611;
+const QUERY_VMA_READABLE: u64 = 0x01;
+const QUERY_VMA_WRITABLE: u64 = 0x02;
+const QUERY_VMA_SHARED: u64 = 0x08;
+
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// One mapping, as much of it as vrange needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Vma {
+    /// First address.
+    pub start: usize,
+    /// One past the last address.
+    pub end: usize,
+    /// Mapped readable.
+    pub readable: bool,
+    /// Mapped writable.
+    pub writable: bool,
+    /// MAP_SHARED (includes shared anonymous memory, which is shmem).
+    pub shared: bool,
+    /// Not backed by a file (no device, no inode).
+    pub anonymous: bool,
+}
+
+impl Vma {
+    /// Whether the kernel purge path can serve this mapping.
+    fn is_private_anon_rw(&self) -> bool {
+        self.readable && self.writable && !self.shared && self.anonymous
+    }
+}
+
+/// Cached `/proc/self/maps` descriptor for PROCMAP_QUERY: `pid << 32 | fd`, 0 when unset. The
+/// pid guards against using a descriptor inherited across fork, which names the parent.
+static MAPS_FD: AtomicU64 = AtomicU64::new(0);
+/// Set once PROCMAP_QUERY has answered ENOTTY/EINVAL: this kernel lacks it.
+static NO_QUERY: AtomicBool = AtomicBool::new(false);
+
+const MAPS_PATH: &[u8] = b"/proc/self/maps\0";
+
+fn getpid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+fn open_maps() -> Result<i32, Error> {
+    // SAFETY: MAPS_PATH is NUL-terminated.
+    let fd = unsafe { libc::open(MAPS_PATH.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        Err(Error::Os(last_errno()))
+    } else {
+        Ok(fd)
+    }
+}
+
+fn last_errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+fn close(fd: i32) {
+    // SAFETY: fd is a descriptor this module opened and no longer publishes.
+    unsafe { libc::close(fd) };
+}
+
+/// The cached descriptor for this process, opening it on first use (or first use after fork).
+fn query_fd() -> Result<i32, Error> {
+    let pid = getpid();
+    let cached = MAPS_FD.load(Ordering::Acquire);
+    if cached != 0 && (cached >> 32) as u32 == pid {
+        return Ok(cached as u32 as i32);
+    }
+    let fd = open_maps()?;
+    let packed = (u64::from(pid) << 32) | u64::from(fd as u32);
+    match MAPS_FD.compare_exchange(cached, packed, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            // The old descriptor was inherited from the parent: nobody here uses it.
+            if cached != 0 {
+                close(cached as u32 as i32);
+            }
+            Ok(fd)
+        }
+        Err(winner) => {
+            close(fd);
+            if (winner >> 32) as u32 == pid {
+                Ok(winner as u32 as i32)
+            } else {
+                Err(Error::Os(libc::EAGAIN))
+            }
+        }
+    }
+}
+
+/// The mapping containing `addr`, by PROCMAP_QUERY. `Ok(None)` for an unmapped address,
+/// `Err(None)` when the kernel lacks the ioctl.
+fn query(addr: usize) -> Result<Option<Vma>, Option<Error>> {
+    let fd = query_fd().map_err(Some)?;
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr as u64,
+        ..Default::default()
+    };
+    // SAFETY: q is a properly sized, writable procmap_query whose size field says so; the
+    // name and build-id buffers are absent (sizes 0), so the kernel writes only into q.
+    let rc = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
+    if rc == 0 {
+        return Ok(Some(Vma {
+            start: q.vma_start as usize,
+            end: q.vma_end as usize,
+            readable: q.vma_flags & QUERY_VMA_READABLE != 0,
+            writable: q.vma_flags & QUERY_VMA_WRITABLE != 0,
+            shared: q.vma_flags & QUERY_VMA_SHARED != 0,
+            anonymous: q.inode == 0 && q.dev_major == 0 && q.dev_minor == 0,
+        }));
+    }
+    match last_errno() {
+        libc::ENOENT => Ok(None),
+        libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP => Err(None),
+        e => Err(Some(Error::Os(e))),
+    }
+}
+
+/// Checks that `[start, end)` is entirely mapped private anonymous read-write memory.
+///
+/// Async-signal-safe.
+///
+/// # Errors
+/// [`Error::NotMapped`] for a hole, [`Error::Unsupported`] for any other kind of mapping,
+/// [`Error::Os`] if `/proc/self/maps` cannot be opened.
+pub fn check_private_anon(start: usize, end: usize) -> Result<(), Error> {
+    if !NO_QUERY.load(Ordering::Relaxed) {
+        match check_by_query(start, end) {
+            Err(None) => NO_QUERY.store(true, Ordering::Relaxed),
+            Err(Some(e)) => return Err(e),
+            Ok(()) => return Ok(()),
+        }
+    }
+    check_by_parsing(start, end)
+}
+
+fn check_by_query(start: usize, end: usize) -> Result<(), Option<Error>> {
+    let mut cursor = start;
+    while cursor < end {
+        let vma = query(cursor)?.ok_or(Some(Error::NotMapped))?;
+        if !vma.is_private_anon_rw() {
+            return Err(Some(Error::Unsupported));
+        }
+        cursor = vma.end;
+    }
+    Ok(())
+}
+
+/// Whether this kernel answers PROCMAP_QUERY (probed by trying it once).
+pub fn has_procmap_query() -> bool {
+    if NO_QUERY.load(Ordering::Relaxed) {
+        return false;
+    }
+    let probe = &MAPS_FD as *const AtomicU64 as usize;
+    match query(probe) {
+        Err(None) => {
+            NO_QUERY.store(true, Ordering::Relaxed);
+            false
+        }
+        _ => true,
+    }
+}
+
+/// Forces the `/proc/self/maps` parsing fallback, for tests of old-kernel behaviour.
+#[doc(hidden)]
+pub fn force_parsing_fallback(on: bool) {
+    NO_QUERY.store(on, Ordering::Relaxed);
+}
+
+fn check_by_parsing(start: usize, end: usize) -> Result<(), Error> {
+    let mut cursor = start;
+    let mut verdict = Err(Error::NotMapped);
+    for_each_vma(|vma| {
+        if vma.end <= cursor {
+            return true;
+        }
+        if vma.start > cursor {
+            verdict = Err(Error::NotMapped);
+            return false;
+        }
+        if !vma.is_private_anon_rw() {
+            verdict = Err(Error::Unsupported);
+            return false;
+        }
+        cursor = vma.end;
+        if cursor >= end {
+            verdict = Ok(());
+            return false;
+        }
+        true
+    })?;
+    verdict
+}
+
+/// Calls `visit` for each mapping of this process in address order until it returns false.
+/// Reads `/proc/self/maps` through a stack buffer with a fresh descriptor (a shared one would
+/// race on the file position).
+pub fn for_each_vma(mut visit: impl FnMut(&Vma) -> bool) -> Result<(), Error> {
+    let fd = open_maps()?;
+    let mut parser = LineParser::default();
+    let mut buf = [0u8; 4096];
+    let result = 'read: loop {
+        // SAFETY: buf is a writable buffer of buf.len() bytes owned by this frame.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = last_errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            break Err(Error::Os(e));
+        }
+        if n == 0 {
+            break Ok(());
+        }
+        for &b in &buf[..n as usize] {
+            if let Some(vma) = parser.feed(b) {
+                if !visit(&vma) {
+                    break 'read Ok(());
+                }
+            }
+        }
+    };
+    close(fd);
+    result
+}
+
+/// Parses `start-end perms offset major:minor inode [path]` lines one byte at a time, so that
+/// arbitrarily long path names need no buffer.
+#[derive(Default)]
+struct LineParser {
+    field: u8,
+    start: usize,
+    end: usize,
+    perm_index: u8,
+    vma: Vma,
+    dev_nonzero: bool,
+    inode_nonzero: bool,
+}
+
+impl LineParser {
+    fn feed(&mut self, b: u8) -> Option<Vma> {
+        if b == b'\n' {
+            let vma = Vma {
+                start: self.start,
+                end: self.end,
+                anonymous: !self.dev_nonzero && !self.inode_nonzero,
+                ..self.vma
+            };
+            *self = LineParser::default();
+            return Some(vma);
+        }
+        match (self.field, b) {
+            (0, b'-') => self.field = 1,
+            (0, _) => self.start = hex_push(self.start, b),
+            (1, b' ') => self.field = 2,
+            (1, _) => self.end = hex_push(self.end, b),
+            (2, b' ') => self.field = 3,
+            (2, _) => {
+                match (self.perm_index, b) {
+                    (0, b'r') => self.vma.readable = true,
+                    (1, b'w') => self.vma.writable = true,
+                    (3, b's') => self.vma.shared = true,
+                    _ => {}
+                }
+                self.perm_index += 1;
+            }
+            (3, b' ') => self.field = 4,
+            (4, b' ') => self.field = 5,
+            (4, b'0' | b':') => {}
+            (4, _) => self.dev_nonzero = true,
+            (5, b' ') => self.field = 6,
+            (5, b'0') => {}
+            (5, _) => self.inode_nonzero = true,
+            _ => {}
+        }
+        None
+    }
+}
+
+fn hex_push(acc: usize, b: u8) -> usize {
+    let digit = match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        b'A'..=b'F' => b - b'A' + 10,
+        _ => return acc,
+    };
+    acc.wrapping_shl(4) | usize::from(digit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Vec<Vma> {
+        let mut p = LineParser::default();
+        text.bytes().filter_map(|b| p.feed(b)).collect()
+    }
+
+    #[test]
+    fn parser_reads_anonymous_and_file_lines() {
+        let v = parse(
+            "7f00a000-7f00c000 rw-p 00000000 00:00 0 \n\
+             55d0-55e0 r-xp 00001000 fd:01 1234567 /usr/bin/cat\n\
+             7ffd000-7ffe000 rw-s 00000000 00:05 42 /dev/zero (deleted)\n\
+             1000-2000 ---p 00000000 00:00 0\n",
+        );
+        assert_eq!(v.len(), 4);
+        assert_eq!((v[0].start, v[0].end), (0x7f00a000, 0x7f00c000));
+        assert!(v[0].is_private_anon_rw());
+        assert!(!v[1].anonymous && !v[1].writable);
+        assert!(v[2].shared && !v[2].anonymous);
+        assert!(!v[3].readable && v[3].anonymous);
+    }
+
+    #[test]
+    fn query_and_parsing_agree_on_this_process() {
+        let mut seen = 0;
+        for_each_vma(|vma| {
+            // Other test threads map and unmap concurrently, so compare only what a
+            // mapping's own flags say, and only where it is still there.
+            if let Ok(Some(q)) = query(vma.start) {
+                if q.start == vma.start && q.end == vma.end {
+                    assert_eq!(
+                        (q.writable, q.shared, q.anonymous),
+                        (vma.writable, vma.shared, vma.anonymous),
+                        "{vma:?}"
+                    );
+                }
+            }
+            seen += 1;
+            true
+        })
+        .unwrap();
+        assert!(seen > 3);
+    }
+}
