@@ -149,6 +149,26 @@ pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
     result
 }
 
+/// Drops vrange's state for `[ptr, ptr + len)` without touching the memory: call it before
+/// unmapping (or otherwise giving up) memory that may still be volatile. Async-signal-safe.
+///
+/// Without it, a later mapping at the same addresses inherits the old page states, and the
+/// worst that can follow is a false "purged" report (a stale witness reads as lost), never a
+/// false "intact". [`Region`](crate::Region) does this itself when dropped.
+///
+/// # Errors
+/// As for range validation ([`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`]);
+/// the range need not be mapped.
+///
+/// # Safety
+/// Pages of the range that are still mapped and volatile stay lazy-free: the caller must not
+/// rely on their content afterwards.
+pub unsafe fn forget(ptr: *mut u8, len: usize) -> Result<(), Error> {
+    let span = Span::new(ptr as usize, len)?;
+    shadow::forget(span.start, span.end);
+    Ok(())
+}
+
 /// Number of volatile pages in `[ptr, ptr + len)`; for tests and reports.
 ///
 /// # Errors

@@ -37,7 +37,7 @@ pub mod sys;
 mod witness;
 
 pub use error::{Error, Result};
-pub use lazy::{mark_volatile, unmark, volatile_pages};
+pub use lazy::{forget, mark_volatile, unmark, volatile_pages};
 pub use region::{Huge, Region};
 pub use sys::mem::page_size;
 pub use sys::probe::{features, Features, ThpMode};

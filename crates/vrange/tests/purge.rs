@@ -89,6 +89,7 @@ fn unmark_pins_pages_against_forced_reclaim() {
 
 #[test]
 fn region_thp_purge_and_pin() {
+    pin_cpu();
     let region = Region::new(8 << 20).unwrap();
     fill(region.as_ptr(), region.len(), 4);
     // SAFETY (test): no reference into the region.

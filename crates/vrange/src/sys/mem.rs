@@ -127,8 +127,14 @@ pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> Result<(), i32> {
 }
 
 /// Asks the kernel to reclaim the range now (MADV_PAGEOUT). Clean lazy (purge_lazy) pages are
-/// discarded at once, which is the deterministic way to force a purge; dirty anonymous pages
-/// stay resident on a machine without swap. Pinned content is never lost.
+/// discarded at once; dirty anonymous pages stay resident on a machine without swap. Pinned
+/// content is never lost.
+///
+/// Deterministic only on the CPU that ran [`purge_lazy`]: MADV_FREE parks up to 31 folios in a
+/// per-CPU batch before they become lazy, and MADV_PAGEOUT drains only its own CPU's batch.
+/// Called from another CPU it skips those folios, and isolating them before the batch drains
+/// leaves them ordinary (not lazy) anonymous memory for good: kept, never discarded. Tests pin
+/// their thread to one CPU for this reason.
 ///
 /// # Errors
 /// EINVAL where the kernel lacks MADV_PAGEOUT (before 5.4) or for locked memory, ENOMEM for

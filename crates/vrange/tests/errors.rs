@@ -1,0 +1,149 @@
+//! Bad input gets madvise(2)'s errno and changes nothing.
+
+mod common;
+use common::*;
+use vrange::sys::mem;
+use vrange::{mark_volatile, page_size, unmark, volatile_pages, Error};
+
+fn both(ptr: *mut u8, len: usize) -> (Result<usize, Error>, Result<vrange::Unmarked, Error>) {
+    // SAFETY (test): the calls must fail before touching anything.
+    unsafe { (mark_volatile(ptr, len), unmark(ptr, len)) }
+}
+
+fn raw_map(len: usize, prot: i32, flags: i32, fd: i32) -> *mut u8 {
+    // SAFETY (test): a fresh mapping.
+    #[allow(clippy::disallowed_methods)]
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    assert_ne!(p, libc::MAP_FAILED);
+    p.cast()
+}
+
+#[test]
+fn errno_table() {
+    let page = page_size();
+    let m = Mapping::new(4 * page);
+    let tail = Mapping::new(2 * page);
+    // SAFETY (test): unmapping the last page of our own mapping leaves a hole after it.
+    unsafe { mem::unmap(std::ptr::NonNull::new(tail.page(1)).unwrap(), page) };
+    let cases: Vec<(&str, *mut u8, usize, Error, i32)> = vec![
+        (
+            "unaligned start",
+            m.ptr.wrapping_add(1),
+            page,
+            Error::Unaligned,
+            libc::EINVAL,
+        ),
+        (
+            "overflowing length",
+            m.ptr,
+            usize::MAX - 10,
+            Error::Overflow,
+            libc::EINVAL,
+        ),
+        (
+            "end past the address space",
+            (usize::MAX & !(page - 1)) as *mut u8,
+            page,
+            Error::Overflow,
+            libc::EINVAL,
+        ),
+        (
+            "above tracked addresses",
+            (1usize << 48) as *mut u8,
+            page,
+            Error::OutOfReach,
+            libc::EINVAL,
+        ),
+        (
+            "past the end of a mapping",
+            tail.ptr,
+            2 * page,
+            Error::NotMapped,
+            libc::ENOMEM,
+        ),
+        (
+            "null page",
+            std::ptr::null_mut(),
+            page,
+            Error::NotMapped,
+            libc::ENOMEM,
+        ),
+    ];
+    for (what, ptr, len, want, errno) in cases {
+        let (a, b) = both(ptr, len);
+        assert_eq!(a, Err(want), "mark: {what}");
+        assert_eq!(b.map(|_| ()), Err(want), "unmark: {what}");
+        assert_eq!(want.errno(), errno, "{what}");
+    }
+}
+
+#[test]
+fn holes_shared_file_and_protected_memory_are_refused() {
+    let page = page_size();
+    let hole = Mapping::new(3 * page);
+    // SAFETY (test): punching a hole in our own mapping.
+    unsafe { mem::unmap(std::ptr::NonNull::new(hole.page(1)).unwrap(), page) };
+    assert_eq!(both(hole.ptr, 3 * page).0, Err(Error::NotMapped));
+
+    let shared = raw_map(
+        page,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+        -1,
+    );
+    let readonly = raw_map(
+        page,
+        libc::PROT_READ,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+    );
+    let none = raw_map(
+        page,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+    );
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    use std::os::fd::AsRawFd;
+    let filemap = raw_map(
+        page,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE,
+        file.as_raw_fd(),
+    );
+    for (what, ptr) in [
+        ("shared", shared),
+        ("read-only", readonly),
+        ("PROT_NONE", none),
+        ("file-backed", filemap),
+    ] {
+        let (a, b) = both(ptr, page);
+        assert_eq!(a, Err(Error::Unsupported), "mark {what}");
+        assert_eq!(b.map(|_| ()), Err(Error::Unsupported), "unmark {what}");
+    }
+}
+
+#[test]
+fn locked_memory_is_refused_and_left_pinned() {
+    let page = page_size();
+    let m = Mapping::new(8 * page);
+    fill(m.ptr, m.len, 20);
+    // SAFETY (test): locking our own mapping.
+    if unsafe { libc::mlock(m.page(4).cast(), 4 * page) } != 0 {
+        println!("skipped: mlock failed: {}", std::io::Error::last_os_error());
+        return;
+    }
+    // SAFETY (test): ours.
+    let r = unsafe { mark_volatile(m.ptr, m.len) };
+    assert_eq!(r, Err(Error::Refused));
+    assert_eq!(Error::Refused.errno(), libc::EINVAL);
+    assert_eq!(
+        volatile_pages(m.ptr, m.len).unwrap(),
+        0,
+        "nothing stays marked"
+    );
+    force_purge(m.ptr, 4 * page);
+    assert!(check(m.ptr, m.len, 20), "nothing was lost");
+    // SAFETY (test): ours.
+    unsafe { libc::munlock(m.page(4).cast(), 4 * page) };
+}
