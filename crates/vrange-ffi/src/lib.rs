@@ -89,6 +89,18 @@ pub unsafe extern "C" fn vrange_unmark(
     })
 }
 
+/// Drops vrange's state for `[start, start + length)` without touching the memory; returns 0 or
+/// -1 with errno EINVAL. Async-signal-safe.
+///
+/// # Safety
+/// Volatile pages of the range that stay mapped may still be discarded; the caller gives up
+/// their content.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_forget(start: *mut libc::c_void, length: size_t) -> c_int {
+    // SAFETY: the caller gives up the range's content (documented contract).
+    guard(|| unsafe { core_api::forget(start.cast(), length) }.map(|()| 0)) as c_int
+}
+
 /// Writes the feature report (as `vrange features` prints it) into `buf`, NUL-terminated and
 /// truncated to `len` bytes; returns the full length of the report (like snprintf).
 ///

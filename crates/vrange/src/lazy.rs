@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 /// [`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`] for bad input;
 /// [`Error::NotMapped`] for holes; [`Error::Unsupported`] for shared, file-backed or
 /// protected memory; [`Error::Refused`] when the kernel refuses the hint (locked memory), in
-/// which case the whole range is left pinned. Nothing is marked on error.
+/// which case every page of the range is pinned again, except pages found purged, which keep
+/// that state so the next unmark reports them. Nothing else is marked on error.
 ///
 /// # Safety
 /// The caller must own the memory and hold no reference into it that assumes its content is
@@ -88,10 +89,39 @@ pub(crate) unsafe fn mark_span(span: Span) -> Result<(), Error> {
     // kernel performs from here on will be detected by unmark.
     if let Err(e) = unsafe { mem::purge_lazy(span.start as *mut u8, span.len()) } {
         // SAFETY: the span is the caller's validated memory.
-        unsafe { unmark_span(span) };
+        unsafe { repin_span(span) };
         return Err(Error::from_errno(e));
     }
     Ok(())
+}
+
+/// After a refused mark: pins every page that provably survived and keeps every page found
+/// lost as `PURGED`, so that the next unmark still reports it (the kernel may have advised part
+/// of the range before refusing the rest, and a page may have been purged before this call).
+///
+/// # Safety
+/// `span` must be mapped private anonymous read-write memory owned by the caller.
+unsafe fn repin_span(span: Span) {
+    let _ = shadow::for_each(span.start, span.end, false, |page, entry| {
+        let state = entry.load(Ordering::Relaxed);
+        let next = match state {
+            PURGED => PURGED,
+            // SAFETY: the witness index is below the page's word count; the page is the
+            // caller's mapped writable memory.
+            s if s & WITNESS != 0 && unsafe { pin_witness(page, s) } == 0 => PURGED,
+            _ => PINNED,
+        };
+        entry.store(next, Ordering::Relaxed);
+    });
+}
+
+/// Runs `pin_word` on the witness of a `WITNESS` state.
+///
+/// # Safety
+/// `page` must be the caller's mapped, writable page whose state is `state`.
+unsafe fn pin_witness(page: usize, state: u16) -> u64 {
+    // SAFETY: forwarded; the index is below the word count by construction of the state.
+    unsafe { witness::pin_word((page as *mut u64).add(usize::from(state & !WITNESS))) }
 }
 
 /// # Safety
@@ -102,9 +132,8 @@ unsafe fn mark_page(page: *mut u64, words: usize, entry: &AtomicU16) {
         return;
     }
     if state & WITNESS != 0 {
-        let index = usize::from(state & !WITNESS);
-        // SAFETY: index < words by construction of the entry; the page is mapped and writable.
-        if unsafe { witness::pin_word(page.add(index)) } == 0 {
+        // SAFETY: the page is mapped, writable and in state `state`.
+        if unsafe { pin_witness(page as usize, state) } == 0 {
             entry.store(PURGED, Ordering::Relaxed);
             return;
         }

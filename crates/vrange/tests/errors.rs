@@ -147,3 +147,32 @@ fn locked_memory_is_refused_and_left_pinned() {
     // SAFETY (test): ours.
     unsafe { libc::munlock(m.page(4).cast(), 4 * page) };
 }
+
+#[test]
+fn regression_refused_mark_keeps_an_earlier_purge() {
+    // A page purged while volatile, then a larger mark refused because of a locked page: the
+    // clean-up pin must not forget the loss.
+    let page = page_size();
+    let m = Mapping::new(8 * page);
+    fill(m.ptr, m.len, 21);
+    // SAFETY (test): ours.
+    unsafe { mark_volatile(m.ptr, 2 * page).unwrap() };
+    force_purge(m.ptr, page);
+    // SAFETY (test): locking our own mapping.
+    if unsafe { libc::mlock(m.page(6).cast(), page) } != 0 {
+        println!("skipped: mlock failed: {}", std::io::Error::last_os_error());
+        return;
+    }
+    // SAFETY (test): ours.
+    assert_eq!(unsafe { mark_volatile(m.ptr, m.len) }, Err(Error::Refused));
+    // SAFETY (test): ours.
+    let r = unsafe { unmark(m.ptr, m.len).unwrap() };
+    assert_eq!(
+        r.purged, 1,
+        "the purge before the refused mark is still reported"
+    );
+    assert!(is_zero(m.ptr, page));
+    assert!(check_at(m.ptr, page, 7 * page, 21));
+    // SAFETY (test): ours.
+    unsafe { libc::munlock(m.page(6).cast(), page) };
+}

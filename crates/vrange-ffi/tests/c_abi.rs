@@ -1,0 +1,254 @@
+//! The C ABI from C: builds `tests/c/test_vrange.c` against `include/vrange.h` and the
+//! `libvrange.so` of this profile, through the generated `vrange.pc`, runs it, and checks that
+//! the header compiles and links as C++11 and C++17 (`tests/c/header_cxx.cpp`).
+//!
+//! Cargo does not build a cdylib-only library for an integration test, so the test builds it
+//! itself with `cargo build -p vrange-ffi` for the same profile and target directory (a no-op
+//! when it is up to date). Needs `cc`, `g++` and `pkg-config` (`apt-get install pkg-config`).
+//! `CC` and `CXX` override the compilers.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The repository root (this crate is `crates/vrange-ffi`).
+fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .and_then(Path::parent)
+        .expect("crates/vrange-ffi lies two levels below the repository root")
+        .to_path_buf()
+}
+
+/// Where cargo put this profile's artifacts: the test executable is
+/// `<target>/[<triple>/]<profile>/deps/c_abi-<hash>`.
+struct Profile {
+    dir: PathBuf,
+    name: String,
+    target_dir: PathBuf,
+    triple: Option<String>,
+}
+
+fn profile() -> Profile {
+    let exe = std::env::current_exe().expect("path of the test executable");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lies in <profile>/deps")
+        .to_path_buf();
+    let dir_name = dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
+    // The `test` and `dev` profiles share target/debug; every other profile has its own dir.
+    let name = match dir_name {
+        "debug" => "dev".to_string(),
+        other => other.to_string(),
+    };
+    let parent = dir
+        .parent()
+        .expect("profile dir has a parent")
+        .to_path_buf();
+    // With --target, the profile dir sits in <target>/<triple>/; the target dir has the tag.
+    let (target_dir, triple) = match parent.parent() {
+        Some(grand)
+            if !parent.join("CACHEDIR.TAG").exists() && grand.join("CACHEDIR.TAG").exists() =>
+        {
+            let triple = parent
+                .file_name()
+                .and_then(OsStr::to_str)
+                .map(str::to_string);
+            (grand.to_path_buf(), triple)
+        }
+        _ => (parent, None),
+    };
+    Profile {
+        dir,
+        name,
+        target_dir,
+        triple,
+    }
+}
+
+fn show(output: &Output) -> String {
+    format!(
+        "--- stdout ---\n{}--- stderr ---\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Builds libvrange.so for this profile (once per test process) and returns its directory,
+/// which also holds the `vrange.pc` written by build.rs.
+fn library_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let p = profile();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "vrange-ffi", "--profile", &p.name])
+            .arg("--manifest-path")
+            .arg(repo_root().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&p.target_dir);
+        if let Some(triple) = &p.triple {
+            cmd.args(["--target", triple]);
+        }
+        let out = run(&mut cmd);
+        assert!(
+            out.status.success(),
+            "building libvrange.so failed: {cmd:?}\n{}",
+            show(&out)
+        );
+        for file in ["libvrange.so", "vrange.pc"] {
+            assert!(
+                p.dir.join(file).exists(),
+                "{cmd:?} did not produce {}",
+                p.dir.join(file).display()
+            );
+        }
+        p.dir
+    })
+}
+
+/// `pkg-config --cflags --libs vrange` against the generated vrange.pc of this profile.
+fn pkg_config_flags() -> Vec<String> {
+    let lib = library_dir();
+    let out = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "vrange"])
+        .env("PKG_CONFIG_PATH", lib)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run pkg-config ({e}): install it with `apt-get install pkg-config` \
+                 (the CI script does)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "pkg-config cannot use {}/vrange.pc\n{}",
+        lib.display(),
+        show(&out)
+    );
+    let flags: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let include = format!("-I{}", repo_root().join("include").display());
+    let libdir = format!("-L{}", lib.display());
+    assert!(
+        flags.contains(&include)
+            && flags.contains(&libdir)
+            && flags.iter().any(|f| f == "-lvrange"),
+        "vrange.pc should point at {include} and {libdir}: {flags:?}"
+    );
+    flags
+}
+
+/// A scratch directory outside the source tree, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("vrange-c-abi-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn compiler(var: &str, default: &str) -> String {
+    std::env::var(var)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// Compiles `source` into `exe` with `compiler`, `args` and the pkg-config flags.
+fn compile(compiler: &str, args: &[&str], source: &Path, exe: &Path, flags: &[String]) {
+    let mut cmd = Command::new(compiler);
+    cmd.args(args).arg(source).arg("-o").arg(exe).args(flags);
+    let out = run(&mut cmd);
+    assert!(
+        out.status.success(),
+        "compiling failed: {cmd:?}\n{}",
+        show(&out)
+    );
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn c_test_program_passes() {
+    let flags = pkg_config_flags();
+    let scratch = Scratch::new("c");
+    let exe = scratch.0.join("test_vrange");
+    let source = repo_root().join("tests/c/test_vrange.c");
+    compile(
+        &compiler("CC", "cc"),
+        &["-std=c11", "-Wall", "-Wextra", "-Werror"],
+        &source,
+        &exe,
+        &flags,
+    );
+    let out = run(&mut Command::new(&exe));
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): see the \"not ok\" lines above",
+        source.display(),
+        out.status
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // "not ok ... # TODO" lines record known bugs and do not count as failures.
+    let failed = stdout
+        .lines()
+        .filter(|l| l.starts_with("not ok") && !l.contains("# TODO"))
+        .count();
+    assert!(
+        stdout.lines().any(|l| l.starts_with("1..")) && failed == 0,
+        "the C test did not run to its end or has {failed} failure(s):\n{stdout}"
+    );
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn header_compiles_and_links_as_cxx() {
+    let flags = pkg_config_flags();
+    let scratch = Scratch::new("cxx");
+    let source = repo_root().join("tests/c/header_cxx.cpp");
+    for std in ["c++11", "c++17"] {
+        let exe = scratch.0.join(format!("header_{std}"));
+        compile(
+            &compiler("CXX", "g++"),
+            &[
+                &format!("-std={std}"),
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+            ],
+            &source,
+            &exe,
+            &flags,
+        );
+        let out = run(&mut Command::new(&exe));
+        assert!(
+            out.status.success(),
+            "{} ({std}) failed\n{}",
+            exe.display(),
+            show(&out)
+        );
+    }
+}
