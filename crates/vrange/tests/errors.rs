@@ -6,12 +6,12 @@ use vrange::sys::mem;
 use vrange::{mark_volatile, page_size, unmark, volatile_pages, Error};
 
 fn both(ptr: *mut u8, len: usize) -> (Result<usize, Error>, Result<vrange::Unmarked, Error>) {
-    // SAFETY (test): the calls must fail before touching anything.
+    // SAFETY: test-owned memory; the calls must fail before touching anything.
     unsafe { (mark_volatile(ptr, len), unmark(ptr, len)) }
 }
 
 fn raw_map(len: usize, prot: i32, flags: i32, fd: i32) -> *mut u8 {
-    // SAFETY (test): a fresh mapping.
+    // SAFETY: test-owned memory; a fresh mapping.
     #[allow(clippy::disallowed_methods)]
     let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
     assert_ne!(p, libc::MAP_FAILED);
@@ -23,7 +23,7 @@ fn errno_table() {
     let page = page_size();
     let m = Mapping::new(4 * page);
     let tail = Mapping::new(2 * page);
-    // SAFETY (test): unmapping the last page of our own mapping leaves a hole after it.
+    // SAFETY: test-owned memory; unmapping the last page of our own mapping leaves a hole after it.
     unsafe { mem::unmap(std::ptr::NonNull::new(tail.page(1)).unwrap(), page) };
     let cases: Vec<(&str, *mut u8, usize, Error, i32)> = vec![
         (
@@ -81,7 +81,7 @@ fn errno_table() {
 fn holes_shared_file_and_protected_memory_are_refused() {
     let page = page_size();
     let hole = Mapping::new(3 * page);
-    // SAFETY (test): punching a hole in our own mapping.
+    // SAFETY: test-owned memory; punching a hole in our own mapping.
     unsafe { mem::unmap(std::ptr::NonNull::new(hole.page(1)).unwrap(), page) };
     assert_eq!(both(hole.ptr, 3 * page).0, Err(Error::NotMapped));
 
@@ -128,12 +128,12 @@ fn locked_memory_is_refused_and_left_pinned() {
     let page = page_size();
     let m = Mapping::new(8 * page);
     fill(m.ptr, m.len, 20);
-    // SAFETY (test): locking our own mapping.
+    // SAFETY: test-owned memory; locking our own mapping.
     if unsafe { libc::mlock(m.page(4).cast(), 4 * page) } != 0 {
         println!("skipped: mlock failed: {}", std::io::Error::last_os_error());
         return;
     }
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     let r = unsafe { mark_volatile(m.ptr, m.len) };
     assert_eq!(r, Err(Error::Refused));
     assert_eq!(Error::Refused.errno(), libc::EINVAL);
@@ -144,7 +144,7 @@ fn locked_memory_is_refused_and_left_pinned() {
     );
     force_purge(m.ptr, 4 * page);
     assert!(check(m.ptr, m.len, 20), "nothing was lost");
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { libc::munlock(m.page(4).cast(), 4 * page) };
 }
 
@@ -155,17 +155,17 @@ fn regression_refused_mark_keeps_an_earlier_purge() {
     let page = page_size();
     let m = Mapping::new(8 * page);
     fill(m.ptr, m.len, 21);
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { mark_volatile(m.ptr, 2 * page).unwrap() };
     force_purge(m.ptr, page);
-    // SAFETY (test): locking our own mapping.
+    // SAFETY: test-owned memory; locking our own mapping.
     if unsafe { libc::mlock(m.page(6).cast(), page) } != 0 {
         println!("skipped: mlock failed: {}", std::io::Error::last_os_error());
         return;
     }
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     assert_eq!(unsafe { mark_volatile(m.ptr, m.len) }, Err(Error::Refused));
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     let r = unsafe { unmark(m.ptr, m.len).unwrap() };
     assert_eq!(
         r.purged, 1,
@@ -173,6 +173,6 @@ fn regression_refused_mark_keeps_an_earlier_purge() {
     );
     assert!(is_zero(m.ptr, page));
     assert!(check_at(m.ptr, page, 7 * page, 21));
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { libc::munlock(m.page(6).cast(), page) };
 }

@@ -10,7 +10,7 @@ fn forced_purge_is_reported_exactly() {
     let page = page_size();
     let m = Mapping::new(64 * page);
     fill(m.ptr, m.len, 1);
-    // SAFETY (test): the mapping is ours and unreferenced.
+    // SAFETY: test-owned memory; the mapping is ours and unreferenced.
     unsafe { mark_volatile(m.ptr, m.len).unwrap() };
     // Purge every third page only.
     let purged: Vec<usize> = (0..64).filter(|i| i % 3 == 0).collect();
@@ -20,7 +20,7 @@ fn forced_purge_is_reported_exactly() {
     for &i in &purged {
         assert!(is_zero(m.page(i), page), "purged page {i} reads zero");
     }
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     let report = unsafe { unmark(m.ptr, m.len).unwrap() };
     assert_eq!(report.pages, 64);
     assert_eq!(report.volatile, 64);
@@ -44,14 +44,14 @@ fn without_pressure_nothing_is_lost_or_refaulted() {
         unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
         ru.ru_minflt
     };
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { mark_volatile(m.ptr, m.len).unwrap() };
     assert!(
         check(m.ptr, m.len, 2),
         "reading volatile memory returns the original bytes"
     );
     let before = faults();
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     let report = unsafe { unmark(m.ptr, m.len).unwrap() };
     let after = faults();
     assert_eq!(report.purged, 0);
@@ -67,13 +67,13 @@ fn without_pressure_nothing_is_lost_or_refaulted() {
 fn unmark_pins_pages_against_forced_reclaim() {
     let m = Mapping::new(128 * page_size());
     fill(m.ptr, m.len, 3);
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { mark_volatile(m.ptr, m.len).unwrap() };
     assert!(
         lazy_free_kb(m.ptr) >= (m.len as u64 / 1024) - 31 * 4,
         "marked pages are lazy-free"
     );
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     assert_eq!(unsafe { unmark(m.ptr, m.len).unwrap() }.purged, 0);
     assert_eq!(
         lazy_free_kb(m.ptr),
@@ -92,7 +92,7 @@ fn region_thp_purge_and_pin() {
     pin_cpu();
     let region = Region::new(8 << 20).unwrap();
     fill(region.as_ptr(), region.len(), 4);
-    // SAFETY (test): no reference into the region.
+    // SAFETY: test-owned memory; no reference into the region.
     unsafe { region.mark_volatile(0, 4 << 20).unwrap() };
     force_purge(region.as_ptr(), 2 << 20);
     let report = region.unmark(0, region.len()).unwrap();

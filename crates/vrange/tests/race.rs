@@ -33,7 +33,7 @@ fn worker(region: &Region, first_page: usize, pages: usize, rounds: usize, seed:
     for round in 0..rounds {
         let s = seed.wrapping_mul(1000).wrapping_add(round as u64);
         fill(base, pages * page, s);
-        // SAFETY (test): this worker owns its slice and holds no reference into it.
+        // SAFETY: test-owned memory; this worker owns its slice and holds no reference into it.
         unsafe { region.mark_volatile(off, pages * page).unwrap() };
         let mut p = 0;
         while p < pages {

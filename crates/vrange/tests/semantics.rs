@@ -6,12 +6,12 @@ use common::*;
 use vrange::{mark_volatile, page_size, unmark, volatile_pages, Region};
 
 fn mark(m: &Mapping, first: usize, pages: usize) -> usize {
-    // SAFETY (test): the mapping is ours and unreferenced.
+    // SAFETY: test-owned memory; the mapping is ours and unreferenced.
     unsafe { mark_volatile(m.page(first), pages * page_size()).unwrap() }
 }
 
 fn pin(m: &Mapping, first: usize, pages: usize) -> vrange::Unmarked {
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { unmark(m.page(first), pages * page_size()).unwrap() }
 }
 
@@ -73,7 +73,7 @@ fn a_write_into_a_volatile_page_keeps_the_page_and_the_write() {
     let m = Mapping::new(4 * page_size());
     fill(m.ptr, m.len, 13);
     mark(&m, 0, 4);
-    // SAFETY (test): writing into our own volatile page.
+    // SAFETY: test-owned memory; writing into our own volatile page.
     unsafe { m.page(1).add(100).write(0xAB) };
     force_purge(m.ptr, m.len);
     let r = pin(&m, 0, 4);
@@ -81,7 +81,7 @@ fn a_write_into_a_volatile_page_keeps_the_page_and_the_write() {
         r.purged, 3,
         "the written page survived, the others were discarded"
     );
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     assert_eq!(unsafe { m.page(1).add(100).read() }, 0xAB);
     assert!(check_at(m.ptr, page_size(), 100 & !7, 13));
 }
@@ -106,7 +106,7 @@ fn volatile_memory_reads_its_original_bytes_until_purged() {
 fn zero_pages_lose_nothing_and_are_reported_intact() {
     let m = Mapping::new(8 * page_size());
     // Pages 0..4 untouched, 4..8 written then zeroed: all content is zero.
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { m.page(4).write_bytes(0, 4 * page_size()) };
     mark(&m, 0, 8);
     force_purge(m.ptr, m.len);
@@ -118,7 +118,7 @@ fn zero_pages_lose_nothing_and_are_reported_intact() {
 #[test]
 fn zero_length_does_nothing() {
     let m = Mapping::new(page_size());
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe {
         assert_eq!(mark_volatile(m.ptr, 0), Ok(0));
         assert_eq!(unmark(m.ptr, 0).unwrap(), vrange::Unmarked::default());
@@ -133,7 +133,7 @@ fn region_drop_forgets_its_state() {
     pin_cpu();
     let region = Region::new(64 * page_size()).unwrap();
     let addr = region.as_ptr() as usize;
-    // SAFETY (test): no reference into the region.
+    // SAFETY: test-owned memory; no reference into the region.
     unsafe { region.mark_volatile(0, region.len()).unwrap() };
     drop(region);
     assert_eq!(
@@ -149,10 +149,10 @@ fn huge_sparse_range_crosses_table_leaves() {
     let region = Region::new(4 << 30).unwrap();
     let touched: Vec<usize> = (0..16).map(|i| i * (256 << 20) + 4096 * i).collect();
     for &off in &touched {
-        // SAFETY (test): inside the region.
+        // SAFETY: test-owned memory; inside the region.
         unsafe { region.as_ptr().add(off).write(0x5A) };
     }
-    // SAFETY (test): no reference into the region.
+    // SAFETY: test-owned memory; no reference into the region.
     unsafe { region.mark_volatile(0, region.len()).unwrap() };
     force_purge(region.as_ptr(), region.len());
     let r = region.unmark(0, region.len()).unwrap();
@@ -176,11 +176,11 @@ fn regression_reused_address_inherits_no_stale_purge_after_forget() {
     drop(first); // Mapping's drop calls vrange::forget before munmap
     let again = vrange::sys::mem::map_anon(4 * page, page).unwrap();
     if again.as_ptr() == addr {
-        // SAFETY (test): fresh memory of ours.
+        // SAFETY: test-owned memory; fresh memory of ours.
         let r = unsafe { unmark(again.as_ptr(), 4 * page).unwrap() };
         assert_eq!((r.volatile, r.purged), (0, 0));
     }
     assert_eq!(volatile_pages(addr, 4 * page).unwrap(), 0);
-    // SAFETY (test): ours.
+    // SAFETY: test-owned memory; ours.
     unsafe { vrange::sys::mem::unmap(again, 4 * page) };
 }

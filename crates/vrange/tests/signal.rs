@@ -18,7 +18,7 @@ static FAILED: AtomicUsize = AtomicUsize::new(0);
 extern "C" fn on_signal(_: libc::c_int) {
     let ptr = RANGE_PTR.load(Ordering::Acquire) as *mut u8;
     let len = RANGE_LEN.load(Ordering::Acquire);
-    // SAFETY (test): the range is the test's own mapping, alive for the whole test.
+    // SAFETY: test-owned memory; the range is the test's own mapping, alive for the whole test.
     match unsafe { vrange::unmark(ptr, len) } {
         Ok(r) => {
             PURGED.fetch_add(r.purged, Ordering::Relaxed);
@@ -31,7 +31,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn install(sig: libc::c_int) {
-    // SAFETY (test): a zeroed sigaction with a valid handler and an empty mask.
+    // SAFETY: test-owned memory; a zeroed sigaction with a valid handler and an empty mask.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_signal as *const () as usize;
@@ -63,7 +63,7 @@ fn unmark_from_a_signal_handler_interrupting_malloc() {
             i += 1;
         }
     });
-    // SAFETY (test): pthread_self of the victim is taken from its JoinHandle.
+    // SAFETY: test-owned memory; pthread_self of the victim is taken from its JoinHandle.
     let tid = {
         use std::os::unix::thread::JoinHandleExt;
         victim.as_pthread_t()
@@ -75,14 +75,14 @@ fn unmark_from_a_signal_handler_interrupting_malloc() {
     for round in 0..signals {
         let seed = 100 + round as u64;
         fill(m.ptr, m.len, seed);
-        // SAFETY (test): ours.
+        // SAFETY: test-owned memory; ours.
         unsafe { vrange::mark_volatile(m.ptr, m.len).unwrap() };
         if round % 4 == 0 {
             force_purge(m.ptr, page_size());
             expected_purged += 1;
         }
         let before = HANDLED.load(Ordering::Acquire);
-        // SAFETY (test): tid names a live thread (joined only after the loop).
+        // SAFETY: test-owned memory; tid names a live thread (joined only after the loop).
         assert_eq!(unsafe { libc::pthread_kill(tid, libc::SIGUSR1) }, 0);
         while HANDLED.load(Ordering::Acquire) == before {
             assert!(

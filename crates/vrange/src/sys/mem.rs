@@ -94,8 +94,9 @@ fn advise(ptr: *mut u8, len: usize, advice: i32) -> Result<(), i32> {
 }
 
 /// Lets the kernel discard the pages in the range when memory is short (MADV_FREE). Until it
-/// does, content stays readable and a write to a page keeps that page. Pages shared after
-/// fork are left alone by the kernel.
+/// does, content stays readable and a write to a page keeps that page. On a page still shared
+/// with a fork child it cleans only this process's PTE: the page can then be discarded from
+/// under this process while the child's mapping keeps it allocated.
 ///
 /// # Errors
 /// EINVAL for locked, shared or file-backed memory, ENOMEM for holes (the rest of the range is

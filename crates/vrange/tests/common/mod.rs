@@ -12,7 +12,7 @@ pub fn pattern(seed: u64, i: usize) -> u64 {
 /// Fills `[ptr, ptr + len)` with `pattern(seed, word index from ptr)`.
 pub fn fill(ptr: *mut u8, len: usize, seed: u64) {
     for i in 0..len / 8 {
-        // SAFETY (test): ptr..ptr+len is the test's own mapping.
+        // SAFETY: test-owned memory; ptr..ptr+len is the test's own mapping.
         unsafe { (ptr as *mut u64).add(i).write(pattern(seed, i)) };
     }
 }
@@ -20,7 +20,7 @@ pub fn fill(ptr: *mut u8, len: usize, seed: u64) {
 /// Whether `[base + off, base + off + len)` still holds what `fill(base, _, seed)` wrote.
 pub fn check_at(base: *const u8, off: usize, len: usize, seed: u64) -> bool {
     (off / 8..(off + len) / 8).all(|i| {
-        // SAFETY (test): the test's own mapping.
+        // SAFETY: test-owned memory; the test's own mapping.
         unsafe { (base as *const u64).add(i).read_volatile() == pattern(seed, i) }
     })
 }
@@ -32,7 +32,7 @@ pub fn check(ptr: *const u8, len: usize, seed: u64) -> bool {
 
 /// Whether every byte of the range is zero.
 pub fn is_zero(ptr: *const u8, len: usize) -> bool {
-    // SAFETY (test): the test's own mapping.
+    // SAFETY: test-owned memory; the test's own mapping.
     (0..len / 8).all(|i| unsafe { (ptr as *const u64).add(i).read_volatile() } == 0)
 }
 
@@ -51,7 +51,7 @@ pub fn pin_cpu() {
     if PINNED.with(|p| p.replace(true)) {
         return;
     }
-    // SAFETY (test): sched_getcpu has no preconditions; the cpu_set_t is plain data.
+    // SAFETY: test-owned memory; sched_getcpu has no preconditions; the cpu_set_t is plain data.
     unsafe {
         let cpu = libc::sched_getcpu();
         if cpu < 0 {
@@ -98,9 +98,9 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // Memory unmapped while volatile must be forgotten, or a later mapping at the same
         // address would inherit its page states.
-        // SAFETY (test): the mapping is owned by this value and about to go.
+        // SAFETY: test-owned memory; the mapping is owned by this value and about to go.
         unsafe { vrange::forget(self.ptr, self.len).unwrap() };
-        // SAFETY (test): the mapping is owned by this value.
+        // SAFETY: test-owned memory; the mapping is owned by this value.
         unsafe { mem::unmap(std::ptr::NonNull::new(self.ptr).unwrap(), self.len) };
     }
 }
