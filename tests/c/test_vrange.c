@@ -158,6 +158,17 @@ static void expect_error(ssize_t ret, int err, int want, const char *what)
 
 /* ---------------------------------------------------------------------------------------- */
 
+/* Calls vrange() and expects it to fail with errno `want`. */
+static void expect_vrange_error(unsigned long start, size_t length, int mode, int *purged, int want,
+				const char *what)
+{
+	ssize_t r;
+
+	errno = 0;
+	r = vrange(start, length, mode, purged);
+	expect_error(r, errno, want, what);
+}
+
 static void test_mark_and_purge(void)
 {
 	const size_t n = 16;
@@ -334,45 +345,21 @@ static void test_errors(void)
 
 	fill(a, 4 * page, 8);
 
-	errno = 0;
-	r = vrange(addr(a) + 8, page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "unaligned start (VRANGE_VOLATILE)");
-	errno = 0;
-	r = vrange(addr(a) + 8, page, VRANGE_NOVOLATILE, &purged);
-	e = errno;
-	expect_error(r, e, EINVAL, "unaligned start (VRANGE_NOVOLATILE)");
+	expect_vrange_error(addr(a) + 8, page, VRANGE_VOLATILE, NULL, EINVAL, "unaligned start (VRANGE_VOLATILE)");
+	expect_vrange_error(addr(a) + 8, page, VRANGE_NOVOLATILE, &purged, EINVAL, "unaligned start (VRANGE_NOVOLATILE)");
 	check(purged == 42, "*purged is left unchanged on error");
 	errno = 0;
 	r = vrange_unmark(a + 8, page, &count);
 	e = errno;
 	expect_error(r, e, EINVAL, "unaligned start (vrange_unmark)");
 	check(count == 42, "*purged_pages is left unchanged on error");
-	errno = 0;
-	r = vrange(addr(a), page, 7, &purged);
-	e = errno;
-	expect_error(r, e, EINVAL, "bad mode 7");
-	errno = 0;
-	r = vrange(addr(a), page, -1, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "bad mode -1");
-	errno = 0;
-	r = vrange(ULONG_MAX & ~(unsigned long)(page - 1), page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "overflow: start near ULONG_MAX");
-	errno = 0;
-	r = vrange(addr(a), SIZE_MAX, VRANGE_NOVOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "overflow: length SIZE_MAX");
-	errno = 0;
-	r = vrange(addr(a), (size_t)SSIZE_MAX + 1, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "length above SSIZE_MAX");
+	expect_vrange_error(addr(a), page, 7, &purged, EINVAL, "bad mode 7");
+	expect_vrange_error(addr(a), page, -1, NULL, EINVAL, "bad mode -1");
+	expect_vrange_error(ULONG_MAX & ~(unsigned long)(page - 1), page, VRANGE_VOLATILE, NULL, EINVAL, "overflow: start near ULONG_MAX");
+	expect_vrange_error(addr(a), SIZE_MAX, VRANGE_NOVOLATILE, NULL, EINVAL, "overflow: length SIZE_MAX");
+	expect_vrange_error(addr(a), (size_t)SSIZE_MAX + 1, VRANGE_VOLATILE, NULL, EINVAL, "length above SSIZE_MAX");
 #if ULONG_MAX > 0xffffffffUL
-	errno = 0;
-	r = vrange(1UL << 48, page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "range at 2^48");
+	expect_vrange_error(1UL << 48, page, VRANGE_VOLATILE, NULL, EINVAL, "range at 2^48");
 #endif
 	if (can_purge)
 		force_purge(a, 4);
@@ -384,14 +371,8 @@ static void test_errors(void)
 	char *h = map_anon(3);
 	fill(h, 3 * page, 9);
 	munmap(pg(h, 1), page);
-	errno = 0;
-	r = vrange(addr(h), 3 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, ENOMEM, "range with an unmapped page (VRANGE_VOLATILE)");
-	errno = 0;
-	r = vrange(addr(h), 3 * page, VRANGE_NOVOLATILE, &purged);
-	e = errno;
-	expect_error(r, e, ENOMEM, "range with an unmapped page (VRANGE_NOVOLATILE)");
+	expect_vrange_error(addr(h), 3 * page, VRANGE_VOLATILE, NULL, ENOMEM, "range with an unmapped page (VRANGE_VOLATILE)");
+	expect_vrange_error(addr(h), 3 * page, VRANGE_NOVOLATILE, &purged, ENOMEM, "range with an unmapped page (VRANGE_NOVOLATILE)");
 	errno = 0;
 	r = vrange_unmark(pg(h, 1), page, NULL);
 	e = errno;
@@ -405,38 +386,23 @@ static void test_errors(void)
 
 	/* Shared anonymous memory. */
 	char *s = map_flags(2, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS);
-	errno = 0;
-	r = vrange(addr(s), 2 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "MAP_SHARED anonymous memory (VRANGE_VOLATILE)");
-	errno = 0;
-	r = vrange(addr(s), 2 * page, VRANGE_NOVOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "MAP_SHARED anonymous memory (VRANGE_NOVOLATILE)");
+	expect_vrange_error(addr(s), 2 * page, VRANGE_VOLATILE, NULL, EINVAL, "MAP_SHARED anonymous memory (VRANGE_VOLATILE)");
+	expect_vrange_error(addr(s), 2 * page, VRANGE_NOVOLATILE, NULL, EINVAL, "MAP_SHARED anonymous memory (VRANGE_NOVOLATILE)");
 	unmap(s, 2);
 
 	/* Read-only and PROT_NONE memory. */
 	char *ro = map_flags(2, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS);
-	errno = 0;
-	r = vrange(addr(ro), 2 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "read-only mapping");
+	expect_vrange_error(addr(ro), 2 * page, VRANGE_VOLATILE, NULL, EINVAL, "read-only mapping");
 	unmap(ro, 2);
 	char *none = map_flags(2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS);
-	errno = 0;
-	r = vrange(addr(none), 2 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "PROT_NONE mapping");
+	expect_vrange_error(addr(none), 2 * page, VRANGE_VOLATILE, NULL, EINVAL, "PROT_NONE mapping");
 	unmap(none, 2);
 
 	/* A range whose middle page is read-only: nothing is marked. */
 	char *m = map_anon(3);
 	fill(m, 3 * page, 10);
 	mprotect(pg(m, 1), page, PROT_READ);
-	errno = 0;
-	r = vrange(addr(m), 3 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "range with a read-only page in the middle");
+	expect_vrange_error(addr(m), 3 * page, VRANGE_VOLATILE, NULL, EINVAL, "range with a read-only page in the middle");
 	if (can_purge)
 		force_purge(m, 1);
 	count = 99;
@@ -491,10 +457,7 @@ static void test_mlock(void)
 		unmap(a, 4);
 		return;
 	}
-	errno = 0;
-	r = vrange(addr(a), 4 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "mlock'd memory (VRANGE_VOLATILE)");
+	expect_vrange_error(addr(a), 4 * page, VRANGE_VOLATILE, NULL, EINVAL, "mlock'd memory (VRANGE_VOLATILE)");
 	r = vrange(addr(a), 4 * page, VRANGE_NOVOLATILE, &purged);
 	check(r == (ssize_t)(4 * page) && purged == 0 && intact_at(a, 0, 4 * page, 11),
 	      "mlock'd memory is left not volatile: unmark reports purged=0, data intact");
@@ -506,10 +469,7 @@ static void test_mlock(void)
 		unmap(a, 4);
 		return;
 	}
-	errno = 0;
-	r = vrange(addr(a), 4 * page, VRANGE_VOLATILE, NULL);
-	e = errno;
-	expect_error(r, e, EINVAL, "range with one mlock'd page");
+	expect_vrange_error(addr(a), 4 * page, VRANGE_VOLATILE, NULL, EINVAL, "range with one mlock'd page");
 	if (can_purge)
 		force_purge(a, 2);
 	r = vrange_unmark(a, 4 * page, &count);
