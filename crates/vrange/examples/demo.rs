@@ -30,7 +30,8 @@ fn main() {
     );
     // Charges stay with the cgroup that faulted a page in, so join the child cgroup first.
     let cgroup = enter_child_cgroup();
-    pin_cpu();
+    // Forced purges (the fallback below) are deterministic only on the CPU that marked.
+    let _ = mem::pin_thread_to_current_cpu();
 
     let region = Region::new(CHUNK * CHUNKS).expect("map the demo region");
     let words = CHUNK / 8;
@@ -163,18 +164,6 @@ fn hog_in(child: &ChildCgroup) {
         println!("  the second process finished normally: the kernel dropped volatile pages instead of OOM-killing it.");
     } else {
         println!("  the second process did not finish (status {status}, OOM kills {killed}).");
-    }
-}
-
-fn pin_cpu() {
-    // SAFETY: plain data; sched_setaffinity reads the set.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        if cpu >= 0 {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu as usize, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
     }
 }
 

@@ -7,7 +7,7 @@
 
 use crate::shadow::{self, PINNED, PURGED, WITNESS, ZERO};
 use crate::span::Span;
-use crate::sys::{mem, probe, vma};
+use crate::sys::{mem, vma};
 use crate::{witness, Error, Unmarked};
 use std::sync::atomic::{AtomicU16, Ordering};
 
@@ -81,7 +81,7 @@ pub(crate) unsafe fn mark_span(span: Span) -> Result<(), Error> {
         // SAFETY: page lies in the caller's validated span.
         unsafe { mark_page(page as *mut u64, words, entry) }
     })?;
-    if !probe::features().madv_free {
+    if !mem::lazy_free_supported() {
         // Without MADV_FREE nothing can be discarded: the state is kept, the content too.
         return Ok(());
     }

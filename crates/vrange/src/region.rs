@@ -7,7 +7,7 @@
 use crate::lazy;
 use crate::span::Span;
 use crate::sys::mem::{self, HUGE_PAGE};
-use crate::sys::probe::{features, ThpMode};
+use crate::sys::probe::{thp_mode, ThpMode};
 use crate::{Error, Unmarked};
 use std::ptr::NonNull;
 
@@ -57,7 +57,7 @@ impl Region {
         let page = mem::page_size();
         let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
         let len = len.max(page);
-        let thp_allowed = !matches!(features().thp, ThpMode::Never | ThpMode::Unavailable);
+        let thp_allowed = !matches!(thp_mode(), ThpMode::Never | ThpMode::Unavailable);
         let huge = match huge {
             Huge::Always => true,
             Huge::Never => false,

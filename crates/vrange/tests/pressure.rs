@@ -393,8 +393,6 @@ struct Outcome {
 /// this environment cannot create memory cgroups.
 fn run(s: Setup) -> Option<Outcome> {
     let _serial = serial();
-    // Probe the kernel here: the worker must not do it after fork.
-    vrange::features();
     let Some(parent) = MemCgroup::current() else {
         println!("skipped: this process has no readable memory cgroup");
         return None;
@@ -554,7 +552,8 @@ fn cgroup_pressure_thp() {
     println!("THP chunks purged: {chunks:?}");
     if out.before.anon_huge_kb < (BUF / 1024) as u64 {
         println!(
-            "note: only {} kB of the buffer got huge pages; wholeness not checked",
+            "skipped: whole-THP discard check: only {} kB of the buffer got huge pages \
+             (exactness was still checked)",
             out.before.anon_huge_kb
         );
         return;

@@ -4,7 +4,7 @@
 //! which guarantee they need.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 /// Size of the 2 MiB block a PMD maps on x86-64 and arm64 with 4 KiB pages.
 pub const HUGE_PAGE: usize = 2 << 20;
@@ -110,6 +110,56 @@ fn advise(ptr: *mut u8, len: usize, advice: i32) -> Result<(), i32> {
 /// madvise(2) MADV_FREE; mm/madvise.c `madvise_free_single_vma`.
 pub unsafe fn purge_lazy(ptr: *mut u8, len: usize) -> Result<(), i32> {
     advise(ptr, len, libc::MADV_FREE)
+}
+
+/// Whether MADV_FREE works on this kernel (4.5+), tried once on a scratch page and cached.
+/// Allocates nothing, so marking can ask on every call. Without it, marking records state but
+/// hands nothing to the kernel: content is always kept.
+pub fn lazy_free_supported() -> bool {
+    static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 yes, 2 no
+    match STATE.load(Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let page = page_size();
+    let works = map_anon(page, page).is_ok_and(|p| {
+        // SAFETY: a fresh one-page mapping owned here; its content does not matter.
+        let ok = unsafe {
+            p.as_ptr().write(1);
+            purge_lazy(p.as_ptr(), page).is_ok()
+        };
+        // SAFETY: the scratch mapping is owned here and nothing refers into it.
+        unsafe { unmap(p, page) };
+        ok
+    });
+    STATE.store(if works { 1 } else { 2 }, Ordering::Relaxed);
+    works
+}
+
+/// Pins the calling thread to the CPU it is running on. Makes [`reclaim_now`] deterministic
+/// for pages this thread marks afterwards (see there); for tests and demonstrations.
+///
+/// # Errors
+/// The errno of sched_getcpu(3) or sched_setaffinity(2).
+pub fn pin_thread_to_current_cpu() -> Result<usize, i32> {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        return Err(errno());
+    }
+    // SAFETY: cpu_set_t is plain data (zeroed is the empty set); cpu < CPU_SETSIZE as the
+    // kernel just reported it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(cpu as usize)
+    } else {
+        Err(errno())
+    }
 }
 
 /// Drops the pages in the range now (MADV_DONTNEED): they read as zero afterwards. A call

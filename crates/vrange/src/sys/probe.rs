@@ -6,7 +6,9 @@
 use super::cgroup::{MemCgroup, Version};
 use super::{mem, procfs, vma};
 use std::fmt;
+use std::io::Read;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// Transparent huge page policy from `/sys/kernel/mm/transparent_hugepage/enabled`.
@@ -76,7 +78,7 @@ fn probe() -> Features {
     let cg = MemCgroup::current();
     Features {
         page_size: page,
-        madv_free: try_advice(unsafe_free),
+        madv_free: mem::lazy_free_supported(),
         madv_pageout: try_advice(mem::reclaim_now),
         madv_populate_write: try_advice(mem::populate_write),
         thp: thp_mode(),
@@ -94,11 +96,6 @@ fn probe() -> Features {
         cgroup_limit: cg.as_ref().and_then(|c| c.limit()),
         cgroup: cg.map(|c| (c.version(), c.path().to_path_buf())),
     }
-}
-
-fn unsafe_free(p: *mut u8, l: usize) -> Result<(), i32> {
-    // SAFETY: the scratch page belongs to the probe and its content does not matter.
-    unsafe { mem::purge_lazy(p, l) }
 }
 
 /// Maps a scratch page, writes it, applies `advise`, unmaps.
@@ -119,14 +116,41 @@ fn read_number(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-fn thp_mode() -> ThpMode {
-    let Ok(text) = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled") else {
-        return ThpMode::Unavailable;
-    };
-    match text.split('[').nth(1).and_then(|s| s.split(']').next()) {
-        Some("always") => ThpMode::Always,
-        Some("madvise") => ThpMode::Madvise,
-        Some("never") => ThpMode::Never,
+/// The THP policy, read once and cached. Allocates nothing (a stack buffer), so region
+/// creation can ask without triggering the full [`features`] probe.
+pub fn thp_mode() -> ThpMode {
+    static MODE: AtomicU8 = AtomicU8::new(u8::MAX);
+    const MODES: [ThpMode; 4] = [
+        ThpMode::Always,
+        ThpMode::Madvise,
+        ThpMode::Never,
+        ThpMode::Unavailable,
+    ];
+    if let Some(&mode) = MODES.get(usize::from(MODE.load(Ordering::Relaxed))) {
+        return mode;
+    }
+    let mut buf = [0u8; 128];
+    let n = std::fs::File::open("/sys/kernel/mm/transparent_hugepage/enabled")
+        .and_then(|mut f| f.read(&mut buf))
+        .unwrap_or(0);
+    let mode = parse_thp_mode(&buf[..n]);
+    MODE.store(
+        MODES.iter().position(|m| *m == mode).unwrap_or(3) as u8,
+        Ordering::Relaxed,
+    );
+    mode
+}
+
+/// The bracketed word of `always [madvise] never`.
+fn parse_thp_mode(text: &[u8]) -> ThpMode {
+    let chosen = text
+        .split(|&b| b == b'[')
+        .nth(1)
+        .and_then(|rest| rest.split(|&b| b == b']').next());
+    match chosen {
+        Some(b"always") => ThpMode::Always,
+        Some(b"madvise") => ThpMode::Madvise,
+        Some(b"never") => ThpMode::Never,
         _ => ThpMode::Unavailable,
     }
 }
@@ -345,5 +369,26 @@ impl fmt::Display for Features {
             writeln!(f, "{name:<20} {value:<28} {fallback}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thp_mode_is_the_bracketed_word() {
+        assert_eq!(
+            parse_thp_mode(b"always [madvise] never\n"),
+            ThpMode::Madvise
+        );
+        assert_eq!(parse_thp_mode(b"[always] madvise never\n"), ThpMode::Always);
+        assert_eq!(parse_thp_mode(b"always madvise [never]\n"), ThpMode::Never);
+        assert_eq!(parse_thp_mode(b""), ThpMode::Unavailable);
+        assert_eq!(
+            thp_mode(),
+            features().thp,
+            "the cached value is what features() reports"
+        );
     }
 }

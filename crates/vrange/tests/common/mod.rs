@@ -51,16 +51,7 @@ pub fn pin_cpu() {
     if PINNED.with(|p| p.replace(true)) {
         return;
     }
-    // SAFETY: test-owned memory; sched_getcpu has no preconditions; the cpu_set_t is plain data.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        if cpu < 0 {
-            return;
-        }
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    mem::pin_thread_to_current_cpu().expect("pin the test thread to its CPU");
 }
 
 /// LazyFree kB of the mapping containing `ptr`.
