@@ -34,7 +34,7 @@ pub struct MemCgroup {
 }
 
 /// v1 reports "no limit" as a huge page-rounded number rather than a keyword.
-const V1_UNLIMITED: u64 = 1 << 62;
+pub(crate) const V1_UNLIMITED: u64 = 1 << 62;
 
 /// Rmdir attempts and the pause between them: a process that just exited stays charged to the
 /// cgroup (EBUSY) until the kernel finishes tearing it down.
@@ -83,6 +83,21 @@ impl MemCgroup {
             Version::V1 => None,
             Version::V2 => read_limit_v2(&self.file("memory.high")),
         }
+    }
+
+    /// Bytes the cgroup can still charge before reclaim starts: the lower of the hard limit and
+    /// (v2) `memory.high`, minus usage, 0 when over; `None` when neither is set or a file cannot
+    /// be read.
+    ///
+    /// Cost: two (v1) or three (v2) small control-file reads, each an open, read and close
+    /// with a path and a string allocated, some microseconds. A loop that asks often should
+    /// hold a [`super::pressure::Headroom`] instead: one pread, nothing allocated.
+    pub fn headroom(&self) -> Option<u64> {
+        let ceiling = match (self.limit(), self.high()) {
+            (Some(limit), Some(high)) => limit.min(high),
+            (limit, high) => limit.or(high)?,
+        };
+        Some(ceiling.saturating_sub(self.usage().ok()?))
     }
 
     /// Bytes currently charged to the cgroup.
@@ -249,6 +264,22 @@ pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}{}-{n}", std::process::id())
+}
+
+/// The `memory.pressure` file of this process's cgroup v2 directory, for a per-cgroup PSI
+/// trigger. It exists whenever PSI is enabled, even where the v2 memory controller is not (as
+/// on hosts that keep memory on v1). `None` for the v2 root, whose file is the system-wide one
+/// (`/proc/pressure/memory`), or without a cgroup2 mount.
+pub fn v2_pressure_file() -> Option<PathBuf> {
+    let proc_cgroup = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let (_, v2_path) = parse_proc_cgroup(&proc_cgroup);
+    let v2_path = v2_path.filter(|p| p != "/")?;
+    let mounts = match fs::read("/proc/self/mountinfo") {
+        Ok(bytes) => parse_mountinfo(&String::from_utf8_lossy(&bytes)),
+        Err(_) => CgroupMounts::fallback(),
+    };
+    let file = mounts.v2?.dir_of(&v2_path)?.join("memory.pressure");
+    file.exists().then_some(file)
 }
 
 /// Finds this process's memory cgroup, or says why there is none.
