@@ -27,6 +27,15 @@ pub enum Error {
     Refused,
     /// The range lies above the highest user address vrange tracks (EINVAL).
     OutOfReach,
+    /// The range covers part of a library-owned region and memory outside it (EINVAL).
+    Straddles,
+    /// A shared region is marked and unmarked whole; the range covers only part of it (EINVAL).
+    Partial,
+    /// The address and length do not name a region returned by `VolatileRegion::new` or
+    /// `vrange_alloc` (EINVAL).
+    NotRegion,
+    /// Unknown or contradictory flags, option names or option values (EINVAL).
+    BadFlags,
     /// Any other failure of a system call, with its errno.
     Os(i32),
 }
@@ -40,7 +49,11 @@ impl Error {
             | Error::BadMode
             | Error::Unsupported
             | Error::Refused
-            | Error::OutOfReach => libc::EINVAL,
+            | Error::OutOfReach
+            | Error::Straddles
+            | Error::Partial
+            | Error::NotRegion
+            | Error::BadFlags => libc::EINVAL,
             Error::NotMapped => libc::ENOMEM,
             Error::Os(e) => e,
         }
@@ -68,6 +81,10 @@ impl fmt::Display for Error {
             }
             Error::Refused => "kernel refused the purge hint (locked memory?)",
             Error::OutOfReach => "range lies above the addresses vrange tracks",
+            Error::Straddles => "range straddles the boundary of a vrange region",
+            Error::Partial => "a shared region is marked and unmarked whole",
+            Error::NotRegion => "not a region allocated by vrange",
+            Error::BadFlags => "unknown or contradictory flags or options",
             Error::Os(_) => "system call failed",
         };
         write!(f, "{what} (errno {})", self.errno())

@@ -11,32 +11,12 @@ use crate::sys::{mem, vma};
 use crate::{witness, Error, Unmarked};
 use std::sync::atomic::{AtomicU16, Ordering};
 
-/// Marks `[ptr, ptr + len)` volatile: the kernel may discard its pages when memory is short,
-/// and [`unmark`] will say which it did. Returns the number of bytes marked (`len` rounded up
-/// to a page).
-///
-/// Pages already volatile keep their state (a purge they suffered is still reported at the next
-/// unmark). A write into a volatile page keeps that page (and the write) until it is marked
-/// again.
-///
-/// # Errors
-/// [`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`] for bad input;
-/// [`Error::NotMapped`] for holes; [`Error::Unsupported`] for shared, file-backed or
-/// protected memory; [`Error::Refused`] when the kernel refuses the hint (locked memory), in
-/// which case every page of the range is pinned again, except pages found purged, which keep
-/// that state so the next unmark reports them. Nothing else is marked on error.
+/// Marks a validated span of arbitrary memory (the public entry is [`crate::mark_volatile`]),
+/// after checking that it is private anonymous read-write memory.
 ///
 /// # Safety
-/// The caller must own the memory and hold no reference into it that assumes its content is
-/// stable: any page may read as zero once marked, until it is unmarked.
-///
-/// # References
-/// madvise(2) MADV_FREE.
-pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize, Error> {
-    let span = Span::new(ptr as usize, len)?;
-    if span.is_empty() {
-        return Ok(0);
-    }
+/// As [`crate::mark_volatile`].
+pub(crate) unsafe fn mark_volatile(span: Span) -> Result<usize, Error> {
     vma::check_private_anon(span.start, span.end)?;
     // SAFETY: the range was just checked to be private anonymous read-write memory, and the
     // caller owns it.
@@ -44,28 +24,12 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize, Error> {
     Ok(span.len())
 }
 
-/// Pins `[ptr, ptr + len)` again and reports how many of its pages were discarded while
-/// volatile. Discarded pages read as zero. Pages that were not volatile count as intact.
-///
-/// Exact: a page is reported intact only if its content provably survived, and it can no longer
-/// be discarded when this returns. A page that was all zero when marked is reported intact and
-/// is left as it is (touching it would only fault memory in), so it may still be dropped
-/// until written, losing nothing.
-///
-/// Async-signal-safe: no allocation, no lock; the only system calls are the PROCMAP_QUERY
-/// range check (or, on kernels before 6.11, open/read/close of `/proc/self/maps`).
-///
-/// # Errors
-/// As [`mark_volatile`], except that the kernel is never asked anything that can be refused.
+/// Unmarks a validated span of arbitrary memory (the public entry is [`crate::unmark`]).
+/// Async-signal-safe.
 ///
 /// # Safety
-/// The caller must own the memory: pages are written (their witness word, atomically, with the
-/// value it holds).
-pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked, Error> {
-    let span = Span::new(ptr as usize, len)?;
-    if span.is_empty() {
-        return Ok(Unmarked::default());
-    }
+/// As [`crate::unmark`].
+pub(crate) unsafe fn unmark(span: Span) -> Result<Unmarked, Error> {
     vma::check_private_anon(span.start, span.end)?;
     // SAFETY: the range was just checked to be mapped private anonymous read-write memory.
     Ok(unsafe { unmark_span(span) })

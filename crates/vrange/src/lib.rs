@@ -29,16 +29,30 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod error;
+mod handle;
 mod lazy;
+mod managed;
+mod pagemap;
+pub mod reclaim;
 mod region;
+mod registry;
 mod shadow;
+mod shared;
 mod span;
+mod state;
+mod stats;
+mod sync;
 pub mod sys;
 mod witness;
 
 pub use error::{Error, Result};
-pub use lazy::{forget, mark_volatile, unmark, volatile_pages};
+pub use handle::VolatileRegion;
+pub use lazy::{forget, volatile_pages};
+pub use managed::Options;
+pub use reclaim::{purge, set_option};
 pub use region::{Huge, Region};
+pub use registry::{Policy, Priority};
+pub use stats::{stats, Source, SourceStats, Stats};
 pub use sys::mem::page_size;
 pub use sys::probe::{features, Features, ThpMode};
 
@@ -69,8 +83,72 @@ pub enum Mode {
     NoVolatile,
 }
 
-/// The classic call on arbitrary private anonymous memory: marks or unmarks, returning the
-/// bytes processed and, for [`Mode::NoVolatile`], what was purged.
+/// Marks `[ptr, ptr + len)` volatile: the system may discard its pages when memory is short,
+/// and [`unmark`] will say what it did. Returns the bytes marked (`len` rounded up to a page).
+///
+/// On arbitrary private anonymous memory this is the kernel path ([`lazy`](crate::Policy::Lazy)):
+/// see the crate documentation. Inside a [`VolatileRegion`] (or `vrange_alloc` memory) it
+/// follows the region's policy; the range must then stay inside that region.
+///
+/// # Errors
+/// [`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`] for bad input;
+/// [`Error::NotMapped`] for holes; [`Error::Unsupported`] for shared, file-backed or protected
+/// memory; [`Error::Straddles`] for a range crossing a region's boundary; [`Error::Partial`] for
+/// part of a shared region; [`Error::Refused`] when the kernel refuses the hint (locked memory),
+/// in which case every page is pinned again except pages found purged, which keep that state.
+///
+/// # Safety
+/// The caller must own the memory and hold no reference into it that assumes its content is
+/// stable: any page may read as zero once marked, until it is unmarked.
+///
+/// # References
+/// madvise(2) MADV_FREE.
+pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
+    let span = span::Span::new(ptr as usize, len)?;
+    if span.is_empty() {
+        return Ok(0);
+    }
+    if managed::owns(span)? {
+        // SAFETY: forwarded contract; the span lies in one library-owned region.
+        unsafe { managed::mark(span)? };
+        return Ok(span.len());
+    }
+    // SAFETY: forwarded contract.
+    unsafe { lazy::mark_volatile(span) }
+}
+
+/// Pins `[ptr, ptr + len)` again and reports how many of its pages were discarded while
+/// volatile (they read as zero). Pages that were not volatile count as intact.
+///
+/// Exact: a page is reported intact only if its content provably survived, and it can no
+/// longer be discarded when this returns. On arbitrary memory and in lazy regions, a page
+/// that was all zero when marked is reported intact and left as it is. In managed and hybrid
+/// regions a purged range reports all its pages.
+///
+/// Async-signal-safe for arbitrary memory and lazy or managed regions (no allocation, no lock;
+/// the only system calls are the range check of arbitrary memory). Unmarking a range the
+/// reclaimer is purging or arming waits for it (spinning, then yielding).
+///
+/// # Errors
+/// As [`mark_volatile`], except that the kernel is never asked anything that can be refused.
+///
+/// # Safety
+/// The caller must own the memory: pages are written (their witness word, atomically, with
+/// the value it holds).
+pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
+    let span = span::Span::new(ptr as usize, len)?;
+    if span.is_empty() {
+        return Ok(Unmarked::default());
+    }
+    if managed::owns(span)? {
+        return managed::unmark(span);
+    }
+    // SAFETY: forwarded contract.
+    unsafe { lazy::unmark(span) }
+}
+
+/// The classic call: marks or unmarks, returning the bytes processed and, for
+/// [`Mode::NoVolatile`], what was purged.
 ///
 /// # Errors
 /// See [`mark_volatile`] and [`unmark`].

@@ -16,7 +16,8 @@
 //! | [`mem::advise_huge`]  | MADV_(NO)HUGEPAGE   | kept                                        |
 //!
 //! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
-//!   [`mem::page_size`] after first use, [`vma::check_private_anon`].
+//!   [`mem::page_size`] after first use, [`vma::check_private_anon`],
+//!   [`pressure::Waker::wake`].
 //! - Kernel features are probed once, at first use, and the result and any fallback is recorded
 //!   in [`probe::features`].
 //!
@@ -27,7 +28,10 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod cgroup;
+pub mod clock;
 pub mod mem;
+pub mod pressure;
 pub mod probe;
 pub mod procfs;
+pub mod shm;
 pub mod vma;

@@ -1,0 +1,221 @@
+//! `VolatileRegion`: the Rust handle of a library-owned region (what `vrange_alloc` returns in
+//! C), with O(1) marking for managed and hybrid policies and shared memory between processes.
+
+use crate::managed::{self, Options};
+use crate::registry::{self, Policy, Priority};
+use crate::span::Span;
+use crate::{Error, Unmarked};
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+
+/// A library-owned region whose ranges can be made volatile. Dropping it frees it.
+///
+/// ```
+/// use vrange::{Options, Policy, VolatileRegion};
+/// let r = VolatileRegion::new(1 << 20, Options { policy: Policy::Managed, ..Options::default() })?;
+/// // SAFETY: no reference into the region is live while it is volatile.
+/// unsafe {
+///     r.as_ptr().write_bytes(1, r.len());
+///     r.mark()?; // one atomic operation, whatever the size
+/// }
+/// let report = r.unmark()?;
+/// if report.was_purged() {
+///     // regenerate: a purged managed range reads as zero
+/// }
+/// # Ok::<(), vrange::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct VolatileRegion {
+    start: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the handle is an address and a length; every operation synchronises through the
+// registry's atomics, and the memory is only reached through the caller's own unsafe code.
+unsafe impl Send for VolatileRegion {}
+// SAFETY: as above; every &self method is thread-safe.
+unsafe impl Sync for VolatileRegion {}
+
+impl VolatileRegion {
+    /// Creates a region of at least `len` bytes (rounded up to a page), zero and pinned.
+    ///
+    /// # Errors
+    /// [`Error::NotRegion`] for `len == 0`, [`Error::Overflow`] for absurd sizes,
+    /// [`Error::Os`] when mapping (or, for shared regions, memfd creation) fails.
+    pub fn new(len: usize, opts: Options) -> Result<VolatileRegion, Error> {
+        let (start, len) = managed::create(len, opts)?;
+        Ok(VolatileRegion::at(start, len))
+    }
+
+    /// Maps a shared region from a descriptor obtained from [`VolatileRegion::shared_fd`] in
+    /// this or another process (passed over a UNIX socket or inherited). The descriptor is
+    /// duplicated. The new mapping holds no pin: [`VolatileRegion::unmark`] it before use; that
+    /// unmark reports whether the content was purged since this process mapped it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] if the descriptor is not a vrange shared region;
+    /// [`Error::Os`] for mapping failures.
+    pub fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<VolatileRegion, Error> {
+        let (start, len) = managed::open_shared(fd, priority)?;
+        Ok(VolatileRegion::at(start, len))
+    }
+
+    fn at(start: usize, len: usize) -> VolatileRegion {
+        VolatileRegion {
+            start: NonNull::new(start as *mut u8).expect("regions are never at address 0"),
+            len,
+        }
+    }
+
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.start.as_ptr()
+    }
+
+    /// Length in bytes (a page multiple).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The region's purge policy.
+    pub fn policy(&self) -> Policy {
+        registry::owner_of(self.as_ptr() as usize)
+            .map(|(_, s)| s.policy())
+            .unwrap_or_default()
+    }
+
+    fn span(&self, offset: usize, len: usize) -> Result<Span, Error> {
+        let start = (self.as_ptr() as usize)
+            .checked_add(offset)
+            .ok_or(Error::Overflow)?;
+        let span = Span::new(start, len)?;
+        if span.end > self.as_ptr() as usize + self.len {
+            return Err(Error::NotMapped);
+        }
+        Ok(span)
+    }
+
+    /// Marks the whole region volatile. For managed and hybrid regions this is one atomic
+    /// operation and a clock read.
+    ///
+    /// # Errors
+    /// Lazy regions: [`Error::Refused`] if the kernel refuses (locked memory).
+    ///
+    /// # Safety
+    /// No reference into the region may assume its content is stable until it is unmarked:
+    /// the reclaimer (or, for lazy and armed hybrid ranges, the kernel) may replace it with
+    /// zeros.
+    pub unsafe fn mark(&self) -> Result<(), Error> {
+        // SAFETY: forwarded contract.
+        unsafe { self.mark_range(0, self.len) }
+    }
+
+    /// Marks `len` bytes at `offset` volatile. A call that covers part of a range splits it
+    /// first (once; cost proportional to the pages split off).
+    ///
+    /// # Errors
+    /// [`Error::Unaligned`], [`Error::NotMapped`] past the end, [`Error::Partial`] for part of
+    /// a shared region, and as [`VolatileRegion::mark`].
+    ///
+    /// # Safety
+    /// As [`VolatileRegion::mark`], for the range.
+    pub unsafe fn mark_range(&self, offset: usize, len: usize) -> Result<(), Error> {
+        let span = self.span(offset, len)?;
+        if span.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: forwarded contract; the span lies inside this region.
+        unsafe { managed::mark(span) }
+    }
+
+    /// Pins the whole region again and reports what was purged while it was volatile.
+    ///
+    /// # Errors
+    /// None in practice for a live region (the signature matches the range variant).
+    pub fn unmark(&self) -> Result<Unmarked, Error> {
+        self.unmark_range(0, self.len)
+    }
+
+    /// Pins `len` bytes at `offset` again and reports what was purged. Waits while the
+    /// reclaimer is in the middle of purging or arming one of the ranges.
+    ///
+    /// # Errors
+    /// As [`VolatileRegion::mark_range`].
+    pub fn unmark_range(&self, offset: usize, len: usize) -> Result<Unmarked, Error> {
+        let span = self.span(offset, len)?;
+        if span.is_empty() {
+            return Ok(Unmarked::default());
+        }
+        managed::unmark(span)
+    }
+
+    /// Sets the reclaim class of the whole region.
+    pub fn set_priority(&self, priority: Priority) {
+        let _ = self.set_priority_range(0, self.len, priority);
+    }
+
+    /// Sets the reclaim class of `len` bytes at `offset` (splitting ranges as marking does).
+    ///
+    /// # Errors
+    /// As [`VolatileRegion::mark_range`].
+    pub fn set_priority_range(
+        &self,
+        offset: usize,
+        len: usize,
+        priority: Priority,
+    ) -> Result<(), Error> {
+        let span = self.span(offset, len)?;
+        if span.is_empty() {
+            return Ok(());
+        }
+        managed::set_priority(span, priority)
+    }
+
+    /// The memfd of a shared region (`None` for private ones), valid while the region lives.
+    /// Send it to another process and map it there with [`VolatileRegion::open_shared`].
+    pub fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
+        managed::shared_fd(self.as_ptr() as usize)
+    }
+
+    /// Gives up the handle without freeing the region (for the C ABI and other owners); free it
+    /// later with [`VolatileRegion::from_raw`] or `vrange_free`.
+    pub fn into_raw(self) -> (*mut u8, usize) {
+        let parts = (self.as_ptr(), self.len);
+        std::mem::forget(self);
+        parts
+    }
+
+    /// Takes back ownership of a region given up with [`VolatileRegion::into_raw`] (or
+    /// returned by `vrange_alloc`).
+    ///
+    /// # Errors
+    /// [`Error::NotRegion`] unless `ptr` and `len` (rounded up to a page) name a live region.
+    ///
+    /// # Safety
+    /// The caller must own the region: no other handle may free it.
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<VolatileRegion, Error> {
+        let span = Span::new(ptr as usize, len)?;
+        match registry::owner_of(span.start) {
+            Some((_, s))
+                if s.region_start.load(std::sync::atomic::Ordering::Relaxed) == span.start
+                    && s.region_len.load(std::sync::atomic::Ordering::Relaxed) == span.len() =>
+            {
+                Ok(VolatileRegion::at(span.start, span.len()))
+            }
+            _ => Err(Error::NotRegion),
+        }
+    }
+}
+
+impl Drop for VolatileRegion {
+    fn drop(&mut self) {
+        // SAFETY: the handle owns the region and is going away.
+        let freed = unsafe { managed::free(self.as_ptr() as usize, self.len) };
+        debug_assert!(freed.is_ok());
+    }
+}

@@ -1,0 +1,516 @@
+//! Library-owned regions and the operations on their ranges: creation and freeing, mark and
+//! unmark following the region's policy, splitting a range when a call covers part of it, and
+//! the two reclaimer actions (purge, arm).
+//!
+//! Marking and unmarking a managed or hybrid range is one compare-and-swap on its state word
+//! plus a clock read: no system call, no page walk, whatever the size. A call that covers part
+//! of a range splits it first, once (cost proportional to the pages split off, for the owner
+//! map); later calls on the pieces are O(1) again.
+
+use crate::lazy;
+use crate::registry::{self, Policy, Priority, Slot};
+use crate::shared;
+use crate::span::Span;
+use crate::state::{self, Found, Marked};
+use crate::stats;
+use crate::sys::{clock, mem, probe};
+use crate::{reclaim, Error, Huge, Unmarked};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+/// How a new region is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// How its volatile ranges are purged (default [`Policy::Hybrid`]).
+    pub policy: Policy,
+    /// Its reclaim class (default [`Priority::Normal`]).
+    pub priority: Priority,
+    /// memfd-backed and shareable with other processes (always managed).
+    pub shared: bool,
+    /// Transparent huge pages for private regions (default [`Huge::Auto`]).
+    pub huge: Huge,
+}
+
+/// Creates a region of `len` bytes (rounded up to a page; content zero, pinned). Returns its
+/// start and rounded length.
+pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error> {
+    let page = mem::page_size();
+    if len == 0 {
+        return Err(Error::NotRegion);
+    }
+    let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
+    if len > isize::MAX as usize {
+        return Err(Error::Overflow);
+    }
+    let (idx, slot) = registry::alloc_slot()?;
+    let made = if opts.shared {
+        create_shared(slot, len, opts)
+    } else {
+        create_private(slot, len, opts)
+    };
+    let start = match made {
+        Ok(start) => start,
+        Err(e) => {
+            registry::free_slot(idx);
+            return Err(e);
+        }
+    };
+    if let Err(e) = registry::set_owner(start, start + len, idx) {
+        // SAFETY: the region was just created and never handed out.
+        unsafe { release_mapping(slot, start, len) };
+        registry::free_slot(idx);
+        return Err(e);
+    }
+    slot.publish();
+    if slot.policy() != Policy::Lazy {
+        reclaim::ensure_running();
+    }
+    Ok((start, len))
+}
+
+fn create_private(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
+    let thp_allowed = !matches!(
+        probe::thp_mode(),
+        probe::ThpMode::Never | probe::ThpMode::Unavailable
+    );
+    let huge = match opts.huge {
+        Huge::Always => true,
+        Huge::Never => false,
+        Huge::Auto => thp_allowed && len >= mem::HUGE_PAGE,
+    };
+    let align = if huge {
+        mem::HUGE_PAGE
+    } else {
+        mem::page_size()
+    };
+    let base = mem::map_anon(len, align).map_err(Error::Os)?;
+    // Advice failure only costs performance (no THP built in): ignore it.
+    let _ = mem::advise_huge(base.as_ptr(), len, huge);
+    let start = base.as_ptr() as usize;
+    slot.init(opts.policy, opts.priority, start, len);
+    Ok(start)
+}
+
+fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
+    let m = shared::create(len)?;
+    let epoch = m.header().epoch.load(Acquire);
+    let (header, data, fd) = m.into_parts();
+    let start = data as usize;
+    slot.init(Policy::Managed, opts.priority, start, len);
+    slot.header.store(header, Release);
+    slot.fd.store(fd, Relaxed);
+    slot.seen_epoch.store(epoch, Relaxed);
+    Ok(start)
+}
+
+/// Maps a shared region from a descriptor another process (or this one) created. The new
+/// mapping does not hold a pin: unmark it before use.
+pub(crate) fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<(usize, usize), Error> {
+    let m = shared::open(fd)?;
+    let len = m.len;
+    let epoch = m.header().epoch.load(Acquire);
+    let (idx, slot) = match registry::alloc_slot() {
+        Ok(s) => s,
+        Err(e) => {
+            // SAFETY: the mapping was just created and never handed out.
+            unsafe { mem::unmap(m.base, len + mem::page_size()) };
+            return Err(e);
+        }
+    };
+    let (header, data, fd) = m.into_parts();
+    let start = data as usize;
+    slot.init(Policy::Managed, priority, start, len);
+    slot.header.store(header, Release);
+    slot.fd.store(fd, Relaxed);
+    slot.holding.store(false, Relaxed);
+    slot.seen_epoch.store(epoch, Relaxed);
+    if let Err(e) = registry::set_owner(start, start + len, idx) {
+        // SAFETY: the region was just mapped and never handed out.
+        unsafe { release_mapping(slot, start, len) };
+        registry::free_slot(idx);
+        return Err(e);
+    }
+    slot.publish();
+    reclaim::ensure_running();
+    Ok((start, len))
+}
+
+/// # Safety
+/// Nobody may use the region any more.
+unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
+    let page = mem::page_size();
+    let header = slot.header.load(Acquire);
+    if header.is_null() {
+        let base = std::ptr::NonNull::new(start as *mut u8).expect("region start");
+        // SAFETY: the caller gives up the region, which this module mapped.
+        unsafe { mem::unmap(base, len) };
+    } else {
+        let base = std::ptr::NonNull::new(header.cast::<u8>()).expect("header");
+        // SAFETY: as above; the shared mapping is the header page plus the data.
+        unsafe { mem::unmap(base, len + page) };
+        let fd = slot.fd.swap(-1, Relaxed);
+        if fd >= 0 {
+            // SAFETY: the slot owned this descriptor and nothing else refers to it.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// The region containing `span`, as the slot of its first range. Checks that the span stays
+/// inside one region.
+fn region_of(span: Span) -> Result<Option<(u32, &'static Slot)>, Error> {
+    let Some((idx, slot)) = registry::owner_of(span.start) else {
+        if registry::any_owned(span.start, span.end) {
+            return Err(Error::Straddles);
+        }
+        return Ok(None);
+    };
+    let rs = slot.region_start.load(Relaxed);
+    if span.end > rs + slot.region_len.load(Relaxed) {
+        return Err(Error::Straddles);
+    }
+    if !slot.header.load(Relaxed).is_null() && span.len() != slot.len.load(Relaxed) {
+        return Err(Error::Partial);
+    }
+    Ok(Some((idx, slot)))
+}
+
+/// Whether `span` lies in a library-owned region (`Ok(false)`: ordinary memory).
+pub(crate) fn owns(span: Span) -> Result<bool, Error> {
+    region_of(span).map(|r| r.is_some())
+}
+
+/// Calls `f` on every range of the region covering `span`, splitting ranges at the span's ends
+/// first so that each range `f` sees lies inside the span.
+fn for_each_range(
+    span: Span,
+    mut f: impl FnMut(u32, &'static Slot) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let mut addr = span.start;
+    while addr < span.end {
+        let (idx, slot) = registry::owner_of(addr).ok_or(Error::NotMapped)?;
+        let (start, len) = slot.extent();
+        if start < addr {
+            split(idx, slot, addr)?;
+            continue;
+        }
+        if start + len > span.end {
+            split(idx, slot, span.end)?;
+        }
+        f(idx, slot)?;
+        addr = start + slot.len.load(Acquire);
+    }
+    Ok(())
+}
+
+/// Splits the range of `slot` at `at` (strictly inside it) into two ranges in the same state.
+fn split(idx: u32, slot: &'static Slot, at: usize) -> Result<(), Error> {
+    let word = slot.state().claim();
+    let (start, len) = slot.extent();
+    if at <= start || at >= start + len {
+        // Another thread split it first.
+        slot.state().release(word);
+        return Ok(());
+    }
+    let (nidx, piece) = match registry::alloc_slot() {
+        Ok(s) => s,
+        Err(e) => {
+            slot.state().release(word);
+            return Err(e);
+        }
+    };
+    let head = at - start;
+    let tail = len - head;
+    let armed = slot.armed.load(Relaxed);
+    piece.init_split(slot, word, at, tail, armed.saturating_sub(head));
+    if let Err(e) = registry::set_owner(at, start + len, nidx) {
+        registry::free_slot(nidx);
+        slot.state().release(word);
+        return Err(e);
+    }
+    slot.armed.store(armed.min(head), Relaxed);
+    slot.len.store(head, Release);
+    if counts_as_volatile(word) {
+        stats::volatile_sub(idx, tail);
+        stats::volatile_add(nidx, tail);
+    }
+    piece.publish();
+    slot.state().release(word);
+    Ok(())
+}
+
+fn counts_as_volatile(word: u64) -> bool {
+    state::is_purgeable(word)
+}
+
+/// Marks `span` (inside one region) volatile following the region's policy.
+///
+/// # Safety
+/// As [`crate::mark_volatile`]: no reference into the span may assume stable content.
+pub(crate) unsafe fn mark(span: Span) -> Result<(), Error> {
+    let Some((_, first)) = region_of(span)? else {
+        return Err(Error::NotRegion);
+    };
+    if first.policy() == Policy::Lazy {
+        // SAFETY: the span lies inside a private anonymous region this library mapped.
+        return unsafe { lazy::mark_span(span) };
+    }
+    let now = clock::now_ns();
+    for_each_range(span, |idx, slot| {
+        mark_range(idx, slot, now);
+        Ok(())
+    })
+}
+
+fn mark_range(idx: u32, slot: &Slot, now: u64) {
+    if slot.header().is_some() && !slot.holding.swap(false, Relaxed) {
+        return; // this process holds no pin to drop
+    }
+    slot.touch(now);
+    if slot.state().mark() == Marked::Now && slot.header().is_none() {
+        stats::volatile_add(idx, slot.len.load(Relaxed));
+        reclaim::noticed_mark();
+    }
+}
+
+/// Pins `span` (inside one region) again and reports what was purged.
+pub(crate) fn unmark(span: Span) -> Result<Unmarked, Error> {
+    let Some((_, first)) = region_of(span)? else {
+        return Err(Error::NotRegion);
+    };
+    if first.policy() == Policy::Lazy {
+        // SAFETY: the span lies inside a private anonymous region this library mapped.
+        return Ok(unsafe { lazy::unmark_span(span) });
+    }
+    let mut total = Unmarked::default();
+    for_each_range(span, |idx, slot| {
+        let u = unmark_range(idx, slot);
+        total.pages += u.pages;
+        total.volatile += u.volatile;
+        total.purged += u.purged;
+        Ok(())
+    })?;
+    Ok(total)
+}
+
+fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
+    let (start, len) = slot.extent();
+    let pages = len / mem::page_size();
+    let pinned = Unmarked {
+        pages,
+        ..Unmarked::default()
+    };
+    if let Some(h) = slot.header() {
+        if slot.holding.swap(true, Relaxed) {
+            return pinned;
+        }
+        let found = slot.state().unmark(true);
+        // A purge bumps the epoch before its word leaves PURGING, and none can start while this
+        // process holds its pin, so the epoch read now covers every purge.
+        let epoch = h.epoch.load(Acquire);
+        let lost = found == Found::Purged || epoch != slot.seen_epoch.swap(epoch, Relaxed);
+        if lost {
+            stats::count_purge_seen();
+        }
+        return Unmarked {
+            pages,
+            volatile: pages,
+            purged: if lost { pages } else { 0 },
+        };
+    }
+    match slot.state().unmark(false) {
+        Found::Pinned => pinned,
+        Found::Intact => {
+            stats::volatile_sub(idx, len);
+            Unmarked {
+                pages,
+                volatile: pages,
+                purged: 0,
+            }
+        }
+        Found::Purged => {
+            stats::count_purge_seen();
+            Unmarked {
+                pages,
+                volatile: pages,
+                purged: pages,
+            }
+        }
+        Found::Armed => {
+            let armed = slot.armed.swap(0, Relaxed);
+            let proof = match Span::new(start, armed) {
+                // SAFETY: the armed prefix lies inside this private region, which stays mapped
+                // while the range is BUSY (freeing claims it first).
+                Ok(s) => unsafe { lazy::unmark_span(s) },
+                Err(_) => Unmarked::default(),
+            };
+            slot.state().finish_unmark();
+            stats::volatile_sub(idx, len);
+            if proof.purged > 0 {
+                stats::count_purge_seen();
+            }
+            Unmarked {
+                pages,
+                volatile: pages,
+                purged: proof.purged,
+            }
+        }
+    }
+}
+
+/// Sets the reclaim class of every range of `span`.
+pub(crate) fn set_priority(span: Span, priority: Priority) -> Result<(), Error> {
+    if region_of(span)?.is_none() {
+        return Err(Error::NotRegion);
+    }
+    for_each_range(span, |_, slot| {
+        slot.set_priority(priority);
+        Ok(())
+    })
+}
+
+/// The descriptor of the shared region holding `addr`.
+pub(crate) fn shared_fd(addr: usize) -> Option<BorrowedFd<'static>> {
+    let (_, slot) = registry::owner_of(addr)?;
+    let fd = slot.fd.load(Relaxed);
+    // SAFETY: the slot owns the descriptor until the region is freed; the caller's borrow must
+    // not outlive the region (documented on the public functions).
+    (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
+}
+
+/// Frees a region: `start` and `len` must name it exactly (`len` rounded up to a page).
+///
+/// # Safety
+/// Nothing may use the region afterwards.
+pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
+    let span = Span::new(start, len)?;
+    let (_, first) = registry::owner_of(span.start).ok_or(Error::NotRegion)?;
+    let (rs, rl) = (
+        first.region_start.load(Relaxed),
+        first.region_len.load(Relaxed),
+    );
+    if rs != span.start || rl != span.len() {
+        return Err(Error::NotRegion);
+    }
+    let lazy = first.policy() == Policy::Lazy;
+    // A shared header must not be unmapped while this process's reclaimer is purging through it.
+    let _quiet = first.header().is_some().then(reclaim::pause);
+    let mut addr = rs;
+    let mut mapping_owner = None;
+    while addr < rs + rl {
+        let (idx, slot) = registry::owner_of(addr).ok_or(Error::NotRegion)?;
+        let (start, len) = slot.extent();
+        if slot.header().is_some() {
+            if slot.holding.load(Relaxed) {
+                // Drop this process's pin so that the others' reclaimers may purge the range.
+                slot.state().mark();
+            }
+        } else {
+            // Waits out a purge or arming, and keeps the reclaimer off the range for good: the
+            // slot is retired in BUSY and only a new generation can follow.
+            let word = slot.state().claim();
+            if counts_as_volatile(word) {
+                stats::volatile_sub(idx, len);
+            }
+            let armed = slot.armed.swap(0, Relaxed);
+            if armed > 0 {
+                crate::shadow::forget(start, start + armed);
+            }
+        }
+        addr = start + len;
+        if start == rs {
+            mapping_owner = Some(idx);
+        } else {
+            registry::free_slot(idx);
+        }
+    }
+    if lazy {
+        crate::shadow::forget(rs, rs + rl);
+    }
+    registry::clear_owner(rs, rs + rl);
+    if let Some(idx) = mapping_owner {
+        let slot = registry::slot(idx);
+        // SAFETY: the caller gives up the region; every range was claimed and retired.
+        unsafe { release_mapping(slot, rs, rl) };
+        registry::free_slot(idx);
+    }
+    Ok(())
+}
+
+/// Purges one range if it is still exactly as the reclaimer saw it (`seen`). Returns the bytes
+/// purged.
+pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
+    if !slot.state().begin_purge(seen) {
+        return None;
+    }
+    // The extent is stable from here: splitting and freeing claim the range first.
+    let (start, len) = slot.extent();
+    match slot.header() {
+        Some(h) => {
+            let fd = slot.fd.load(Relaxed);
+            // SAFETY: the slot owns fd while the region lives, and the region cannot be freed
+            // while the range is PURGING.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            // SAFETY: the range is PURGING.
+            let _ = unsafe { shared::punch(fd, len) };
+            h.epoch.fetch_add(1, Release);
+        }
+        None => {
+            // SAFETY: the range is PURGING: its owner neither uses it nor can until it is
+            // PURGED, and the region stays mapped (freeing claims the range first).
+            let _ = unsafe { mem::purge_forced(start as *mut u8, len) };
+            let armed = slot.armed.swap(0, Relaxed);
+            if armed > 0 {
+                crate::shadow::forget(start, start + armed);
+            }
+        }
+    }
+    slot.state().finish_purge();
+    if slot.header().is_none() {
+        stats::volatile_sub(idx, len);
+    }
+    stats::count_purged(len);
+    Some(len)
+}
+
+/// Bytes handed to the kernel path per step of arming; an unmark waits at most one step.
+const ARM_STEP: usize = mem::HUGE_PAGE;
+
+/// Hands a hybrid range that is still as the reclaimer saw it to the kernel's lazy-free path,
+/// a block at a time, stopping early if an unmark asks. Returns the bytes armed.
+pub(crate) fn arm(slot: &Slot, seen: u64) -> usize {
+    if !slot.state().begin_arm(seen) {
+        return 0;
+    }
+    let (start, len) = slot.extent();
+    let mut done = 0;
+    while done < len && !slot.state().arm_cancelled() {
+        let step = ARM_STEP.min(len - done);
+        let Ok(span) = Span::new(start + done, step) else {
+            break;
+        };
+        // SAFETY: the span lies inside this private region, which stays mapped while the range
+        // is ARMING; its owner does not touch it (it is volatile).
+        if unsafe { lazy::mark_span(span) }.is_err() {
+            // Refused (locked memory): keep what was armed; the rest stays managed.
+            break;
+        }
+        done += step;
+        slot.armed.store(done, Release);
+    }
+    slot.state().finish_arm();
+    done
+}
+
+/// Whether a hybrid range should be armed at `now` given the arm delay.
+pub(crate) fn due_for_arming(slot: &Slot, word: u64, now: u64, delay_ns: u64) -> bool {
+    slot.policy() == Policy::Hybrid
+        && slot.header().is_none()
+        && state::tag(word) == state::VOLATILE
+        && now.saturating_sub(slot.last_used()) >= delay_ns
+}
+
+/// Whether `idx`'s range is managed memory whose `seen` word makes it a purge candidate.
+pub(crate) fn purgeable(slot: &Slot, word: u64) -> bool {
+    slot.policy() != Policy::Lazy && state::is_purgeable(word)
+}

@@ -1,0 +1,441 @@
+//! The reclaimer: one thread per process, started by the first managed or hybrid region and
+//! stopped by [`stop`]. It waits on every pressure source the kernel and privileges offer (PSI
+//! triggers, cgroup v1 vmpressure events, a wake-up eventfd) with a timeout, and on each wake-up
+//! or tick purges whole volatile ranges, lowest class and least recently used first:
+//!
+//! | source | how it is noticed | bytes purged |
+//! |---|---|---|
+//! | PSI (system, cgroup v2) | POLLPRI on a trigger | `VRANGE_PRESSURE_SHARE`% of volatile bytes (at least 2 MiB) |
+//! | vmpressure medium / critical (cgroup v1) | eventfd | the same / everything |
+//! | headroom | limit − usage polled every `VRANGE_POLL_MS` | enough to restore twice the threshold |
+//! | budget | the mark that crosses it wakes the thread | the excess |
+//! | explicit | [`purge`] in the caller's thread | what was asked |
+//!
+//! Each tick also arms hybrid ranges volatile for longer than the arm delay.
+//!
+//! # Fork
+//! A fork child has no reclaimer (threads do not survive fork). It starts its own on its next
+//! mark of a managed range, new region or [`purge`]. `pthread_atfork` handlers hold the
+//! registry's locks across the fork, so the child never inherits one locked, and close the
+//! child's copy of the wake-up eventfd (which would otherwise wake the parent's thread). The
+//! other source descriptors are close-on-exec; a child that does not exec keeps copies of them
+//! until it exits (a handful of descriptors, never polled).
+
+mod config;
+mod victims;
+
+pub use config::{set_option, OPTIONS};
+
+use crate::stats::{self, Source};
+use crate::sync::SpinLock;
+use crate::sys::cgroup;
+use crate::sys::cgroup::MemCgroup;
+use crate::sys::clock::now_ns;
+use crate::sys::pressure::{Headroom, Level, Poller, PsiTrigger, Signal, VmPressure, Waker};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8};
+use std::sync::Mutex;
+use std::time::Duration;
+
+const IDLE: u8 = 0;
+const RUNNING: u8 = 1;
+const STOPPING: u8 = 2;
+const DISABLED: u8 = 3;
+
+/// Why the thread was woken (bits).
+const WAKE_BUDGET: u8 = 1;
+const WAKE_CONFIG: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(IDLE);
+static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
+static BUDGET_SINCE: AtomicU64 = AtomicU64::new(0);
+static WAKER: AtomicPtr<Waker> = AtomicPtr::new(std::ptr::null_mut());
+/// Serialises start and stop; held across fork.
+static START: SpinLock = SpinLock::new();
+/// Held while purging, so that purges do not overlap and a shared region is not unmapped
+/// under one; held across fork.
+static PURGES: SpinLock = SpinLock::new();
+static THREAD: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+/// Which sources the running thread listens to (bits by `Source`).
+static ACTIVE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the reclaimer thread is running.
+pub fn is_running() -> bool {
+    STATE.load(Relaxed) == RUNNING
+}
+
+/// The pressure sources the running reclaimer listens to or polls (empty when not running).
+pub fn active_sources() -> Vec<Source> {
+    let bits = ACTIVE.load(Relaxed);
+    Source::ALL
+        .into_iter()
+        .filter(|s| bits & (1 << *s as u8) != 0)
+        .collect()
+}
+
+/// Starts the reclaimer if it is not running (and not disabled by `VRANGE_RECLAIMER=off`).
+pub(crate) fn ensure_running() {
+    if STATE.load(Relaxed) == IDLE {
+        start();
+    }
+}
+
+fn start() {
+    let cfg = config::get();
+    START.lock();
+    if STATE.load(Acquire) == IDLE {
+        if !cfg.enabled.load(Relaxed) {
+            STATE.store(DISABLED, Release);
+        } else if let Ok(waker) = Waker::new() {
+            register_atfork();
+            WAKER.store(Box::into_raw(Box::new(waker)), Release);
+            STATE.store(RUNNING, Release);
+            let spawned = std::thread::Builder::new()
+                .name("vrange-reclaim".into())
+                .spawn(run);
+            match spawned {
+                Ok(handle) => *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle),
+                Err(_) => {
+                    STATE.store(IDLE, Release);
+                    drop_waker();
+                }
+            }
+        }
+    }
+    START.unlock();
+}
+
+/// Stops the reclaimer thread and waits for it. Volatile ranges stay volatile; the next managed
+/// mark, region or [`purge`] starts it again.
+pub fn stop() {
+    START.lock();
+    let handle = if STATE.load(Acquire) == RUNNING {
+        STATE.store(STOPPING, Release);
+        wake();
+        THREAD.lock().unwrap_or_else(|e| e.into_inner()).take()
+    } else {
+        None
+    };
+    if let Some(h) = handle {
+        let _ = h.join();
+    }
+    if STATE.load(Acquire) != DISABLED {
+        STATE.store(IDLE, Release);
+    }
+    drop_waker();
+    START.unlock();
+}
+
+fn drop_waker() {
+    let w = WAKER.swap(std::ptr::null_mut(), AcqRel);
+    if !w.is_null() {
+        // SAFETY: the pointer came from Box::into_raw in start and was just unpublished; the
+        // thread that used it has been joined (or never existed).
+        drop(unsafe { Box::from_raw(w) });
+    }
+}
+
+fn wake() {
+    let w = WAKER.load(Acquire);
+    // SAFETY: a published waker is freed only by stop/start under START after the thread is
+    // joined; wakers racing with that write to an eventfd that is still open until the Box drops.
+    if let Some(w) = unsafe { w.as_ref() } {
+        w.wake();
+    }
+}
+
+/// Called by the mark path after a private range became volatile: starts the reclaimer in a
+/// fork child, and wakes it when the budget is exceeded. Two relaxed loads when under budget.
+pub(crate) fn noticed_mark() {
+    if STATE.load(Relaxed) == IDLE {
+        start();
+    }
+    let budget = config::get().budget.load(Relaxed);
+    if budget != 0
+        && stats::volatile_resident() > budget
+        && WAKE_REASONS.fetch_or(WAKE_BUDGET, AcqRel) & WAKE_BUDGET == 0
+    {
+        BUDGET_SINCE.store(now_ns(), Relaxed);
+        wake();
+    }
+}
+
+/// A setting changed: the thread re-reads them (and a disabled reclaimer may start).
+pub(crate) fn config_changed() {
+    if config::get().enabled.load(Relaxed) {
+        let _ = STATE.compare_exchange(DISABLED, IDLE, AcqRel, Relaxed);
+    }
+    WAKE_REASONS.fetch_or(WAKE_CONFIG, AcqRel);
+    wake();
+}
+
+/// Holds off purging (by the thread or [`purge`]) while alive.
+pub(crate) struct Paused(());
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        PURGES.unlock();
+    }
+}
+
+pub(crate) fn pause() -> Paused {
+    PURGES.lock();
+    Paused(())
+}
+
+/// Purges up to `bytes` bytes of volatile managed ranges now, lowest class and least recently
+/// used first, whole ranges at a time (so it may free more than asked). Returns the bytes
+/// freed: the lengths of the ranges purged. Runs in the caller's thread.
+pub fn purge(bytes: usize) -> usize {
+    let t0 = now_ns();
+    let _p = pause();
+    let (ranges, freed) = victims::purge_oldest(bytes as u64);
+    stats::record(Source::Explicit, ranges, freed, now_ns() - t0);
+    ensure_running();
+    freed as usize
+}
+
+fn respond(source: Source, since: u64, target: u64) {
+    let _p = pause();
+    let (ranges, bytes) = victims::purge_oldest(target);
+    stats::record(source, ranges, bytes, now_ns().saturating_sub(since));
+}
+
+/// The sources the thread listens to for one cgroup and one configuration.
+struct Watch {
+    poller: Poller,
+    cgroup: Option<MemCgroup>,
+    headroom: Option<Headroom>,
+    _psi: Vec<PsiTrigger>,
+    _vmpressure: Vec<VmPressure>,
+    version: u64,
+}
+
+impl Watch {
+    fn open() -> Watch {
+        let cfg = config::get();
+        let version = cfg.version.load(Acquire);
+        let mut poller = Poller::new();
+        let mut active = 1 << Source::Explicit as u8;
+        let w = WAKER.load(Acquire);
+        // SAFETY: the thread runs only while its waker is published (see stop).
+        if let Some(w) = unsafe { w.as_ref() } {
+            let _ = poller.add(w.fd(), Signal::Wake);
+        }
+        let cgroup = MemCgroup::current();
+        let mut psi = Vec::new();
+        let kind = cfg.psi_kind.load(Relaxed);
+        if kind != 0 {
+            let (stall, window) = (
+                cfg.psi_stall_us.load(Relaxed),
+                crate::sys::pressure::psi_window_us(cfg.psi_window_us.load(Relaxed)),
+            );
+            if let Ok(t) = PsiTrigger::system(stall, window, kind == 2) {
+                if poller.add(t.fd(), Signal::PsiSystem).is_ok() {
+                    active |= 1 << Source::Psi as u8;
+                    psi.push(t);
+                }
+            }
+            // The v2 directory's memory.pressure works even where memory is on v1.
+            if let Some(Ok(t)) = cgroup::v2_pressure_file()
+                .map(|file| PsiTrigger::file(&file, stall, window, kind == 2))
+            {
+                if poller.add(t.fd(), Signal::PsiCgroup).is_ok() {
+                    active |= 1 << Source::PsiCgroup as u8;
+                    psi.push(t);
+                }
+            }
+        }
+        let mut vmpressure = Vec::new();
+        if cfg.vmpressure.load(Relaxed) {
+            for (level, source) in [
+                (Level::Medium, Source::VmpressureMedium),
+                (Level::Critical, Source::VmpressureCritical),
+            ] {
+                if let Some(Ok(v)) = cgroup.as_ref().map(|cg| VmPressure::register(cg, level)) {
+                    if poller.add(v.fd(), v.signal()).is_ok() {
+                        active |= 1 << source as u8;
+                        vmpressure.push(v);
+                    }
+                }
+            }
+        }
+        let headroom = match (&cgroup, cfg.headroom.load(Relaxed)) {
+            (Some(cg), setting) if setting != 0 => Headroom::new(cg).ok().flatten(),
+            _ => None,
+        };
+        if headroom.is_some() {
+            active |= 1 << Source::Headroom as u8;
+        }
+        if cfg.budget.load(Relaxed) != 0 {
+            active |= 1 << Source::Budget as u8;
+        }
+        ACTIVE.store(active, Relaxed);
+        Watch {
+            poller,
+            cgroup,
+            headroom,
+            _psi: psi,
+            _vmpressure: vmpressure,
+            version,
+        }
+    }
+
+    /// Follows a changed limit (or a limit set on a cgroup that had none).
+    fn refresh_limits(&mut self) {
+        match (&mut self.headroom, &self.cgroup) {
+            (Some(h), _) => {
+                let _ = h.refresh_ceiling();
+            }
+            (None, Some(cg)) if config::get().headroom.load(Relaxed) != 0 => {
+                self.headroom = Headroom::new(cg).ok().flatten();
+                if self.headroom.is_some() {
+                    ACTIVE.fetch_or(1 << Source::Headroom as u8, Relaxed);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the process moved to another cgroup or the settings changed.
+    fn stale(&self) -> bool {
+        let moved = MemCgroup::current().map(|c| c.path().to_path_buf())
+            != self.cgroup.as_ref().map(|c| c.path().to_path_buf());
+        moved || self.version != config::get().version.load(Acquire)
+    }
+}
+
+fn run() {
+    let cfg = config::get();
+    let mut watch = Watch::open();
+    let mut last_check = now_ns();
+    // Under thrashing vmpressure fires hundreds of times a second: answer each source at most
+    // once per poll interval.
+    let mut answered = [0u64; 4];
+    while STATE.load(Acquire) == RUNNING {
+        let poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
+        let ready = watch.poller.wait(Some(poll)).unwrap_or_default();
+        let t = now_ns();
+        if STATE.load(Acquire) != RUNNING {
+            break;
+        }
+        let reasons = WAKE_REASONS.swap(0, AcqRel);
+        let volatile = stats::volatile_resident();
+        let share = cfg.pressure_share.load(Relaxed);
+        let gap = cfg.poll_ms.load(Relaxed).saturating_mul(1_000_000);
+        for (i, (signal, source)) in [
+            (Signal::VmpressureCritical, Source::VmpressureCritical),
+            (Signal::VmpressureMedium, Source::VmpressureMedium),
+            (Signal::PsiCgroup, Source::PsiCgroup),
+            (Signal::PsiSystem, Source::Psi),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
+                answered[i] = t;
+                respond(source, t, victims::amount(source, volatile, share));
+            }
+        }
+        if !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0 {
+            watch = Watch::open();
+        }
+        check_headroom(&watch, t);
+        check_budget(reasons & WAKE_BUDGET != 0, t);
+        if t.saturating_sub(last_check) >= 1_000_000_000 {
+            last_check = t;
+            if watch.stale() {
+                watch = Watch::open();
+            } else {
+                watch.refresh_limits();
+            }
+        }
+        let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
+        let _p = pause();
+        stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
+    }
+    ACTIVE.store(0, Relaxed);
+}
+
+fn check_headroom(watch: &Watch, t: u64) {
+    let setting = config::get().headroom.load(Relaxed);
+    let Some(h) = watch.headroom.as_ref() else {
+        return;
+    };
+    if setting == 0 || stats::volatile_resident() == 0 {
+        return;
+    }
+    // One pread of the usage file on an open descriptor: cheap enough for every tick.
+    let Ok(headroom) = h.bytes() else {
+        return;
+    };
+    let threshold = if setting == config::HEADROOM_AUTO {
+        victims::auto_headroom(h.ceiling())
+    } else {
+        setting
+    };
+    let deficit = victims::headroom_deficit(headroom, threshold);
+    if deficit > 0 {
+        respond(Source::Headroom, t, deficit);
+    }
+}
+
+fn check_budget(woken: bool, t: u64) {
+    let budget = config::get().budget.load(Relaxed);
+    let volatile = stats::volatile_resident();
+    if budget == 0 || volatile <= budget {
+        return;
+    }
+    let since = if woken { BUDGET_SINCE.load(Relaxed) } else { t };
+    respond(Source::Budget, since, volatile - budget);
+}
+
+fn register_atfork() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        // SAFETY: the handlers are plain extern "C" functions valid for the program's life.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_parent),
+                Some(after_fork_child),
+            )
+        };
+    });
+}
+
+extern "C" fn before_fork() {
+    START.lock();
+    PURGES.lock();
+    crate::registry::LOCK.lock();
+}
+
+extern "C" fn after_fork_parent() {
+    crate::registry::LOCK.unlock();
+    PURGES.unlock();
+    START.unlock();
+}
+
+extern "C" fn after_fork_child() {
+    crate::registry::LOCK.unlock();
+    PURGES.unlock();
+    // The thread did not survive the fork. Its handle and waker belong to the parent's thread:
+    // forget them without running their destructors (no allocator calls here), closing only the
+    // child's copy of the eventfd.
+    if let Ok(mut t) = THREAD.try_lock() {
+        std::mem::forget(t.take());
+    }
+    let w = WAKER.swap(std::ptr::null_mut(), AcqRel);
+    // SAFETY: the waker is leaked, never used again in the child; closing its fd only affects
+    // the child's descriptor table.
+    if let Some(w) = unsafe { w.as_ref() } {
+        // SAFETY: the fd belongs to the leaked waker, which nothing will use again.
+        unsafe { libc::close(w.fd()) };
+    }
+    WAKE_REASONS.store(0, Relaxed);
+    ACTIVE.store(0, Relaxed);
+    if STATE.load(Relaxed) != DISABLED {
+        STATE.store(IDLE, Relaxed);
+    }
+    START.unlock();
+}

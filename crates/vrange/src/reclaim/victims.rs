@@ -1,0 +1,141 @@
+//! Victim choice and how much to purge: pure functions of a snapshot (tested with made-up
+//! candidates), and the two loops that apply them to the registry.
+
+use crate::managed;
+use crate::registry::{self, Priority};
+use crate::stats::Source;
+
+/// A range the reclaimer may purge, as seen in one pass over the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub priority: Priority,
+    pub last_used: u64,
+    pub idx: u32,
+    pub word: u64,
+    pub len: usize,
+}
+
+/// Orders victims: lowest class first, then least recently used.
+pub(crate) fn order(c: &mut [Candidate]) {
+    c.sort_unstable_by_key(|c| (c.priority, c.last_used, c.idx));
+}
+
+/// How many bytes a signal asks to purge, given the resident volatile bytes now.
+pub(crate) fn amount(source: Source, volatile: u64, share_percent: u64) -> u64 {
+    const MIN_PURGE: u64 = 2 << 20;
+    match source {
+        Source::VmpressureCritical => volatile,
+        Source::Psi | Source::PsiCgroup | Source::VmpressureMedium => {
+            (volatile * share_percent / 100).max(MIN_PURGE)
+        }
+        // The callers of these compute the amount themselves (deficit, excess, request).
+        Source::Headroom | Source::Budget | Source::Explicit => 0,
+    }
+}
+
+/// Bytes to purge so that headroom returns to twice the threshold.
+pub(crate) fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
+    if headroom >= threshold {
+        0
+    } else {
+        threshold.saturating_mul(2) - headroom
+    }
+}
+
+/// The headroom threshold for a cgroup limit under `VRANGE_HEADROOM=auto`.
+pub(crate) fn auto_headroom(limit: u64) -> u64 {
+    (limit / 16).clamp(4 << 20, 256 << 20)
+}
+
+fn collect(out: &mut Vec<Candidate>) {
+    out.clear();
+    registry::for_each_live(|idx, slot| {
+        let word = slot.state().load();
+        if managed::purgeable(slot, word) {
+            out.push(Candidate {
+                priority: slot.priority(),
+                last_used: slot.last_used(),
+                idx,
+                word,
+                len: slot.len.load(std::sync::atomic::Ordering::Relaxed),
+            });
+        }
+    });
+}
+
+/// Purges whole ranges, lowest class and oldest first, until at least `target` bytes are freed
+/// or nothing volatile is left. Returns (ranges, bytes).
+pub(crate) fn purge_oldest(target: u64) -> (u64, u64) {
+    if target == 0 {
+        return (0, 0);
+    }
+    let mut victims = Vec::new();
+    collect(&mut victims);
+    order(&mut victims);
+    let (mut ranges, mut bytes) = (0, 0);
+    for c in &victims {
+        if bytes >= target {
+            break;
+        }
+        if let Some(n) = managed::purge(c.idx, registry::slot(c.idx), c.word) {
+            ranges += 1;
+            bytes += n as u64;
+        }
+    }
+    (ranges, bytes)
+}
+
+/// Hands every hybrid range volatile for at least `delay_ns` to the kernel path. Returns bytes
+/// armed.
+pub(crate) fn arm_due(now: u64, delay_ns: u64) -> u64 {
+    let mut armed = 0;
+    registry::for_each_live(|_, slot| {
+        let word = slot.state().load();
+        if managed::due_for_arming(slot, word, now, delay_ns) {
+            armed += managed::arm(slot, word) as u64;
+        }
+    });
+    armed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(priority: Priority, last_used: u64, idx: u32) -> Candidate {
+        Candidate {
+            priority,
+            last_used,
+            idx,
+            word: 0,
+            len: 4096,
+        }
+    }
+
+    #[test]
+    fn class_first_then_least_recently_used() {
+        let mut v = vec![
+            c(Priority::Normal, 5, 1),
+            c(Priority::DropLast, 1, 2),
+            c(Priority::DropFirst, 9, 3),
+            c(Priority::Normal, 2, 4),
+            c(Priority::Low, 7, 5),
+        ];
+        order(&mut v);
+        let idx: Vec<u32> = v.iter().map(|c| c.idx).collect();
+        assert_eq!(idx, [3, 5, 4, 1, 2]);
+    }
+
+    #[test]
+    fn amounts() {
+        let v = 100 << 20;
+        assert_eq!(amount(Source::VmpressureCritical, v, 25), v);
+        assert_eq!(amount(Source::VmpressureMedium, v, 25), 25 << 20);
+        assert_eq!(amount(Source::Psi, 1 << 20, 25), 2 << 20);
+        assert_eq!(headroom_deficit(10, 8), 0);
+        assert_eq!(headroom_deficit(3, 8), 13);
+        assert_eq!(auto_headroom(128 << 20), 8 << 20);
+        assert_eq!(auto_headroom(16 << 20), 4 << 20);
+        assert_eq!(auto_headroom(1 << 40), 256 << 20);
+    }
+}

@@ -1,0 +1,288 @@
+//! The registry of managed ranges: a slot per range in an arena that only grows, and an owner
+//! map from every page of a library-owned region to the slot of the range holding it.
+//!
+//! Lookups (`owner_of`, `slot`) never allocate or lock. Creating and freeing slots takes a short
+//! spin lock (the free list), also held across `fork` so a child never inherits it locked. Slots
+//! are recycled but never unmapped, so a reclaimer holding a stale index reads a valid slot; the
+//! state word's generation keeps it from acting on a recycled one.
+
+use crate::pagemap::PageMap;
+use crate::shared::Header;
+use crate::state::RangeState;
+use crate::sync::SpinLock;
+use crate::sys::mem;
+use crate::Error;
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+
+/// How a region's volatile ranges are purged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// The kernel path: MADV_FREE at every mark, the kernel alone decides what to drop, and
+    /// unmark proves each page with its witness word.
+    Lazy,
+    /// Mark and unmark are one atomic operation on the range; pages stay resident until the
+    /// reclaimer purges the whole range.
+    Managed,
+    /// Managed, and a range left volatile longer than the arm delay is handed to the kernel
+    /// path so direct reclaim can drop it even if the reclaimer reacts too late.
+    #[default]
+    Hybrid,
+}
+
+/// Which ranges the reclaimer drops first. Within a class the least recently used goes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Priority {
+    /// Drop before anything else (cheap to regenerate).
+    DropFirst = 0,
+    /// Drop before normal ranges.
+    Low = 1,
+    /// The default.
+    #[default]
+    Normal = 2,
+    /// Drop only when nothing else is left (expensive to regenerate).
+    DropLast = 3,
+}
+
+impl Priority {
+    pub(crate) fn from_bits(bits: u32) -> Priority {
+        match bits & 3 {
+            0 => Priority::DropFirst,
+            1 => Priority::Low,
+            2 => Priority::Normal,
+            _ => Priority::DropLast,
+        }
+    }
+}
+
+const LIVE: u32 = 1;
+const POLICY_SHIFT: u32 = 1;
+const PRIORITY_SHIFT: u32 = 4;
+
+/// One managed range. Its extent changes only while its owner has claimed it (`BUSY`).
+#[derive(Debug)]
+pub(crate) struct Slot {
+    /// The state of a private range (a shared range's lives in its header).
+    state: RangeState,
+    /// CLOCK_MONOTONIC ns of the last mark: the age the reclaimer sorts by.
+    last_used: AtomicU64,
+    pub start: AtomicUsize,
+    pub len: AtomicUsize,
+    /// Bytes from `start` handed to the kernel path while `ARMING`/`ARMED`.
+    pub armed: AtomicUsize,
+    info: AtomicU32,
+    next_free: AtomicU32,
+    /// The region the range belongs to (copied into every range split off it).
+    pub region_start: AtomicUsize,
+    pub region_len: AtomicUsize,
+    /// Shared ranges: the header in the shared mapping, the memfd, and this process's view.
+    pub header: AtomicPtr<Header>,
+    pub fd: AtomicI32,
+    pub holding: AtomicBool,
+    pub seen_epoch: AtomicU64,
+}
+
+impl Slot {
+    /// The state word: the slot's own, or the shared header's.
+    pub fn state(&self) -> &RangeState {
+        match self.header() {
+            Some(h) => &h.state,
+            None => &self.state,
+        }
+    }
+
+    pub fn header(&self) -> Option<&Header> {
+        let h = self.header.load(Acquire);
+        // SAFETY: a non-null header points into the region's shared mapping, which stays mapped
+        // until the region is freed, and freeing claims every range first.
+        unsafe { h.as_ref() }
+    }
+
+    pub fn last_used(&self) -> u64 {
+        match self.header() {
+            Some(h) => h.last_used.load(Relaxed),
+            None => self.last_used.load(Relaxed),
+        }
+    }
+
+    pub fn touch(&self, now: u64) {
+        match self.header() {
+            Some(h) => h.last_used.store(now, Relaxed),
+            None => self.last_used.store(now, Relaxed),
+        }
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.info.load(Acquire) & LIVE != 0
+    }
+
+    pub fn policy(&self) -> Policy {
+        match (self.info.load(Relaxed) >> POLICY_SHIFT) & 3 {
+            0 => Policy::Lazy,
+            1 => Policy::Managed,
+            _ => Policy::Hybrid,
+        }
+    }
+
+    pub fn priority(&self) -> Priority {
+        Priority::from_bits(self.info.load(Relaxed) >> PRIORITY_SHIFT)
+    }
+
+    pub fn set_priority(&self, p: Priority) {
+        let _ = self.info.fetch_update(Release, Relaxed, |i| {
+            Some((i & !(3 << PRIORITY_SHIFT)) | ((p as u32) << PRIORITY_SHIFT))
+        });
+    }
+
+    pub fn extent(&self) -> (usize, usize) {
+        (self.start.load(Acquire), self.len.load(Acquire))
+    }
+
+    /// Fills a fresh (unpublished) slot.
+    pub fn init(&self, policy: Policy, priority: Priority, start: usize, len: usize) {
+        self.state.reset();
+        self.last_used.store(0, Relaxed);
+        self.start.store(start, Relaxed);
+        self.len.store(len, Relaxed);
+        self.armed.store(0, Relaxed);
+        self.region_start.store(start, Relaxed);
+        self.region_len.store(len, Relaxed);
+        self.header.store(null_mut(), Relaxed);
+        self.fd.store(-1, Relaxed);
+        self.holding.store(true, Relaxed);
+        self.seen_epoch.store(0, Relaxed);
+        let policy = match policy {
+            Policy::Lazy => 0,
+            Policy::Managed => 1,
+            Policy::Hybrid => 2,
+        };
+        self.info.store(
+            (policy << POLICY_SHIFT) | ((priority as u32) << PRIORITY_SHIFT),
+            Relaxed,
+        );
+    }
+
+    /// Copies the region-wide fields of `from` into a fresh slot split off it, in state `word`.
+    pub fn init_split(&self, from: &Slot, word: u64, start: usize, len: usize, armed: usize) {
+        self.state.reset_to(word);
+        self.last_used.store(from.last_used.load(Relaxed), Relaxed);
+        self.start.store(start, Relaxed);
+        self.len.store(len, Relaxed);
+        self.armed.store(armed, Relaxed);
+        self.region_start
+            .store(from.region_start.load(Relaxed), Relaxed);
+        self.region_len
+            .store(from.region_len.load(Relaxed), Relaxed);
+        self.header.store(null_mut(), Relaxed);
+        self.fd.store(-1, Relaxed);
+        self.holding.store(true, Relaxed);
+        self.info.store(from.info.load(Relaxed) & !LIVE, Relaxed);
+    }
+
+    /// Makes an initialised slot visible to the reclaimer.
+    pub fn publish(&self) {
+        self.info.fetch_or(LIVE, Release);
+    }
+
+    fn retire(&self) {
+        self.info.fetch_and(!LIVE, Release);
+    }
+}
+
+const CHUNK_SHIFT: u32 = 12;
+const CHUNK_SLOTS: usize = 1 << CHUNK_SHIFT;
+const MAX_CHUNKS: usize = 1024;
+/// No slot: ends the free list, and marks an unowned page in the owner map.
+const NONE: u32 = 0;
+
+static CHUNKS: [AtomicPtr<Slot>; MAX_CHUNKS] = [const { AtomicPtr::new(null_mut()) }; MAX_CHUNKS];
+/// Slot indices start at 1 so that 0 can mean "none"; `HIGH` is one past the highest used.
+static HIGH: AtomicU32 = AtomicU32::new(1);
+static FREE_HEAD: AtomicU32 = AtomicU32::new(NONE);
+pub(crate) static LOCK: SpinLock = SpinLock::new();
+/// Page → slot index of the range holding it (0: not a managed page).
+static OWNERS: PageMap<AtomicU32> = PageMap::new();
+
+/// The slot with index `idx` (which must have been returned by [`alloc_slot`]).
+pub(crate) fn slot(idx: u32) -> &'static Slot {
+    let chunk = CHUNKS[(idx >> CHUNK_SHIFT) as usize].load(Acquire);
+    debug_assert!(!chunk.is_null());
+    // SAFETY: idx came from alloc_slot, which published its chunk before returning; chunks are
+    // never unmapped and zero-filled memory is a valid Slot (atomics and null pointers).
+    unsafe { &*chunk.add(idx as usize & (CHUNK_SLOTS - 1)) }
+}
+
+/// Takes a free slot (not yet live: fill it, then [`Slot::publish`]).
+pub(crate) fn alloc_slot() -> Result<(u32, &'static Slot), Error> {
+    LOCK.lock();
+    let r = alloc_locked();
+    LOCK.unlock();
+    r.map(|idx| (idx, slot(idx)))
+}
+
+fn alloc_locked() -> Result<u32, Error> {
+    let head = FREE_HEAD.load(Relaxed);
+    if head != NONE {
+        FREE_HEAD.store(slot(head).next_free.load(Relaxed), Relaxed);
+        return Ok(head);
+    }
+    let idx = HIGH.load(Relaxed);
+    let chunk = (idx >> CHUNK_SHIFT) as usize;
+    if chunk >= MAX_CHUNKS {
+        return Err(Error::Os(libc::ENOMEM));
+    }
+    if CHUNKS[chunk].load(Relaxed).is_null() {
+        let bytes = CHUNK_SLOTS * std::mem::size_of::<Slot>();
+        let page = mem::page_size();
+        let fresh = mem::map_anon(bytes.div_ceil(page) * page, page).map_err(Error::Os)?;
+        CHUNKS[chunk].store(fresh.as_ptr().cast(), Release);
+    }
+    HIGH.store(idx + 1, Release);
+    Ok(idx)
+}
+
+/// Returns a retired slot to the free list.
+pub(crate) fn free_slot(idx: u32) {
+    let s = slot(idx);
+    s.retire();
+    LOCK.with(|| {
+        s.next_free.store(FREE_HEAD.load(Relaxed), Relaxed);
+        FREE_HEAD.store(idx, Relaxed);
+    });
+}
+
+/// Calls `f` for every live slot. The slots may change under `f`: it must re-check state.
+pub(crate) fn for_each_live(mut f: impl FnMut(u32, &'static Slot)) {
+    let high = HIGH.load(Acquire);
+    for idx in 1..high {
+        let s = slot(idx);
+        if s.is_live() {
+            f(idx, s);
+        }
+    }
+}
+
+/// The range holding the page at `addr`, if it belongs to a library-owned region.
+/// Async-signal-safe.
+pub(crate) fn owner_of(addr: usize) -> Option<(u32, &'static Slot)> {
+    let idx = OWNERS.get(addr)?.load(Acquire);
+    (idx != NONE).then(|| (idx, slot(idx)))
+}
+
+/// Records slot `idx` as the owner of every page of `[start, end)`.
+pub(crate) fn set_owner(start: usize, end: usize, idx: u32) -> Result<(), Error> {
+    OWNERS.for_each(start, end, true, |_, e| e.store(idx, Release))
+}
+
+/// Forgets the owner of every page of `[start, end)`.
+pub(crate) fn clear_owner(start: usize, end: usize) {
+    let _ = OWNERS.for_each(start, end, false, |_, e| e.store(NONE, Release));
+}
+
+/// Whether any page of `[start, end)` belongs to a library-owned region.
+pub(crate) fn any_owned(start: usize, end: usize) -> bool {
+    let mut owned = false;
+    let _ = OWNERS.for_each(start, end, false, |_, e| owned |= e.load(Relaxed) != NONE);
+    owned
+}

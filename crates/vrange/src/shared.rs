@@ -1,0 +1,122 @@
+//! Shared volatile regions: memfd-backed, mappable by any process that receives the descriptor
+//! (over a UNIX socket or by inheritance). The range's state word, its last-use time and a purge
+//! counter live in a header page at the start of the file, so every process's marks, unmarks
+//! and reclaimer work on the same word:
+//!
+//! - the word counts the processes that hold the range pinned; a range pinned by any process
+//!   is never purged, and one unpinned by all may be purged by any process's reclaimer
+//!   (ashmem pin/unpin semantics);
+//! - a purge punches a hole in the file, freeing the pages for every process, and bumps
+//!   `epoch`; each process remembers the epoch it last saw, so every process learns of the
+//!   purge at its own next unmark, even if another process pinned and refilled the range first;
+//! - the reclaimer purges only if the word still equals its snapshot, whose generation changes
+//!   at every mark: a range used in between is not purged on stale information (what Chromium's
+//!   DiscardableSharedMemory does with a lock word and a last-unlock timestamp).
+//!
+//! Shared regions are always managed: MADV_FREE does not apply to shared memory.
+
+use crate::state::RangeState;
+use crate::sys::{mem, shm};
+use crate::Error;
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"VRANGESH");
+const VERSION: u32 = 1;
+const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(b"vrange-shared\0") {
+    Ok(name) => name,
+    Err(_) => panic!("NUL-terminated"),
+};
+
+/// The first page of a shared region's file.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Header {
+    magic: AtomicU64,
+    version_and_len: AtomicU64,
+    data_len: AtomicU64,
+    pub state: RangeState,
+    pub last_used: AtomicU64,
+    /// Purges so far.
+    pub epoch: AtomicU64,
+}
+
+/// A shared mapping: header page, then `len` bytes of data.
+pub(crate) struct Mapping {
+    pub base: NonNull<u8>,
+    pub len: usize,
+    pub fd: OwnedFd,
+}
+
+impl Mapping {
+    pub fn header(&self) -> &Header {
+        // SAFETY: base is the start of a live shared mapping of at least one page, page-aligned,
+        // and Header (atomics only) fits in a page.
+        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    }
+
+    pub fn data(&self) -> *mut u8 {
+        // SAFETY: the data follows the header page inside the mapping.
+        unsafe { self.base.as_ptr().add(mem::page_size()) }
+    }
+
+    /// Gives up the mapping's ownership to the registry: (header address, data, fd).
+    pub fn into_parts(self) -> (*mut Header, *mut u8, i32) {
+        let data = self.data();
+        (self.base.as_ptr().cast(), data, self.fd.into_raw_fd())
+    }
+}
+
+/// Creates a shared region of `len` bytes (a page multiple), pinned by this process.
+pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
+    let page = mem::page_size();
+    let total = len.checked_add(page).ok_or(Error::Overflow)?;
+    let fd = shm::create(NAME, total).map_err(Error::Os)?;
+    let base = shm::map(fd.as_fd(), total).map_err(Error::Os)?;
+    let m = Mapping { base, len, fd };
+    let h = m.header();
+    h.data_len.store(len as u64, Release);
+    h.version_and_len.store(u64::from(VERSION), Release);
+    h.state.reset();
+    h.magic.store(MAGIC, Release);
+    Ok(m)
+}
+
+/// Maps a shared region created by [`create`] (in this or another process) from its descriptor.
+/// The descriptor is duplicated; the caller keeps its own.
+pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
+    let page = mem::page_size();
+    let total = shm::size(fd).map_err(Error::Os)?;
+    if total < 2 * page || total % page != 0 {
+        return Err(Error::Unsupported);
+    }
+    let fd = shm::dup(fd).map_err(Error::Os)?;
+    let base = shm::map(fd.as_fd(), total).map_err(Error::Os)?;
+    let m = Mapping {
+        base,
+        len: total - page,
+        fd,
+    };
+    let h = m.header();
+    let valid = h.magic.load(Acquire) == MAGIC
+        && h.version_and_len.load(Acquire) == u64::from(VERSION)
+        && h.data_len.load(Acquire) == m.len as u64;
+    if !valid {
+        // SAFETY: the mapping was created above and nothing refers into it.
+        unsafe { mem::unmap(m.base, total) };
+        return Err(Error::Unsupported);
+    }
+    Ok(m)
+}
+
+/// Frees the data of a region being purged, for every process.
+///
+/// # Safety
+/// The caller must have moved the range to `PURGING`.
+pub(crate) unsafe fn punch(fd: BorrowedFd<'_>, len: usize) -> Result<(), Error> {
+    // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until the
+    // purge finishes.
+    unsafe { shm::punch_hole(fd, mem::page_size(), len) }.map_err(Error::Os)
+}

@@ -1,0 +1,240 @@
+//! Statistics of managed purging: gauges computed from the registry when asked (exact, and free
+//! on the hot path), counters of purges by pressure source with reaction times, and the one
+//! counter the mark path keeps, resident volatile bytes, striped so that threads marking
+//! different ranges do not contend on one cache line.
+
+use crate::registry;
+use crate::state;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+/// What made the reclaimer purge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Source {
+    /// A PSI trigger on /proc/pressure/memory.
+    Psi = 0,
+    /// A PSI trigger on the process's cgroup v2 memory.pressure.
+    PsiCgroup = 1,
+    /// cgroup v1 memory.pressure_level "medium".
+    VmpressureMedium = 2,
+    /// cgroup v1 memory.pressure_level "critical".
+    VmpressureCritical = 3,
+    /// The cgroup's limit minus its usage fell under the headroom threshold.
+    Headroom = 4,
+    /// Resident volatile bytes exceeded the budget.
+    Budget = 5,
+    /// `purge()` / `vrange_purge()`.
+    Explicit = 6,
+}
+
+impl Source {
+    /// Every source, in the order of [`Stats::sources`].
+    pub const ALL: [Source; 7] = [
+        Source::Psi,
+        Source::PsiCgroup,
+        Source::VmpressureMedium,
+        Source::VmpressureCritical,
+        Source::Headroom,
+        Source::Budget,
+        Source::Explicit,
+    ];
+
+    /// A short lower-case name (as in `VRANGE_*` settings and reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Psi => "psi",
+            Source::PsiCgroup => "psi-cgroup",
+            Source::VmpressureMedium => "vmpressure-medium",
+            Source::VmpressureCritical => "vmpressure-critical",
+            Source::Headroom => "headroom",
+            Source::Budget => "budget",
+            Source::Explicit => "explicit",
+        }
+    }
+}
+
+/// Counters of one pressure source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceStats {
+    /// Times the source fired (or, for polled sources, was found over its threshold).
+    pub events: u64,
+    /// Ranges purged in response.
+    pub ranges: u64,
+    /// Bytes purged in response.
+    pub bytes: u64,
+    /// Signal to bytes freed, for the last event that purged anything (ns).
+    pub reaction_last_ns: u64,
+    /// The slowest such reaction (ns).
+    pub reaction_max_ns: u64,
+    /// Sum of reaction times over events that purged anything (ns); divide by `purging_events`.
+    pub reaction_total_ns: u64,
+    /// Events that purged anything.
+    pub purging_events: u64,
+}
+
+/// A snapshot of managed purging in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Managed ranges volatile now (including armed ones), and their bytes.
+    pub volatile_ranges: u64,
+    pub volatile_bytes: u64,
+    /// Of those, ranges handed to the kernel path (hybrid, after the arm delay), and bytes.
+    pub armed_ranges: u64,
+    pub armed_bytes: u64,
+    /// Ranges purged and not yet unmarked, and their bytes.
+    pub purged_ranges: u64,
+    pub purged_bytes: u64,
+    /// Pinned managed ranges and their bytes.
+    pub pinned_ranges: u64,
+    pub pinned_bytes: u64,
+    /// Bytes purged by this process since start, all sources.
+    pub purged_total_bytes: u64,
+    /// Bytes handed to the kernel path since start.
+    pub armed_total_bytes: u64,
+    /// Unmarks that reported a loss.
+    pub losses_reported: u64,
+    /// Whether the reclaimer thread is running.
+    pub reclaimer_running: bool,
+    /// Per source, indexed like [`Source::ALL`].
+    pub sources: [SourceStats; 7],
+}
+
+impl Stats {
+    /// The counters of one source.
+    pub fn source(&self, s: Source) -> &SourceStats {
+        &self.sources[s as usize]
+    }
+}
+
+const STRIPES: usize = 16;
+
+#[repr(align(64))]
+struct Padded(AtomicI64);
+
+static VOLATILE: [Padded; STRIPES] = [const { Padded(AtomicI64::new(0)) }; STRIPES];
+
+fn stripe(idx: u32) -> &'static AtomicI64 {
+    &VOLATILE[idx as usize % STRIPES].0
+}
+
+/// A private range of slot `idx` became volatile (`bytes` resident volatile bytes more).
+pub(crate) fn volatile_add(idx: u32, bytes: usize) {
+    stripe(idx).fetch_add(bytes as i64, Relaxed);
+}
+
+/// A private range of slot `idx` stopped being resident and volatile.
+pub(crate) fn volatile_sub(idx: u32, bytes: usize) {
+    stripe(idx).fetch_sub(bytes as i64, Relaxed);
+}
+
+/// Resident volatile bytes of private managed ranges (the budget's measure). A sum of relaxed
+/// counters: exact when no mark or unmark runs concurrently.
+pub(crate) fn volatile_resident() -> u64 {
+    VOLATILE
+        .iter()
+        .map(|s| s.0.load(Relaxed))
+        .sum::<i64>()
+        .max(0) as u64
+}
+
+#[derive(Default)]
+struct SourceCounters {
+    events: AtomicU64,
+    ranges: AtomicU64,
+    bytes: AtomicU64,
+    last: AtomicU64,
+    max: AtomicU64,
+    total: AtomicU64,
+    purging: AtomicU64,
+}
+
+static SOURCES: [SourceCounters; 7] = [const {
+    SourceCounters {
+        events: AtomicU64::new(0),
+        ranges: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+        last: AtomicU64::new(0),
+        max: AtomicU64::new(0),
+        total: AtomicU64::new(0),
+        purging: AtomicU64::new(0),
+    }
+}; 7];
+static PURGED_TOTAL: AtomicU64 = AtomicU64::new(0);
+static ARMED_TOTAL: AtomicU64 = AtomicU64::new(0);
+static LOSSES: AtomicU64 = AtomicU64::new(0);
+
+/// A source fired and its response purged `ranges` ranges, `bytes` bytes, `reaction_ns` after
+/// the signal.
+pub(crate) fn record(source: Source, ranges: u64, bytes: u64, reaction_ns: u64) {
+    let c = &SOURCES[source as usize];
+    c.events.fetch_add(1, Relaxed);
+    if ranges == 0 {
+        return;
+    }
+    c.ranges.fetch_add(ranges, Relaxed);
+    c.bytes.fetch_add(bytes, Relaxed);
+    c.last.store(reaction_ns, Relaxed);
+    c.max.fetch_max(reaction_ns, Relaxed);
+    c.total.fetch_add(reaction_ns, Relaxed);
+    c.purging.fetch_add(1, Relaxed);
+}
+
+pub(crate) fn count_purged(bytes: usize) {
+    PURGED_TOTAL.fetch_add(bytes as u64, Relaxed);
+}
+
+pub(crate) fn count_armed(bytes: usize) {
+    ARMED_TOTAL.fetch_add(bytes as u64, Relaxed);
+}
+
+pub(crate) fn count_purge_seen() {
+    LOSSES.fetch_add(1, Relaxed);
+}
+
+/// Takes a snapshot: gauges from the registry, counters since start.
+pub fn stats() -> Stats {
+    let mut s = Stats::default();
+    registry::for_each_live(|_, slot| {
+        if slot.policy() == crate::Policy::Lazy {
+            return;
+        }
+        let len = slot.len.load(Relaxed) as u64;
+        match state::tag(slot.state().load()) {
+            state::VOLATILE => {
+                s.volatile_ranges += 1;
+                s.volatile_bytes += len;
+            }
+            state::ARMING | state::ARMED => {
+                s.volatile_ranges += 1;
+                s.volatile_bytes += len;
+                s.armed_ranges += 1;
+                s.armed_bytes += slot.armed.load(Relaxed) as u64;
+            }
+            state::PURGING | state::PURGED => {
+                s.purged_ranges += 1;
+                s.purged_bytes += len;
+            }
+            _ => {
+                s.pinned_ranges += 1;
+                s.pinned_bytes += len;
+            }
+        }
+    });
+    s.purged_total_bytes = PURGED_TOTAL.load(Relaxed);
+    s.armed_total_bytes = ARMED_TOTAL.load(Relaxed);
+    s.losses_reported = LOSSES.load(Relaxed);
+    s.reclaimer_running = crate::reclaim::is_running();
+    for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
+        *out = SourceStats {
+            events: c.events.load(Relaxed),
+            ranges: c.ranges.load(Relaxed),
+            bytes: c.bytes.load(Relaxed),
+            reaction_last_ns: c.last.load(Relaxed),
+            reaction_max_ns: c.max.load(Relaxed),
+            reaction_total_ns: c.total.load(Relaxed),
+            purging_events: c.purging.load(Relaxed),
+        };
+    }
+    s
+}

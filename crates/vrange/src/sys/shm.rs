@@ -1,0 +1,111 @@
+//! Shared memory for shared volatile regions: memfd creation, shared mappings of it, and hole
+//! punching, the purge that frees a shared page for every process that maps it.
+//!
+//! Owns `memfd_create`, `ftruncate`, `fstat`, shared `mmap` and `fallocate`. Never decides
+//! policy.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Creates a sealed-size-free memfd of `len` bytes (content zero), close-on-exec.
+///
+/// # Errors
+/// The errno of memfd_create(2) or ftruncate(2).
+pub fn create(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd, i32> {
+    // SAFETY: name is a valid NUL-terminated string; the flags are constants.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: memfd_create just returned this descriptor; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let size = libc::off_t::try_from(len).map_err(|_| libc::EFBIG)?;
+    // SAFETY: fd is a valid memfd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+        return Err(errno());
+    }
+    Ok(fd)
+}
+
+/// Size in bytes of the file behind `fd`.
+///
+/// # Errors
+/// The errno of fstat(2).
+pub fn size(fd: BorrowedFd<'_>) -> Result<usize, i32> {
+    // SAFETY: an all-zero stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is a valid descriptor for the borrow's lifetime; st is writable.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(errno());
+    }
+    usize::try_from(st.st_size).map_err(|_| libc::EINVAL)
+}
+
+/// Maps `len` bytes of `fd` shared and read-write.
+///
+/// # Errors
+/// The errno of mmap(2) (EACCES for a descriptor not open read-write).
+pub fn map(fd: BorrowedFd<'_>, len: usize) -> Result<NonNull<u8>, i32> {
+    // SAFETY: a fresh shared mapping at an address of the kernel's choosing aliases no Rust
+    // object; the file's content is plain bytes.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    NonNull::new(raw.cast()).ok_or(libc::ENOMEM)
+}
+
+/// Frees `[offset, offset + len)` of the file for every process that maps it: the pages read
+/// as zero afterwards (FALLOC_FL_PUNCH_HOLE, size kept).
+///
+/// # Safety
+/// Destroys content seen by every process mapping the file; the caller must hold the right to
+/// discard it (the range's state machine says it is purging).
+///
+/// # Errors
+/// The errno of fallocate(2).
+///
+/// # References
+/// fallocate(2) FALLOC_FL_PUNCH_HOLE; memfd_create(2).
+pub unsafe fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> Result<(), i32> {
+    let off = libc::off_t::try_from(offset).map_err(|_| libc::EINVAL)?;
+    let n = libc::off_t::try_from(len).map_err(|_| libc::EINVAL)?;
+    // SAFETY: fd is valid for the borrow; fallocate checks the range itself.
+    let rc = unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            n,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// Duplicates `fd` with close-on-exec set, for handing a region's descriptor to a caller.
+///
+/// # Errors
+/// The errno of fcntl(2).
+pub fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, i32> {
+    fd.try_clone_to_owned()
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EBADF))
+}
