@@ -12,8 +12,11 @@
 //!
 //! `VRANGE_BENCH_QUICK=1` runs 4 KiB, 2 MiB and 64 MiB with 10 samples (CI smoke test).
 
+mod support;
+use support::{criterion_dir, format_ns, fresh_median, size_label};
+
 use criterion::{BenchmarkId, Criterion, SamplingMode};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use vrange::sys::mem;
 use vrange::{Huge, Options, Policy, VolatileRegion};
 
@@ -21,11 +24,35 @@ const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;
 
-fn label(size: usize) -> String {
-    match size {
-        s if s >= GIB => format!("{}GiB", s / GIB),
-        s if s >= MIB => format!("{}MiB", s / MIB),
-        s => format!("{}KiB", s / KIB),
+const METHODS: [&str; 4] = ["managed", "hybrid", "lazy", "madv_free"];
+
+/// Prints a markdown table of this run's medians and managed's ratio to the others.
+fn summary(sizes: &[usize], since: SystemTime) {
+    let Some(dir) = criterion_dir() else { return };
+    println!(
+        "\n| size | managed | hybrid | lazy | madv_free | lazy / managed | madv_free / managed |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for &size in sizes {
+        let label = size_label(size);
+        let v: Vec<Option<f64>> = METHODS
+            .iter()
+            .map(|m| fresh_median(&dir, "managed", m, &label, since))
+            .collect();
+        let cell = |x: Option<f64>| x.map_or("-".to_string(), format_ns);
+        let ratio = |x: Option<f64>| match (x, v[0]) {
+            (Some(a), Some(b)) => format!("{:.0}×", a / b),
+            _ => "-".to_string(),
+        };
+        println!(
+            "| {label} | {} | {} | {} | {} | {} | {} |",
+            cell(v[0]),
+            cell(v[1]),
+            cell(v[2]),
+            cell(v[3]),
+            ratio(v[2]),
+            ratio(v[3])
+        );
     }
 }
 
@@ -53,6 +80,7 @@ fn redirty(ptr: *mut u8, len: usize) {
 
 fn main() {
     let quick = std::env::var_os("VRANGE_BENCH_QUICK").is_some();
+    let since = SystemTime::now();
     for (name, value) in [
         ("VRANGE_ARM_DELAY_MS", "3600000"),
         ("VRANGE_PSI", "off"),
@@ -80,7 +108,7 @@ fn main() {
         for policy in [Policy::Managed, Policy::Hybrid, Policy::Lazy] {
             let r = region(size, policy);
             g.bench_function(
-                BenchmarkId::new(format!("{policy:?}").to_lowercase(), label(size)),
+                BenchmarkId::new(format!("{policy:?}").to_lowercase(), size_label(size)),
                 |b| {
                     b.iter(|| {
                         // SAFETY: nothing refers into the region while it is volatile.
@@ -92,7 +120,7 @@ fn main() {
             );
         }
         let raw = region(size, Policy::Managed);
-        g.bench_function(BenchmarkId::new("madv_free", label(size)), |b| {
+        g.bench_function(BenchmarkId::new(METHODS[3], size_label(size)), |b| {
             b.iter(|| {
                 // SAFETY: the region's content is re-dirtied right after; nothing else reads it.
                 unsafe { mem::purge_lazy(raw.as_ptr(), raw.len()).expect("MADV_FREE") };
@@ -102,4 +130,5 @@ fn main() {
         g.finish();
     }
     c.final_summary();
+    summary(sizes, since);
 }

@@ -17,9 +17,11 @@
 //! `VRANGE_BENCH_QUICK=1` runs only 4 KiB and 2 MiB with 10 samples of 1 s (CI smoke test).
 //! After the run, a table of medians is printed from criterion's fresh `estimates.json` files.
 
+mod support;
+use support::{criterion_dir, format_ns, fresh_median, size_label};
+
 use criterion::{black_box, BenchmarkId, Criterion, SamplingMode, Throughput};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, SystemTime};
 use vrange::sys::{mem, procfs};
@@ -130,16 +132,6 @@ fn plan(size: usize, quick: bool) -> Plan {
             warm_up: ms(500),
             flat: true,
         },
-    }
-}
-
-fn size_label(size: usize) -> String {
-    if size >= GIB {
-        format!("{}GiB", size / GIB)
-    } else if size >= MIB {
-        format!("{}MiB", size / MIB)
-    } else {
-        format!("{}KiB", size / KIB)
     }
 }
 
@@ -308,62 +300,6 @@ fn bench_size(c: &mut Criterion, kind: Kind, size: usize, quick: bool, list_only
     }
 }
 
-/// Where criterion writes its results, found the way criterion finds it (CRITERION_HOME, then
-/// CARGO_TARGET_DIR, then the target directory this executable was built into).
-fn criterion_dir() -> Option<PathBuf> {
-    if let Some(home) = std::env::var_os("CRITERION_HOME") {
-        return Some(PathBuf::from(home));
-    }
-    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
-        return Some(PathBuf::from(target).join("criterion"));
-    }
-    // <target>/<profile>/deps/markcost-<hash>
-    let exe = std::env::current_exe().ok()?;
-    Some(exe.ancestors().nth(3)?.join("criterion"))
-}
-
-/// The median (ns per iteration) of one benchmark, if criterion wrote it during this run.
-fn fresh_median(
-    dir: &Path,
-    kind: Kind,
-    method: &str,
-    size: usize,
-    since: SystemTime,
-) -> Option<f64> {
-    let path = dir
-        .join(kind.group().replace('/', "_"))
-        .join(method)
-        .join(size_label(size))
-        .join("new")
-        .join("estimates.json");
-    if std::fs::metadata(&path).ok()?.modified().ok()? < since {
-        return None;
-    }
-    let text = std::fs::read_to_string(&path).ok()?;
-    let median = &text[text.find("\"median\":")?..];
-    let value = &median[median.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
-    let end = value.find([',', '}'])?;
-    value[..end].trim().parse().ok()
-}
-
-fn format_ns(ns: f64) -> String {
-    let (v, unit) = if ns >= 1e6 {
-        (ns / 1e6, "ms")
-    } else if ns >= 1e3 {
-        (ns / 1e3, "µs")
-    } else {
-        (ns, "ns")
-    };
-    let digits = if v >= 100.0 {
-        0
-    } else if v >= 10.0 {
-        1
-    } else {
-        2
-    };
-    format!("{v:.digits$} {unit}")
-}
-
 /// Prints a markdown table of this run's medians, per-page cost and the two ratios.
 fn summary(groups: &[(Kind, Vec<usize>)], since: SystemTime) {
     let Some(dir) = criterion_dir() else { return };
@@ -389,7 +325,7 @@ fn summary(groups: &[(Kind, Vec<usize>)], since: SystemTime) {
             let pages = (size / page) as f64;
             let medians: Vec<Option<f64>> = METHODS
                 .iter()
-                .map(|m| fresh_median(&dir, *kind, m, size, since))
+                .map(|m| fresh_median(&dir, &kind.group(), m, &size_label(size), since))
                 .collect();
             found |= medians.iter().any(Option::is_some);
             let cell = |m: Option<f64>| match m {
