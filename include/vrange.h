@@ -4,8 +4,10 @@
  * SPDX-License-Identifier: MIT OR Apache-2.0
  *
  * NAME
- *     vrange, vrange_unmark, vrange_forget, vrange_features, vrange_feature_flags - mark memory as
- *     discardable and learn, when taking it back, whether the system discarded it
+ *     vrange, vrange_unmark, vrange_forget, vrange_features, vrange_feature_flags, vrange_alloc,
+ *     vrange_free, vrange_set_priority, vrange_shared_fd, vrange_map_shared, vrange_purge,
+ *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop - mark memory
+ *     as discardable and learn, when taking it back, whether the system discarded it
  *
  * SYNOPSIS
  *     #include <vrange.h>
@@ -15,6 +17,18 @@
  *     int      vrange_forget(void *start, size_t length);
  *     ssize_t  vrange_features(char *buf, size_t len);
  *     uint64_t vrange_feature_flags(void);
+ *
+ *     void    *vrange_alloc(size_t length, int flags);
+ *     int      vrange_free(void *addr, size_t length);
+ *     int      vrange_set_priority(void *addr, size_t length, int priority);
+ *     int      vrange_shared_fd(void *addr);
+ *     void    *vrange_map_shared(int fd, int flags, size_t *length);
+ *
+ *     size_t   vrange_purge(size_t bytes);
+ *     int      vrange_stats(struct vrange_stats *out, size_t size);
+ *     const char *vrange_source_name(int source);
+ *     int      vrange_set_option(const char *name, const char *value);
+ *     void     vrange_reclaimer_stop(void);
  *
  *     Build with:  cc ... $(pkg-config --cflags --libs vrange)
  *     (for an uninstalled tree: PKG_CONFIG_PATH=target/release, after
@@ -26,7 +40,9 @@
  *     or killing a process. It is meant for caches whose content can be regenerated. The
  *     range must be private anonymous, readable and writable memory: mmap(MAP_PRIVATE |
  *     MAP_ANONYMOUS), malloc'd memory, a stack or a heap. No registration is needed. Marking
- *     is implemented with MADV_FREE.
+ *     such memory is implemented with MADV_FREE. The range may also lie in a region from
+ *     vrange_alloc() or vrange_map_shared(); the region's policy then decides what marking
+ *     does (see Regions below), and the range must stay inside the region.
  *
  *     vrange() with mode VRANGE_NOVOLATILE pins the pages again: when it returns, none of
  *     them can be discarded any more. If purged is not NULL, *purged is set to 1 when at
@@ -62,6 +78,117 @@
  *       vrange uses as proof of survival: the first non-zero word the page held when it
  *       was marked) hides the loss. Unmark before writing if you need an exact report.
  *
+ *   Regions
+ *     vrange_alloc() maps a region of length bytes (rounded up to a page) owned by libvrange,
+ *     zero-filled and pinned (not volatile). Mark and unmark its pages with vrange() and
+ *     vrange_unmark() as any memory. The policy in flags decides what a mark does; one of:
+ *
+ *     VRANGE_LAZY
+ *             The kernel path, as for arbitrary memory: every mark is MADV_FREE, the kernel
+ *             alone decides which pages to drop under memory pressure, and every unmark proves
+ *             each page with its witness word, so that the report counts exactly the pages
+ *             lost. Mark and unmark take time proportional to the pages of the range.
+ *     VRANGE_MANAGED
+ *             Mark and unmark are one atomic operation on the range and a clock read: O(1)
+ *             whatever the size, no system call. The pages stay resident while volatile;
+ *             libvrange's reclaimer (see Reclaimer) purges whole volatile ranges when memory
+ *             is short, and vrange_purge() purges on request. A purged range reads as zero and
+ *             its next unmark reports all its pages purged.
+ *     VRANGE_HYBRID (0, the default)
+ *             Managed, and a range left volatile longer than VRANGE_ARM_DELAY_MS (default
+ *             1000 ms) is also handed to the kernel path ("armed": MADV_FREE), so that the
+ *             kernel's own reclaim can drop its pages even if the reclaimer reacts too late.
+ *             Unmarking an armed range costs what a lazy unmark costs and reports exactly the
+ *             pages the kernel dropped (all of them if the reclaimer purged the range).
+ *
+ *     A region starts as one range. A vrange() call that covers part of a range splits it
+ *     first, once (time proportional to the pages split off); later calls on the pieces are
+ *     O(1) again.
+ *
+ *     One of VRANGE_DROP_FIRST, VRANGE_DROP_LOW or VRANGE_DROP_LAST in flags sets the region's
+ *     reclaim class (normal without; VRANGE_DROP_NORMAL is 0). The reclaimer and
+ *     vrange_purge() purge the lowest class first (drop-first, low, normal, drop-last) and,
+ *     within a class, the range marked least recently first. vrange_set_priority() sets the
+ *     class of [addr, addr + length), which must lie inside one region, to priority: 0
+ *     (VRANGE_DROP_NORMAL) or one VRANGE_DROP_* value (splitting ranges as vrange() does). The
+ *     class does not matter in lazy regions (the kernel chooses).
+ *
+ *     VRANGE_NOHUGE keeps a private region in base pages (MADV_NOHUGEPAGE); VRANGE_HUGE aligns
+ *     it to 2 MiB and advises transparent huge pages. Without either, regions of 2 MiB or
+ *     more get huge pages when the kernel's THP mode allows them.
+ *
+ *     vrange_free() unmaps a region, volatile or not (no unmark is needed first): addr must be
+ *     the address vrange_alloc() or vrange_map_shared() returned, and length, rounded up to a
+ *     page, the region's length.
+ *
+ *   Shared regions
+ *     VRANGE_SHARED makes a region backed by a memfd that other processes can map.
+ *     vrange_shared_fd() returns its descriptor, given any address inside the region. The
+ *     descriptor is borrowed: do not close it; it stays valid until vrange_free() of the
+ *     region, and is close-on-exec. Pass it to another process over a UNIX socket
+ *     (SCM_RIGHTS) or let a fork(2) child inherit it, and map the region there with
+ *     vrange_map_shared(), which duplicates the descriptor, stores the region's length in
+ *     *length (if length is not NULL) and takes the reclaim class from the VRANGE_DROP_* bits
+ *     of flags (VRANGE_SHARED and VRANGE_MANAGED are accepted there and change nothing).
+ *
+ *     Shared regions are always managed (MADV_FREE does not apply to shared memory) and are
+ *     marked and unmarked whole: a vrange() call on part of one fails with EINVAL. Pins are
+ *     counted per process (per mapping), as ashmem's pin and unpin: a region that any process
+ *     holds pinned is never purged; once every process mapping it has marked it volatile, any
+ *     process's reclaimer or vrange_purge() may purge it, which frees its pages for all of
+ *     them (a hole is punched in the memfd) and makes it read as zero. Every process sees the
+ *     purge at its own next unmark (*purged = 1, every page counted), even if another process
+ *     unmarked and refilled the region first.
+ *
+ *     vrange_alloc() returns a shared region pinned by the calling process. A mapping made by
+ *     vrange_map_shared() holds no pin until its first VRANGE_NOVOLATILE: unmark it before
+ *     using it; that unmark reports whether the content was purged. vrange_free() of a shared
+ *     region drops its pin (if it holds one), unmaps it and closes its descriptor; the memory
+ *     lives on while other processes map it.
+ *
+ *   Reclaimer
+ *     The first managed or hybrid region (shared ones included) starts a thread,
+ *     "vrange-reclaim", that listens to the memory-pressure sources the system offers and
+ *     purges whole volatile managed and hybrid ranges in response, lowest class and least
+ *     recently used first. The sources, as indexed in struct vrange_stats:
+ *
+ *     VRANGE_SOURCE_PSI, VRANGE_SOURCE_PSI_CGROUP
+ *             A PSI trigger (VRANGE_PSI) on /proc/pressure/memory or on the cgroup v2
+ *             memory.pressure file fired: VRANGE_PRESSURE_SHARE percent of the volatile bytes
+ *             (at least 2 MiB) are purged per event.
+ *     VRANGE_SOURCE_VMPRESSURE_MEDIUM, VRANGE_SOURCE_VMPRESSURE_CRITICAL
+ *             A cgroup v1 memory.pressure_level event (VRANGE_VMPRESSURE): the same share, or
+ *             everything for critical.
+ *     VRANGE_SOURCE_HEADROOM
+ *             The cgroup's limit minus its usage, polled every VRANGE_POLL_MS, fell below
+ *             VRANGE_HEADROOM: enough to restore twice that headroom.
+ *     VRANGE_SOURCE_BUDGET
+ *             Resident volatile bytes exceed VRANGE_BUDGET: the excess.
+ *     VRANGE_SOURCE_EXPLICIT
+ *             vrange_purge(), in the calling thread: what it asks.
+ *
+ *     The thread also arms hybrid ranges. vrange_reclaimer_stop() stops it and waits for it to
+ *     exit; volatile ranges stay volatile, and the next managed mark, new region or
+ *     vrange_purge() starts it again (unless VRANGE_RECLAIMER is off).
+ *
+ *     vrange_purge() purges, in the calling thread, whole volatile managed and hybrid ranges
+ *     until at least bytes bytes are freed or none is left, so it may free more than asked.
+ *     Lazy regions and arbitrary memory are never purged by it (the kernel decides there).
+ *
+ *     vrange_stats() fills *out with a snapshot of managed purging in this process (see
+ *     struct vrange_stats below): gauges of managed and hybrid ranges by state, totals since
+ *     the start, and counters per source, indexed by VRANGE_SOURCE_*. Pass
+ *     sizeof(struct vrange_stats) as size: later versions of the struct only append fields,
+ *     so programs built against an older header keep working. It writes min(size, its own
+ *     sizeof(struct vrange_stats)) bytes, sets out->size to that count, and zeroes the rest of
+ *     the caller's size bytes. vrange_source_name() returns the short name of a
+ *     VRANGE_SOURCE_* value ("psi", "psi-cgroup", "vmpressure-medium", "vmpressure-critical",
+ *     "headroom", "budget", "explicit"), a static string.
+ *
+ *     vrange_set_option() changes a setting at run time: name is the name of its environment
+ *     variable (see ENVIRONMENT), value a string as the variable would hold. The reclaimer
+ *     applies the change at its next wake-up.
+ *
  * RETURN VALUE
  *     vrange() and vrange_unmark() return the number of bytes processed, which is length
  *     rounded up to the page size, on success. On error they return -1 and set errno;
@@ -73,14 +200,32 @@
  *     vrange_feature_flags() returns the VRANGE_FEATURE_* bits of this kernel, or 0 on an
  *     internal error.
  *
+ *     vrange_alloc() and vrange_map_shared() return the start of the region (page-aligned),
+ *     or NULL with errno set.
+ *
+ *     vrange_free(), vrange_set_priority(), vrange_stats() and vrange_set_option() return 0,
+ *     or -1 with errno set.
+ *
+ *     vrange_shared_fd() returns the region's descriptor, or -1 with errno set.
+ *
+ *     vrange_purge() returns the bytes it freed: the sum of the lengths of the ranges it
+ *     purged (0 if nothing was volatile, or with errno ENOTRECOVERABLE on an internal error).
+ *
+ *     vrange_source_name() returns a static string, or NULL with errno EINVAL when source is
+ *     not a VRANGE_SOURCE_* value.
+ *
  * ERRORS
+ *   vrange(), vrange_unmark()
  *     EINVAL  start is not page-aligned; mode is neither VRANGE_VOLATILE nor
  *             VRANGE_NOVOLATILE; start + length (rounded up to a page) overflows the address
  *             space or length exceeds SSIZE_MAX; the range lies (partly) at or above 2^48,
  *             the highest address vrange tracks; the range contains memory that is not
  *             private anonymous read-write memory: MAP_SHARED memory (shared anonymous
  *             memory included), file-backed mappings (even MAP_PRIVATE ones), read-only or
- *             PROT_NONE mappings, MAP_HUGETLB memory.
+ *             PROT_NONE mappings, MAP_HUGETLB memory (regions from vrange_alloc() and
+ *             vrange_map_shared() excepted).
+ *     EINVAL  The range covers part of a region and memory outside it, or part of a shared
+ *             region.
  *     EINVAL  (VRANGE_VOLATILE only) the kernel refused the purge hint for part of the range,
  *             typically because it is locked with mlock(2), mlockall(2) or MAP_LOCKED. The
  *             whole range is then left not volatile (pinned), including pages that were
@@ -98,6 +243,49 @@
  *     On any error nothing is marked: a failed VRANGE_VOLATILE call leaves no page of the
  *     range newly volatile, and a failed unmark changes nothing.
  *
+ *   vrange_alloc()
+ *     EINVAL  length is 0; flags has a bit no VRANGE_* flag defines, two policies
+ *             (VRANGE_LAZY | VRANGE_MANAGED), two VRANGE_DROP_* classes, both VRANGE_HUGE
+ *             and VRANGE_NOHUGE, or VRANGE_SHARED with VRANGE_LAZY, VRANGE_HUGE or
+ *             VRANGE_NOHUGE.
+ *     ENOMEM  length is too large, or mmap(2) or libvrange's range table ran out of memory.
+ *     EMFILE, ENFILE
+ *             (VRANGE_SHARED) memfd_create(2) found no free descriptor.
+ *
+ *   vrange_free()
+ *     EINVAL  addr and length (rounded up to a page) do not name a live region returned by
+ *             vrange_alloc() or vrange_map_shared(): NULL, an address inside a region, a
+ *             wrong length, a region already freed.
+ *
+ *   vrange_set_priority()
+ *     EINVAL  priority is neither 0 nor one VRANGE_DROP_* value; addr is not inside a region
+ *             from vrange_alloc() or vrange_map_shared(), or is not page-aligned; the range
+ *             covers part of a shared region.
+ *     ENOMEM  The range extends past the end of the region.
+ *
+ *   vrange_shared_fd()
+ *     EINVAL  addr is not inside a region from vrange_alloc() or vrange_map_shared(), or the
+ *             region is not shared.
+ *
+ *   vrange_map_shared()
+ *     EBADF   fd is negative or not an open descriptor.
+ *     EINVAL  fd does not refer to a libvrange shared region; flags has a bit other than a
+ *             VRANGE_DROP_* class, VRANGE_SHARED and VRANGE_MANAGED, or two classes.
+ *     EACCES  fd is not open for reading and writing.
+ *     ENOMEM, EMFILE
+ *             Mapping the region or duplicating the descriptor failed.
+ *
+ *   vrange_stats()
+ *     EINVAL  out is NULL, or size is smaller than the first version of struct vrange_stats.
+ *
+ *   vrange_set_option()
+ *     EINVAL  name or value is NULL or not UTF-8, name is not one of the variables listed in
+ *             ENVIRONMENT, or value is malformed for it. Nothing changes then.
+ *
+ *   All functions
+ *     ENOTRECOVERABLE
+ *             An internal bug in libvrange (a Rust panic, caught at the ABI boundary).
+ *
  * NOTES
  *   Constants
  *     VRANGE_VOLATILE (0) and VRANGE_NOVOLATILE (1) are the two values of mode.
@@ -108,14 +296,23 @@
  *
  *   Async-signal safety
  *     vrange(..., VRANGE_NOVOLATILE, ...) and vrange_unmark() are async-signal-safe: they do
- *     not allocate and take no lock. Their only system calls are getpid(2) and an
- *     ioctl(PROCMAP_QUERY) on a cached /proc/self/maps descriptor (Linux 6.11 and later;
- *     the descriptor is opened with open(2) on first use in a process, and again in a fork
- *     child), or, on kernels before 6.11, open(2)/read(2)/close(2) of /proc/self/maps. They
- *     may set errno; a signal handler should save and restore errno around the call.
+ *     not allocate and take no lock. On arbitrary memory their only system calls are
+ *     getpid(2) and an ioctl(PROCMAP_QUERY) on a cached /proc/self/maps descriptor (Linux 6.11
+ *     and later; the descriptor is opened with open(2) on first use in a process, and again in
+ *     a fork child), or, on kernels before 6.11, open(2)/read(2)/close(2) of /proc/self/maps;
+ *     in regions they make none. They may set errno; a signal handler should save and
+ *     restore errno around the call.
+ *     In a managed or hybrid region (shared ones included), an unmark waits, spinning and
+ *     then yielding (sched_yield(2)), while another thread purges, arms, splits or frees the
+ *     same range. A signal handler must therefore not unmark a range that the thread it
+ *     interrupted may be purging (vrange_purge()), splitting (vrange() or
+ *     vrange_set_priority() on part of a range) or freeing: it would wait forever.
  *     vrange(..., VRANGE_VOLATILE, ...) is NOT promised to be async-signal-safe: it may
- *     allocate the page-state table and probes the kernel on first use.
- *     vrange_features() and vrange_feature_flags() are not async-signal-safe either.
+ *     allocate the page-state table, probes the kernel on first use, and may start the
+ *     reclaimer thread. vrange_alloc(), vrange_free(), vrange_set_priority(),
+ *     vrange_shared_fd(), vrange_map_shared(), vrange_purge(), vrange_stats(),
+ *     vrange_source_name(), vrange_set_option(), vrange_reclaimer_stop(), vrange_features()
+ *     and vrange_feature_flags() are not async-signal-safe either.
  *
  *   Threads
  *     All functions are thread-safe. Different threads may mark and unmark different pages
@@ -124,13 +321,19 @@
  *     purged) is unspecified, but memory-safe.
  *
  *   fork(2)
- *     The child inherits the volatile state and the content of every page. A volatile page
- *     is then shared copy-on-write: a purge by the kernel of a page that is still shared
- *     discards it for both processes (each one's next unmark reports it), and a write by
- *     either side, including an unmark (which writes to the page), gives that side a
- *     private copy whose fate is independent of the other's from then on. (A forced
- *     reclaim with MADV_PAGEOUT skips pages that are still shared; they become
- *     discardable again once only one process maps them.)
+ *     The child inherits its parent's regions, with their states, but no reclaimer thread:
+ *     the child starts its own at its next managed mark, new region or vrange_purge(). The
+ *     child's inherited mappings of shared regions hold no pin (the pins were the parent's):
+ *     like a mapping made by vrange_map_shared(), unmark one before using it; that unmark
+ *     reports whether the content was purged.
+ *
+ *     For arbitrary memory and lazy regions the child inherits the volatile state and the
+ *     content of every page. A volatile page is then shared copy-on-write: a purge by the
+ *     kernel of a page that is still shared discards it for both processes (each one's next
+ *     unmark reports it), and a write by either side, including an unmark (which writes to
+ *     the page), gives that side a private copy whose fate is independent of the other's
+ *     from then on. (A forced reclaim with MADV_PAGEOUT skips pages that are still shared;
+ *     they become discardable again once only one process maps them.)
  *
  *   Freeing volatile memory
  *     Before freeing memory that may still be volatile with free(3) or munmap(2), unmark
@@ -148,6 +351,31 @@
  *     does not change the content.
  *     Marking is a hint, like madvise(2): the kernel discards volatile pages only under
  *     memory pressure (or when asked to, with MADV_PAGEOUT).
+ *
+ * ENVIRONMENT
+ *     Read once, when libvrange first needs its settings; a malformed value is reported on
+ *     standard error and the default kept. vrange_set_option() changes them later, under the
+ *     same names. Sizes take an optional K, M, G or T suffix (powers of 1024).
+ *
+ *     VRANGE_RECLAIMER       on | off (default on). off: no reclaimer thread; only
+ *                            vrange_purge() purges, and hybrid ranges are never armed.
+ *     VRANGE_ARM_DELAY_MS    Milliseconds a hybrid range stays volatile before it is armed
+ *                            (default 1000).
+ *     VRANGE_BUDGET          Resident volatile bytes of private managed and hybrid ranges
+ *                            allowed before the least recently used are purged (default 0:
+ *                            no budget).
+ *     VRANGE_HEADROOM        auto | off | a size (default auto): purge when the memory
+ *                            cgroup's limit minus its usage falls below it; auto is the
+ *                            limit / 16, clamped to [4 MiB, 256 MiB].
+ *     VRANGE_POLL_MS         Milliseconds between checks of headroom, budget and arming
+ *                            (default 100).
+ *     VRANGE_PSI             "some|full STALL_US WINDOW_US" | off (default "some 100000
+ *                            2000000"): the PSI trigger on the system and cgroup v2 memory
+ *                            pressure files.
+ *     VRANGE_VMPRESSURE      on | off (default on): cgroup v1 memory.pressure_level medium
+ *                            and critical events.
+ *     VRANGE_PRESSURE_SHARE  1 to 100 (default 25): percent of the volatile bytes purged per
+ *                            PSI or medium event (critical purges everything).
  *
  * EXAMPLE
  *     #include <stdio.h>
@@ -181,9 +409,26 @@
  *         return 0;
  *     }
  *
+ *     A managed cache, marked and unmarked in O(1) whatever its size (fill() regenerates it):
+ *
+ *         size_t len = 64 << 20;
+ *         char *cache = vrange_alloc(len, VRANGE_MANAGED | VRANGE_DROP_LOW);
+ *         int purged;
+ *
+ *         if (cache == NULL)
+ *             return 1;
+ *         fill(cache, len);
+ *         vrange((unsigned long)cache, len, VRANGE_VOLATILE, NULL);
+ *         // ... the reclaimer may purge it when memory is short ...
+ *         vrange((unsigned long)cache, len, VRANGE_NOVOLATILE, &purged);
+ *         if (purged)
+ *             fill(cache, len);                         // purged whole: it reads 0
+ *         vrange_free(cache, len);
+ *
  * SEE ALSO
- *     madvise(2) (MADV_FREE, MADV_PAGEOUT), mlock(2), ashmem (Android), the 2014 volatile
- *     ranges patch series (vrange(2)).
+ *     madvise(2) (MADV_FREE, MADV_PAGEOUT), mlock(2), memfd_create(2), ashmem (Android),
+ *     Chromium's DiscardableSharedMemory, the 2014 volatile ranges patch series (vrange(2)),
+ *     the kernel's Documentation/accounting/psi.rst.
  */
 
 #ifndef VRANGE_H
@@ -257,6 +502,118 @@ int vrange_forget(void *start, size_t length);
 
 /** Returns the VRANGE_FEATURE_* bits of the running kernel (probed once, then cached). */
 uint64_t vrange_feature_flags(void);
+
+/* Flags of vrange_alloc() (and, for the VRANGE_DROP_* bits, of vrange_map_shared() and the
+ * priority of vrange_set_priority()). Bits no macro defines are reserved and must be 0. */
+
+/** Policy (bits 0-1), the default: managed, and handed to the kernel after the arm delay. */
+#define VRANGE_HYBRID 0
+/** Policy: the kernel path (MADV_FREE at every mark, per-page proof at every unmark). */
+#define VRANGE_LAZY 1
+/** Policy: O(1) atomic mark and unmark; whole ranges purged by the reclaimer. */
+#define VRANGE_MANAGED 2
+/** A memfd-backed region that other processes can map (always managed). */
+#define VRANGE_SHARED (1 << 2)
+/** Reclaim class (bits 4-6, at most one): normal, the default. */
+#define VRANGE_DROP_NORMAL 0
+/** Reclaim class: purged before anything else (cheap to regenerate). */
+#define VRANGE_DROP_FIRST (1 << 4)
+/** Reclaim class: purged before normal ranges. */
+#define VRANGE_DROP_LOW (1 << 5)
+/** Reclaim class: purged only when nothing else is left (expensive to regenerate). */
+#define VRANGE_DROP_LAST (1 << 6)
+/** Private regions: base pages only (MADV_NOHUGEPAGE). */
+#define VRANGE_NOHUGE (1 << 8)
+/** Private regions: 2 MiB-aligned, transparent huge pages advised. */
+#define VRANGE_HUGE (1 << 9)
+
+/** What made the reclaimer purge: the indices of struct vrange_stats's sources. */
+enum vrange_source {
+    VRANGE_SOURCE_PSI = 0,                 /**< PSI trigger on /proc/pressure/memory */
+    VRANGE_SOURCE_PSI_CGROUP = 1,          /**< PSI trigger on the cgroup v2 memory.pressure */
+    VRANGE_SOURCE_VMPRESSURE_MEDIUM = 2,   /**< cgroup v1 memory.pressure_level medium */
+    VRANGE_SOURCE_VMPRESSURE_CRITICAL = 3, /**< cgroup v1 memory.pressure_level critical */
+    VRANGE_SOURCE_HEADROOM = 4,            /**< cgroup limit minus usage under VRANGE_HEADROOM */
+    VRANGE_SOURCE_BUDGET = 5,              /**< resident volatile bytes over VRANGE_BUDGET */
+    VRANGE_SOURCE_EXPLICIT = 6,            /**< vrange_purge() */
+    VRANGE_SOURCE_COUNT = 7                /**< number of sources */
+};
+
+/** Counters of one pressure source, since the process started. */
+struct vrange_source_stats {
+    uint64_t events;            /**< times it fired (polled ones: was found over threshold) */
+    uint64_t ranges;            /**< ranges purged in response */
+    uint64_t bytes;             /**< bytes purged in response */
+    uint64_t reaction_last_ns;  /**< signal to bytes freed, last event that purged anything */
+    uint64_t reaction_max_ns;   /**< the slowest such reaction */
+    uint64_t reaction_total_ns; /**< sum over events that purged; divide by purging_events */
+    uint64_t purging_events;    /**< events that purged anything */
+};
+
+/** A snapshot of managed purging in this process; see vrange_stats(). Gauges count managed and
+ *  hybrid ranges (shared ones included; lazy regions and arbitrary memory are not counted). */
+struct vrange_stats {
+    uint64_t size;               /**< bytes vrange_stats() filled in */
+    uint64_t volatile_ranges;    /**< volatile now (armed ones included) */
+    uint64_t volatile_bytes;
+    uint64_t armed_ranges;       /**< of those, handed to the kernel path (hybrid) */
+    uint64_t armed_bytes;        /**< bytes handed to the kernel path in them */
+    uint64_t purged_ranges;      /**< purged and not yet unmarked */
+    uint64_t purged_bytes;
+    uint64_t pinned_ranges;      /**< not volatile */
+    uint64_t pinned_bytes;
+    uint64_t purged_total_bytes; /**< purged by this process since it started, all sources */
+    uint64_t armed_total_bytes;  /**< handed to the kernel path since the start */
+    uint64_t losses_reported;    /**< unmarks of managed ranges that reported a purge */
+    uint64_t reclaimer_running;  /**< 1 if the reclaimer thread runs, else 0 */
+    uint64_t reclaimer_sources;  /**< bit (1 << VRANGE_SOURCE_*) per source it listens to */
+    struct vrange_source_stats sources[VRANGE_SOURCE_COUNT]; /**< by VRANGE_SOURCE_* */
+};
+
+/**
+ * Maps a region of length bytes (rounded up to a page), zero-filled and pinned, with the
+ * policy, class and huge-page choice of flags (0: hybrid, normal class, automatic huge pages).
+ * Returns its page-aligned start, or NULL with errno set. Free it with vrange_free().
+ */
+void *vrange_alloc(size_t length, int flags);
+
+/** Unmaps the region that addr and length (rounded up to a page) name exactly, volatile or
+ *  not. Returns 0, or -1 with errno EINVAL if they name no live region. */
+int vrange_free(void *addr, size_t length);
+
+/** Sets the reclaim class of [addr, addr + length), inside one region, to priority: 0 or one
+ *  VRANGE_DROP_* value. Returns 0, or -1 with errno set. */
+int vrange_set_priority(void *addr, size_t length, int priority);
+
+/** Returns the memfd of the shared region holding addr (borrowed: do not close it; valid until
+ *  vrange_free() of the region), or -1 with errno EINVAL for any other address. */
+int vrange_shared_fd(void *addr);
+
+/**
+ * Maps the shared region behind fd (from vrange_shared_fd(), in this or another process) with
+ * the class of flags' VRANGE_DROP_* bit, stores its length in *length (if not NULL) and returns
+ * its start, or NULL with errno set. The mapping holds no pin: unmark it before use.
+ */
+void *vrange_map_shared(int fd, int flags, size_t *length);
+
+/** Purges whole volatile managed and hybrid ranges, lowest class and least recently used
+ *  first, until at least bytes bytes are freed or none is left. Returns the bytes freed. */
+size_t vrange_purge(size_t bytes);
+
+/** Fills *out (size: sizeof(struct vrange_stats)) with a snapshot of managed purging. Returns
+ *  0, or -1 with errno EINVAL for a NULL out or a size smaller than the first version. */
+int vrange_stats(struct vrange_stats *out, size_t size);
+
+/** The short name of a VRANGE_SOURCE_* value (a static string), or NULL with errno EINVAL. */
+const char *vrange_source_name(int source);
+
+/** Sets a VRANGE_* setting (see ENVIRONMENT) at run time. Returns 0, or -1 with errno EINVAL
+ *  for an unknown name or a malformed value. */
+int vrange_set_option(const char *name, const char *value);
+
+/** Stops the reclaimer thread and waits for it; the next managed mark, new region or
+ *  vrange_purge() starts it again (unless VRANGE_RECLAIMER is off). */
+void vrange_reclaimer_stop(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,6 +1,7 @@
-//! The C ABI from C: builds `tests/c/test_vrange.c` against `include/vrange.h` and the
-//! `libvrange.so` of this profile, through the generated `vrange.pc`, runs it, and checks that
-//! the header compiles and links as C++11 and C++17 (`tests/c/header_cxx.cpp`).
+//! The C ABI from C: builds `tests/c/test_vrange.c` and `tests/c/test_regions.c` against
+//! `include/vrange.h` and the `libvrange.so` of this profile, through the generated
+//! `vrange.pc`, runs them, and checks that the header compiles and links as C++11 and C++17
+//! (`tests/c/header_cxx.cpp`).
 //!
 //! Cargo does not build a cdylib-only library for an integration test, so the test builds it
 //! itself with `cargo build -p vrange-ffi` for the same profile and target directory (a no-op
@@ -187,13 +188,13 @@ fn compile(compiler: &str, args: &[&str], source: &Path, exe: &Path, flags: &[St
     );
 }
 
-#[test]
-#[cfg_attr(miri, ignore = "spawns compilers")]
-fn c_test_program_passes() {
+/// Compiles `tests/c/<name>.c` as C11 with every warning an error, runs it and checks its TAP
+/// output: a plan line and no "not ok" line except known bugs ("# TODO").
+fn run_c_test(name: &str) {
     let flags = pkg_config_flags();
-    let scratch = Scratch::new("c");
-    let exe = scratch.0.join("test_vrange");
-    let source = repo_root().join("tests/c/test_vrange.c");
+    let scratch = Scratch::new(name);
+    let exe = scratch.0.join(name);
+    let source = repo_root().join(format!("tests/c/{name}.c"));
     compile(
         &compiler("CC", "cc"),
         &["-std=c11", "-Wall", "-Wextra", "-Werror"],
@@ -220,6 +221,21 @@ fn c_test_program_passes() {
         stdout.lines().any(|l| l.starts_with("1..")) && failed == 0,
         "the C test did not run to its end or has {failed} failure(s):\n{stdout}"
     );
+}
+
+/// `vrange`, `vrange_unmark`, `vrange_forget` and the feature report on arbitrary memory.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn c_test_program_passes() {
+    run_c_test("test_vrange");
+}
+
+/// Regions (`vrange_alloc` and the policies), managed purging and its order, statistics,
+/// options and shared regions across fork.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn c_regions_test_passes() {
+    run_c_test("test_regions");
 }
 
 #[test]

@@ -212,6 +212,17 @@ impl VolatileRegion {
     }
 }
 
+/// The start and length of the library-owned region holding `ptr`, if any: what
+/// [`VolatileRegion::from_raw`] needs to name it. Async-signal-safe (two table lookups).
+pub fn region_containing(ptr: *const u8) -> Option<(*mut u8, usize)> {
+    let page = crate::page_size();
+    let (_, slot) = registry::owner_of(ptr as usize & !(page - 1))?;
+    Some((
+        slot.region_start.load(std::sync::atomic::Ordering::Relaxed) as *mut u8,
+        slot.region_len.load(std::sync::atomic::Ordering::Relaxed),
+    ))
+}
+
 impl Drop for VolatileRegion {
     fn drop(&mut self) {
         // SAFETY: the handle owns the region and is going away.

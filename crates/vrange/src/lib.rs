@@ -46,7 +46,7 @@ pub mod sys;
 mod witness;
 
 pub use error::{Error, Result};
-pub use handle::VolatileRegion;
+pub use handle::{region_containing, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
 pub use managed::Options;
 pub use reclaim::{purge, set_option};
@@ -125,7 +125,7 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
 /// that was all zero when marked is reported intact and left as it is. In managed and hybrid
 /// regions a purged range reports all its pages.
 ///
-/// Async-signal-safe for arbitrary memory and lazy or managed regions (no allocation, no lock;
+/// Async-signal-safe for arbitrary memory and every region policy (no allocation, no lock;
 /// the only system calls are the range check of arbitrary memory). Unmarking a range the
 /// reclaimer is purging or arming waits for it (spinning, then yielding).
 ///

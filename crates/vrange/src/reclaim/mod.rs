@@ -19,7 +19,9 @@
 //! registry's locks across the fork, so the child never inherits one locked, and close the
 //! child's copy of the wake-up eventfd (which would otherwise wake the parent's thread). The
 //! other source descriptors are close-on-exec; a child that does not exec keeps copies of them
-//! until it exits (a handful of descriptors, never polled).
+//! until it exits (a handful of descriptors, never polled). The child's inherited mappings of
+//! shared regions hold no pin (the pins were the parent's): it unmarks them before use, like a
+//! fresh mapping.
 
 mod config;
 mod victims;
@@ -75,6 +77,7 @@ pub fn active_sources() -> Vec<Source> {
 
 /// Starts the reclaimer if it is not running (and not disabled by `VRANGE_RECLAIMER=off`).
 pub(crate) fn ensure_running() {
+    register_atfork();
     if STATE.load(Relaxed) == IDLE {
         start();
     }
@@ -87,7 +90,6 @@ fn start() {
         if !cfg.enabled.load(Relaxed) {
             STATE.store(DISABLED, Release);
         } else if let Ok(waker) = Waker::new() {
-            register_atfork();
             WAKER.store(Box::into_raw(Box::new(waker)), Release);
             STATE.store(RUNNING, Release);
             let spawned = std::thread::Builder::new()
@@ -390,6 +392,8 @@ fn check_budget(woken: bool, t: u64) {
     respond(Source::Budget, since, volatile - budget);
 }
 
+/// Installs the fork handlers once per process (by the first region, even with the reclaimer
+/// off: the registry's lock and shared pins need them).
 fn register_atfork() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
@@ -432,6 +436,13 @@ extern "C" fn after_fork_child() {
         // SAFETY: the fd belongs to the leaked waker, which nothing will use again.
         unsafe { libc::close(w.fd()) };
     }
+    // The parent's pins on shared regions are the parent's: the child's inherited mappings
+    // hold none, like fresh mappings, until the child unmarks them.
+    crate::registry::for_each_live(|_, slot| {
+        if slot.header().is_some() {
+            slot.holding.store(false, Relaxed);
+        }
+    });
     WAKE_REASONS.store(0, Relaxed);
     ACTIVE.store(0, Relaxed);
     if STATE.load(Relaxed) != DISABLED {

@@ -1,0 +1,105 @@
+//! Library-owned regions: `vrange_alloc`, `vrange_free`, `vrange_set_priority`,
+//! `vrange_shared_fd`, `vrange_map_shared`.
+
+use crate::{flags, guard, regions};
+use libc::{c_int, c_void, size_t};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::null_mut;
+use vrange_core::{Error, VolatileRegion};
+
+/// Allocates a region of `length` bytes (rounded up to a page), zero and pinned, following
+/// `flags`; returns it or NULL with errno.
+///
+/// # Safety
+/// None beyond the C contract: the arguments are plain values.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_alloc(length: size_t, flags: c_int) -> *mut c_void {
+    guard(null_mut(), || {
+        let opts = flags::alloc_options(flags)?;
+        let region = VolatileRegion::new(length, opts).map_err(|e| match e {
+            // An absurd length is out of memory, as for malloc(3) and mmap(2).
+            Error::Overflow => Error::Os(libc::ENOMEM),
+            e => e,
+        })?;
+        Ok(regions::hand_out(region).0.cast())
+    })
+}
+
+/// Frees the region `addr` and `length` name (as returned by `vrange_alloc` or
+/// `vrange_map_shared`); returns 0 or -1 with errno EINVAL.
+///
+/// # Safety
+/// The caller gives up the region: nothing may use it afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_free(addr: *mut c_void, length: size_t) -> c_int {
+    guard(-1, || {
+        // SAFETY: forwarded contract.
+        unsafe { regions::free(addr.cast(), length)? };
+        Ok(0)
+    })
+}
+
+/// Sets the reclaim class (0 or one `VRANGE_DROP_*` value) of `[addr, addr + length)`, which must
+/// lie in one region; returns 0 or -1 with errno.
+///
+/// # Safety
+/// None beyond the C contract: the memory is not accessed.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_set_priority(
+    addr: *mut c_void,
+    length: size_t,
+    priority: c_int,
+) -> c_int {
+    guard(-1, || {
+        let priority = flags::set_priority_value(priority)?;
+        let addr = addr as usize;
+        regions::with_region(addr, |r| {
+            r.set_priority_range(addr - r.as_ptr() as usize, length, priority)
+        })?;
+        Ok(0)
+    })
+}
+
+/// The memfd of the shared region holding `addr` (borrowed: valid until the region is freed),
+/// or -1 with errno EINVAL.
+///
+/// # Safety
+/// None beyond the C contract: the memory is not accessed.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_shared_fd(addr: *mut c_void) -> c_int {
+    guard(-1, || {
+        regions::with_region(addr as usize, |r| {
+            r.shared_fd()
+                .map(|fd| fd.as_raw_fd())
+                .ok_or(Error::NotRegion)
+        })
+    })
+}
+
+/// Maps the shared region behind `fd` (from `vrange_shared_fd`, in this or another process);
+/// stores its length in `*length` (if not NULL) and returns it, or NULL with errno.
+///
+/// # Safety
+/// `fd` must be an open descriptor (it is duplicated, not kept); `length` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_map_shared(
+    fd: c_int,
+    flags: c_int,
+    length: *mut size_t,
+) -> *mut c_void {
+    guard(null_mut(), || {
+        let priority = flags::map_shared_priority(flags)?;
+        if fd < 0 {
+            return Err(Error::Os(libc::EBADF));
+        }
+        // SAFETY: fd is not -1 and the caller promises an open descriptor for the call; a stale
+        // one only makes the core's fstat/dup fail with EBADF.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let (ptr, len) = regions::hand_out(VolatileRegion::open_shared(fd, priority)?);
+        if !length.is_null() {
+            // SAFETY: the caller passes NULL or a writable size_t.
+            unsafe { *length = len };
+        }
+        Ok(ptr.cast())
+    })
+}

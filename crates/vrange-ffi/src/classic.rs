@@ -1,0 +1,80 @@
+//! The classic calls on arbitrary memory (and on regions, following their policy): `vrange`,
+//! `vrange_unmark`, `vrange_forget`.
+
+use crate::{core_api, guard};
+use libc::{c_int, size_t, ssize_t};
+use vrange_core::Error;
+
+/// `mode` value: the system may discard the pages under memory pressure.
+pub const VRANGE_VOLATILE: c_int = 0;
+/// `mode` value: pin the pages again; `*purged` says whether anything was discarded.
+pub const VRANGE_NOVOLATILE: c_int = 1;
+
+/// Marks or unmarks `[start, start + length)`; see `vrange(2)` in include/vrange.h.
+///
+/// # Safety
+/// `start` must be memory the caller owns; `purged` must be NULL or point to a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn vrange(
+    start: libc::c_ulong,
+    length: size_t,
+    mode: c_int,
+    purged: *mut c_int,
+) -> ssize_t {
+    guard(-1, || {
+        let ptr = start as usize as *mut u8;
+        match mode {
+            VRANGE_VOLATILE => {
+                // SAFETY: the caller owns the memory (documented contract of vrange()).
+                let n = unsafe { core_api::mark_volatile(ptr, length)? };
+                Ok(n as ssize_t)
+            }
+            VRANGE_NOVOLATILE => {
+                // SAFETY: as above.
+                let report = unsafe { core_api::unmark(ptr, length)? };
+                if !purged.is_null() {
+                    // SAFETY: the caller passes NULL or a writable int.
+                    unsafe { *purged = c_int::from(report.was_purged()) };
+                }
+                Ok((report.pages * core_api::page_size()) as ssize_t)
+            }
+            _ => Err(Error::BadMode),
+        }
+    })
+}
+
+/// Unmarks like `vrange(..., VRANGE_NOVOLATILE, ...)` and stores the number of purged pages.
+///
+/// # Safety
+/// As [`vrange`]; `purged_pages` must be NULL or point to a writable size_t.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_unmark(
+    start: *mut libc::c_void,
+    length: size_t,
+    purged_pages: *mut size_t,
+) -> ssize_t {
+    guard(-1, || {
+        // SAFETY: the caller owns the memory.
+        let report = unsafe { core_api::unmark(start.cast(), length)? };
+        if !purged_pages.is_null() {
+            // SAFETY: the caller passes NULL or a writable size_t.
+            unsafe { *purged_pages = report.purged };
+        }
+        Ok((report.pages * core_api::page_size()) as ssize_t)
+    })
+}
+
+/// Drops vrange's state for `[start, start + length)` without touching the memory; returns 0 or
+/// -1 with errno EINVAL. Async-signal-safe.
+///
+/// # Safety
+/// Volatile pages of the range that stay mapped may still be discarded; the caller gives up
+/// their content.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_forget(start: *mut libc::c_void, length: size_t) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller gives up the range's content (documented contract).
+        unsafe { core_api::forget(start.cast(), length)? };
+        Ok(0)
+    })
+}
