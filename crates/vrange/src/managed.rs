@@ -308,7 +308,9 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
         // A purge bumps the epoch before its word leaves PURGING, and none can start while this
         // process holds its pin, so the epoch read now covers every purge.
         let epoch = h.epoch.load(Acquire);
-        let lost = found == Found::Purged || epoch != slot.seen_epoch.swap(epoch, Relaxed);
+        // Always record the epoch seen, even when the word itself says purged.
+        let missed = epoch != slot.seen_epoch.swap(epoch, Relaxed);
+        let lost = found == Found::Purged || missed;
         if lost {
             stats::count_purge_seen();
         }

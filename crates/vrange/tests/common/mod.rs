@@ -344,3 +344,310 @@ pub fn fork_linked(body: impl FnOnce(&Link) -> i32) -> (Forked, Link) {
     drop(theirs);
     (Forked { pid, reaped: false }, ours)
 }
+
+// ---- Re-executed role processes (managed_pressure.rs, shared.rs) ----
+//
+// A fork of the multi-threaded harness may only make system calls. A test that needs a child
+// with a runtime of its own (its own reclaimer thread, its own cgroup from its first
+// allocation) re-executes the test binary instead: [`role_command`] runs only the named test,
+// with `VRANGE_TEST_ROLE` naming the role, and the test function calls [`role`] first and plays
+// the role instead of running the test. The processes talk in lines: the test writes commands
+// to the child's stdin ([`Role::send`]), the child answers on stdout with [`say`] ("VRT TAG
+// key=value ..."). Everything else the child prints is kept for failure messages.
+
+/// The environment variable naming the role of a re-executed test process.
+pub const ROLE_ENV: &str = "VRANGE_TEST_ROLE";
+
+/// The role this process was started to play, if it is a re-executed role process.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE_ENV).ok()
+}
+
+/// A command that re-executes this test binary to run only `test` as `role`, with piped stdio
+/// and no `VRANGE_*` setting inherited from the test's environment.
+pub fn role_command(test: &str, role: &str) -> std::process::Command {
+    use std::process::Stdio;
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for name in vrange::reclaim::OPTIONS {
+        cmd.env_remove(name);
+    }
+    cmd
+}
+
+/// Makes the child of `cmd` join the cgroup whose `cgroup.procs` file is `procs` between fork
+/// and exec, so that everything the new program allocates is charged to it (cgroup v1 does not
+/// move charges with a process). Writing "0" moves the writer itself.
+pub fn join_cgroup_before_exec(
+    cmd: &mut std::process::Command,
+    procs: &std::path::Path,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // Opened here (close-on-exec), written in the child: between fork and exec only system
+    // calls are allowed.
+    let file = std::fs::OpenOptions::new().write(true).open(procs)?;
+    // SAFETY: the hook only calls write(2) on a descriptor the closure keeps open, and builds
+    // an io::Error from errno without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Keeps descriptor `fd` open across exec in the child of `cmd` (clears close-on-exec on the
+/// child's copy only). The caller must keep `fd` open until the child is spawned.
+pub fn inherit_fd(cmd: &mut std::process::Command, fd: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook only calls fcntl(2) and builds an io::Error from errno.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// In a role process: one answer line to the test process, "VRT " and `line`.
+pub fn say(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "VRT {line}")
+        .and_then(|_| out.flush())
+        .expect("stdout");
+}
+
+/// In a role process: the next command line from the test process (trimmed); `None` at end of
+/// input (the test process is gone or done).
+pub fn command() -> Option<String> {
+    let mut line = String::new();
+    match std::io::stdin().read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim().to_string()),
+    }
+}
+
+/// One answer of a role process: a tag and `key=value` fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub tag: String,
+    pub fields: Vec<(String, String)>,
+}
+
+impl Reply {
+    fn parse(line: &str) -> Reply {
+        let mut words = line.split_whitespace();
+        let tag = words.next().unwrap_or_default().to_string();
+        let fields = words
+            .map(|w| match w.split_once('=') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (w.to_string(), String::new()),
+            })
+            .collect();
+        Reply { tag, fields }
+    }
+
+    /// The field `key` as text.
+    pub fn str(&self, key: &str) -> &str {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no field {key} in {self:?}"))
+    }
+
+    /// The field `key` as a number.
+    pub fn u64(&self, key: &str) -> u64 {
+        let v = self.str(key);
+        v.parse()
+            .unwrap_or_else(|_| panic!("field {key}={v:?} is not a number in {self:?}"))
+    }
+}
+
+/// A running role process. Dropping it kills (SIGKILL) and reaps the process if it has not
+/// been waited for, so a failing test never leaves one behind.
+pub struct Role {
+    name: String,
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    transcript: Vec<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    ended: Option<Exit>,
+}
+
+impl Role {
+    /// Spawns `cmd` (made by [`role_command`]), calling the process `name` in messages.
+    pub fn spawn(name: &str, mut cmd: std::process::Command) -> Role {
+        use std::io::BufRead;
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn the {name} process: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr_pipe = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr_pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Role {
+            name: name.to_string(),
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            transcript: Vec::new(),
+            stderr,
+            ended: None,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends one command line; false if the process no longer reads.
+    pub fn send(&mut self, line: &str) -> bool {
+        use std::io::Write;
+        match self.stdin.as_mut() {
+            Some(s) => writeln!(s, "{line}").and_then(|_| s.flush()).is_ok(),
+            None => false,
+        }
+    }
+
+    /// The next answer, waiting at most `timeout`.
+    pub fn next(&mut self, timeout: std::time::Duration) -> Result<Reply, String> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                // libtest may have printed "test name ... " without a newline just before.
+                Ok(line) => match line.find("VRT ") {
+                    Some(at) => {
+                        if at > 0 {
+                            self.transcript.push(line[..at].to_string());
+                        }
+                        return Ok(Reply::parse(&line[at + 4..]));
+                    }
+                    None => self.transcript.push(line),
+                },
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("no answer within {timeout:?}"))
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err("its stdout closed".to_string()),
+            }
+        }
+    }
+
+    /// The next answer, which must be tagged `tag`; panics with the process's output otherwise.
+    pub fn expect(&mut self, tag: &str, timeout: std::time::Duration) -> Reply {
+        match self.next(timeout) {
+            Ok(r) if r.tag == tag => r,
+            Ok(r) => {
+                let diagnostics = self.diagnostics();
+                panic!("{}: expected {tag}, got {r:?}\n{diagnostics}", self.name)
+            }
+            Err(e) => {
+                let exit = self.wait(std::time::Duration::from_secs(5));
+                let diagnostics = self.diagnostics();
+                panic!(
+                    "{}: expected {tag}: {e}; it ended with {exit}\n{diagnostics}",
+                    self.name
+                )
+            }
+        }
+    }
+
+    /// Closes the process's stdin (its [`command`] returns `None`).
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Waits for the process to end, at most `timeout`; past it the process is killed and
+    /// reaped and [`Exit::TimedOut`] returned.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> Exit {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(e) = self.ended {
+            return e;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let exit = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    break match status.signal() {
+                        Some(s) => Exit::Signal(s),
+                        None => Exit::Code(status.code().unwrap_or(-1)),
+                    }
+                }
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(2))
+                }
+                Ok(None) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break Exit::TimedOut;
+                }
+                Err(_) => break Exit::Code(-1),
+            }
+        };
+        self.ended = Some(exit);
+        exit
+    }
+
+    /// What the process printed besides its answers, and its stderr, for failure messages.
+    pub fn diagnostics(&mut self) -> String {
+        // Whatever is still in the pipe.
+        while let Ok(line) = self.lines.try_recv() {
+            self.transcript.push(line);
+        }
+        let stderr = self
+            .stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        format!(
+            "--- {} stdout ---\n{}\n--- {} stderr ---\n{}",
+            self.name,
+            self.transcript.join("\n"),
+            self.name,
+            stderr
+        )
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if self.ended.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
