@@ -123,14 +123,24 @@ fn cgroup_source(source: &str) -> Result<String, String> {
         .map_err(|e| format!("cannot create a child cgroup: {e}"))?;
     let ooms = cg.cgroup().oom_kills().unwrap_or(0);
     let mut holder = spawn("holder", source);
-    cg.add_pid(holder.id() as i32).map_err(|e| e.to_string())?;
+    if let Err(e) = cg.add_pid(holder.id() as i32) {
+        let _ = holder.kill();
+        let _ = holder.wait();
+        return Err(e.to_string());
+    }
     say(&mut holder, "go");
     let mut out = BufReader::new(holder.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready", "holder: {line}");
     let mut hog = spawn("hog", source);
-    cg.add_pid(hog.id() as i32).map_err(|e| e.to_string())?;
+    if let Err(e) = cg.add_pid(hog.id() as i32) {
+        for child in [&mut hog, &mut holder] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        return Err(e.to_string());
+    }
     say(&mut hog, "go");
     let hog_status = hog.wait().unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -206,7 +216,7 @@ fn holder(source: &str) {
         } else {
             fired.join("; ")
         },
-        lost * vrange::page_size() >> 20,
+        (lost * vrange::page_size()) >> 20,
         st.purged_total_bytes >> 20
     );
 }
