@@ -1,0 +1,590 @@
+//! Loom model check of the range state machine (`src/state.rs`).
+//!
+//! `state.rs` depends only on `crate::sync::{atomic, backoff}`, so it is compiled here a second
+//! time against loom's atomics (the `sync` shim below) and the interleavings of a few small
+//! scenarios are explored: all of them for the two-thread scenarios, and those with at most
+//! [`THREE_THREAD_PREEMPTIONS`] preemptions for the three-thread ones, so the file stays quick.
+//!
+//! Page content that the owner and the reclaimer both touch is a `loom::cell::UnsafeCell`: loom
+//! reports any access to it that is not ordered by happens-before, so the models check not only
+//! the state tags but also that the state word's orderings hand the memory over correctly. Flags
+//! that an invariant reads are loaded `Relaxed` for the same reason: only a happens-before edge
+//! through the state word makes the value the assertion expects the one loom must return.
+//!
+//! `LOOM_MAX_PREEMPTIONS=N` bounds every scenario to N preemptions instead (5 takes seconds, 6
+//! under a minute; exploring the three-thread scenarios exhaustively takes minutes).
+
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Stands in for the crate's `sync` module while `state.rs` is compiled into this test crate.
+///
+/// Inside a model (see [`check`]) the word is a loom atomic and a wait step is a loom yield,
+/// which tells loom the thread cannot progress until another one does. Outside a model the word
+/// is a std atomic: `state.rs` has `#[cfg(test)]` unit tests, which are compiled into this crate
+/// too (`cfg(test)` is set for integration tests) and run here outside any model.
+///
+/// The model's `store` is a `swap`. Loom 0.7 does not keep a plain store out of the middle of
+/// a concurrent read-modify-write (tokio-rs/loom#254, #389; fix proposed in #391), so it
+/// explores executions real hardware cannot produce: `finish_arm`'s store of `ARMED` lost under
+/// an unmark's CAS that sets `CANCEL`, the word left `ARMING|CANCEL` for good and the unmark
+/// spinning forever. As a read-modify-write the store takes its place in the modification order
+/// like every other write to the word. The swap's read part is as relaxed as the store, and it
+/// cannot hide a missing synchronization here: every `store` in `state.rs` writes a word that no
+/// other thread may change in between (`PURGING`, `BUSY`), except `finish_arm`, where the only
+/// other writer is the owner's cancelling CAS and only that owner acquires the stored `ARMED`.
+mod sync {
+    use std::cell::Cell;
+
+    std::thread_local! {
+        static IN_MODEL: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether this thread is running a loom model (loom's threads are coroutines on it).
+    pub fn in_model() -> bool {
+        IN_MODEL.with(Cell::get)
+    }
+
+    /// Marks this thread as running a model until the guard is dropped.
+    pub struct ModelGuard(());
+
+    impl ModelGuard {
+        pub fn enter() -> ModelGuard {
+            IN_MODEL.with(|m| m.set(true));
+            ModelGuard(())
+        }
+    }
+
+    impl Drop for ModelGuard {
+        fn drop(&mut self) {
+            IN_MODEL.with(|m| m.set(false));
+        }
+    }
+
+    pub mod atomic {
+        pub use std::sync::atomic::Ordering;
+
+        #[derive(Debug)]
+        pub struct AtomicU64(Inner);
+
+        #[derive(Debug)]
+        enum Inner {
+            Model(loom::sync::atomic::AtomicU64),
+            Plain(std::sync::atomic::AtomicU64),
+        }
+
+        impl AtomicU64 {
+            pub fn new(value: u64) -> AtomicU64 {
+                AtomicU64(if super::in_model() {
+                    Inner::Model(loom::sync::atomic::AtomicU64::new(value))
+                } else {
+                    Inner::Plain(std::sync::atomic::AtomicU64::new(value))
+                })
+            }
+
+            pub fn load(&self, order: Ordering) -> u64 {
+                match &self.0 {
+                    Inner::Model(a) => a.load(order),
+                    Inner::Plain(a) => a.load(order),
+                }
+            }
+
+            pub fn store(&self, value: u64, order: Ordering) {
+                match &self.0 {
+                    Inner::Model(a) => {
+                        a.swap(value, order);
+                    }
+                    Inner::Plain(a) => a.store(value, order),
+                }
+            }
+
+            pub fn compare_exchange(
+                &self,
+                current: u64,
+                new: u64,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u64, u64> {
+                match &self.0 {
+                    Inner::Model(a) => a.compare_exchange(current, new, success, failure),
+                    Inner::Plain(a) => a.compare_exchange(current, new, success, failure),
+                }
+            }
+        }
+    }
+
+    /// Rounds of one wait that the model explores every alternative of; see [`backoff`].
+    const SPIN_ROUNDS: u32 = 4;
+
+    /// One step of waiting. In the model, a wait that has gone on for [`SPIN_ROUNDS`] rounds
+    /// stops loom exploring alternatives from there on: the execution still runs to its end
+    /// (loom's default choice schedules the thread that has yielded least, so the wait ends
+    /// unless nothing can make progress, which loom still reports as exceeding its branch
+    /// limit), but the interleavings that would branch off it are the ones of an execution
+    /// with fewer idle rounds, which are explored anyway. Without this two threads waiting on
+    /// the same `PURGING` word can hand the processor to each other forever and never to the
+    /// purger, a schedule loom counts no preemption for.
+    pub fn backoff(round: &mut u32) {
+        *round = round.saturating_add(1);
+        if in_model() {
+            if *round > SPIN_ROUNDS {
+                loom::skip_branch();
+            }
+            loom::thread::yield_now();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[path = "../src/state.rs"]
+#[allow(dead_code)]
+mod state;
+
+use state::{Found, Marked, RangeState};
+
+/// Preemptions explored per execution of the scenarios with three threads, unless
+/// `LOOM_MAX_PREEMPTIONS` says otherwise. The two-thread scenarios are explored exhaustively.
+const THREE_THREAD_PREEMPTIONS: usize = 4;
+
+/// Explores `f` with at most `preemptions` preemptions per execution (`None`: all executions),
+/// or as many as `LOOM_MAX_PREEMPTIONS` says.
+fn check<F>(preemptions: Option<usize>, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = preemptions;
+    }
+    let _model = sync::ModelGuard::enter();
+    builder.check(move || {
+        // The word must be loom's: a model on another OS thread would silently test std's.
+        assert!(
+            sync::in_model(),
+            "loom ran the model off the calling thread"
+        );
+        f()
+    });
+}
+
+/// What the owner wrote before marking the range volatile.
+const CONTENT: u8 = 0xAA;
+
+/// One page of a managed range: the owner reads and writes it while the range is pinned, the
+/// reclaimer zeroes it while the range is `PURGING`.
+struct Page(UnsafeCell<u8>);
+
+impl Page {
+    fn new() -> Page {
+        Page(UnsafeCell::new(CONTENT))
+    }
+
+    fn read(&self) -> u8 {
+        // SAFETY: loom checks that no write to the cell races with this read.
+        self.0.with(|p| unsafe { *p })
+    }
+
+    fn write(&self, value: u8) {
+        // SAFETY: loom checks that no other access to the cell races with this write.
+        self.0.with_mut(|p| unsafe { *p = value })
+    }
+}
+
+/// Scenario 1: the owner marks and unmarks while a reclaimer purges from its snapshot.
+///
+/// - The purge's discard never races with the owner's use of the page before the mark.
+/// - `Intact`: no purge started before the unmark, none can after it, and the page is untouched.
+/// - `Purged`: the whole purge (discard, then `finish_purge`) happened before the unmark
+///   returned: the owner reads the zeroed page without a race and sees the purge's last step.
+#[test]
+fn mark_unmark_vs_purge() {
+    check(None, || {
+        let s = Arc::new(RangeState::new_pinned());
+        let page = Arc::new(Page::new());
+        let discarded = Arc::new(AtomicBool::new(false));
+        let finishing = Arc::new(AtomicBool::new(false));
+
+        let reclaimer = {
+            let (s, page, discarded, finishing) = (
+                s.clone(),
+                page.clone(),
+                discarded.clone(),
+                finishing.clone(),
+            );
+            thread::spawn(move || {
+                let seen = s.load();
+                if state::is_purgeable(seen) && s.begin_purge(seen) {
+                    page.write(0);
+                    discarded.store(true, Ordering::Relaxed);
+                    finishing.store(true, Ordering::Relaxed);
+                    s.finish_purge();
+                    true
+                } else {
+                    false
+                }
+            })
+        };
+
+        page.write(CONTENT); // the owner's last use before marking
+        assert_eq!(s.mark(), Marked::Now);
+        let found = s.unmark(false);
+        match found {
+            Found::Intact => {
+                assert!(
+                    !discarded.load(Ordering::Relaxed),
+                    "intact, but the page was discarded"
+                );
+                assert_eq!(page.read(), CONTENT);
+                page.write(CONTENT + 1); // the owner uses the range again
+            }
+            Found::Purged => {
+                assert!(
+                    discarded.load(Ordering::Relaxed),
+                    "purged, but the discard is not visible"
+                );
+                assert!(
+                    finishing.load(Ordering::Relaxed),
+                    "returned before finish_purge ran"
+                );
+                assert_eq!(page.read(), 0);
+            }
+            other => panic!("unmark of a marked range found {other:?}"),
+        }
+        assert_eq!(state::tag(s.load()), state::PINNED);
+
+        let purged = reclaimer.join().unwrap();
+        assert_eq!(purged, found == Found::Purged, "purge and report disagree");
+        if found == Found::Intact {
+            assert!(
+                !discarded.load(Ordering::Relaxed),
+                "discarded after an intact unmark"
+            );
+            assert_eq!(page.read(), CONTENT + 1);
+        }
+        assert_eq!(state::tag(s.load()), state::PINNED);
+    });
+}
+
+const DIRTY: u8 = 0;
+const LAZY: u8 = 1;
+const DISCARDED: u8 = 2;
+/// Pages of the hybrid range; the armer hands one to the kernel per step.
+const ARM_PAGES: usize = 2;
+
+/// Scenario 2: a hybrid range armed a page per step while its owner unmarks it (cancelling the
+/// arming) and the kernel drops lazily-freed pages.
+///
+/// - An unmark never returns while an arming step is in progress.
+/// - The armed count the owner reads covers every page the armer handed to the kernel, so every
+///   page the kernel discarded is proved and reported purged; a page reported intact was not
+///   discarded, and no page is left lazily freed after the unmark.
+/// - Only an unmark sets the cancel flag.
+#[test]
+fn hybrid_arm_with_cancellation() {
+    check(Some(THREE_THREAD_PREEMPTIONS), || {
+        let s = Arc::new(RangeState::new_pinned());
+        let pages: Arc<[AtomicU8; ARM_PAGES]> =
+            Arc::new([AtomicU8::new(DIRTY), AtomicU8::new(DIRTY)]);
+        let armed = Arc::new(AtomicUsize::new(0));
+        let arming = Arc::new(AtomicBool::new(false));
+        let unmarking = Arc::new(AtomicBool::new(false));
+
+        assert_eq!(s.mark(), Marked::Now);
+
+        let armer = {
+            let (s, pages, armed, arming, unmarking) = (
+                s.clone(),
+                pages.clone(),
+                armed.clone(),
+                arming.clone(),
+                unmarking.clone(),
+            );
+            thread::spawn(move || {
+                let seen = s.load();
+                if !s.begin_arm(seen) {
+                    return;
+                }
+                arming.store(true, Ordering::Relaxed);
+                for (step, page) in pages.iter().enumerate() {
+                    if s.arm_cancelled() {
+                        assert!(unmarking.load(Ordering::Relaxed), "cancelled by nobody");
+                        break;
+                    }
+                    page.store(LAZY, Ordering::SeqCst); // MADV_FREE
+                    armed.store(step + 1, Ordering::Release);
+                }
+                arming.store(false, Ordering::Relaxed);
+                s.finish_arm();
+            })
+        };
+
+        let kernel = {
+            let pages = pages.clone();
+            thread::spawn(move || {
+                let mut dropped = [false; ARM_PAGES];
+                for (page, dropped) in pages.iter().zip(&mut dropped) {
+                    *dropped = page
+                        .compare_exchange(LAZY, DISCARDED, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok();
+                }
+                dropped
+            })
+        };
+
+        unmarking.store(true, Ordering::Relaxed);
+        let mut reported = [None; ARM_PAGES]; // Some(purged) for each proved page
+        match s.unmark(false) {
+            Found::Intact => {
+                assert_eq!(armed.load(Ordering::Relaxed), 0, "intact, but armed");
+            }
+            Found::Armed => {
+                assert!(
+                    !arming.load(Ordering::Relaxed),
+                    "returned while an arming step was half done"
+                );
+                let n = armed.swap(0, Ordering::Relaxed);
+                // The witness: pin each armed page and learn whether the kernel dropped it.
+                for (page, report) in pages.iter().zip(&mut reported).take(n) {
+                    *report = Some(match page.swap(DIRTY, Ordering::SeqCst) {
+                        LAZY => false,
+                        DISCARDED => true,
+                        _ => panic!("a page counted as armed was never handed to the kernel"),
+                    });
+                }
+                assert_eq!(state::tag(s.load()), state::BUSY);
+                s.finish_unmark();
+            }
+            other => panic!("unmark of a marked hybrid range found {other:?}"),
+        }
+        assert_eq!(state::tag(s.load()), state::PINNED);
+
+        armer.join().unwrap();
+        let dropped = kernel.join().unwrap();
+        for i in 0..ARM_PAGES {
+            match reported[i] {
+                Some(purged) => assert_eq!(purged, dropped[i], "page {i} misreported"),
+                None => assert!(!dropped[i], "page {i} was discarded but never proved"),
+            }
+            assert_eq!(
+                pages[i].load(Ordering::SeqCst),
+                DIRTY,
+                "page {i} left lazily freed"
+            );
+        }
+        assert_eq!(state::tag(s.load()), state::PINNED);
+    });
+}
+
+/// Scenario 3: the owner claims a volatile range to split it while a reclaimer purges.
+///
+/// - `claim` never returns a word in the middle of a purge (or an arming): the word it returns
+///   is settled, and the owner's work under the claim (changing the extent) never races with
+///   the purge (which reads the extent and discards the page).
+/// - After the release the word is the one claimed, unless the purge won: before the claim
+///   (the claim returned the `PURGED` word and the purge saw the old extent) or after the
+///   release (the purge saw the new extent).
+#[test]
+fn purge_racing_with_claim() {
+    check(None, || {
+        let s = Arc::new(RangeState::new_pinned());
+        let page = Arc::new(Page::new());
+        let extent = Arc::new(UnsafeCell::new(2usize));
+        let purging = Arc::new(AtomicBool::new(false));
+
+        assert_eq!(s.mark(), Marked::Now);
+        let volatile = s.load();
+
+        let reclaimer = {
+            let (s, page, extent, purging) =
+                (s.clone(), page.clone(), extent.clone(), purging.clone());
+            thread::spawn(move || {
+                let seen = s.load();
+                if !(state::is_purgeable(seen) && s.begin_purge(seen)) {
+                    return None;
+                }
+                purging.store(true, Ordering::Relaxed);
+                // SAFETY: loom checks that no write to the extent races with this read.
+                let len = extent.with(|p| unsafe { *p });
+                page.write(0);
+                purging.store(false, Ordering::Relaxed);
+                s.finish_purge();
+                Some(len)
+            })
+        };
+
+        let claimed = s.claim();
+        assert!(
+            !purging.load(Ordering::Relaxed),
+            "claim returned during a purge"
+        );
+        assert!(
+            matches!(state::tag(claimed), state::VOLATILE | state::PURGED),
+            "claimed an unsettled word {claimed:#x}"
+        );
+        assert_eq!(state::generation(claimed), state::generation(volatile));
+        assert_eq!(state::tag(s.load()), state::BUSY);
+        // SAFETY: loom checks that no other access to the extent races with this write.
+        extent.with_mut(|p| unsafe { *p = 1 }); // split: this range keeps the head
+        s.release(claimed);
+
+        let purge = reclaimer.join().unwrap();
+        let now = s.load();
+        match purge {
+            None => {
+                assert_eq!(claimed, volatile);
+                assert_eq!(now, claimed, "the release did not stick");
+            }
+            Some(2) => {
+                assert_eq!(
+                    state::tag(claimed),
+                    state::PURGED,
+                    "purged before the claim, claimed as {claimed:#x}"
+                );
+                assert_eq!(now, claimed);
+            }
+            Some(1) => {
+                assert_eq!(
+                    claimed, volatile,
+                    "purged after the release, claimed as {claimed:#x}"
+                );
+                assert_eq!(state::tag(now), state::PURGED);
+                assert_eq!(state::generation(now), state::generation(volatile));
+            }
+            Some(len) => panic!("purge saw extent {len}"),
+        }
+        assert_eq!(page.read(), if purge.is_some() { 0 } else { CONTENT });
+    });
+}
+
+/// Scenario 4: a reclaimer holding a snapshot of the volatile range races with its owner using
+/// the range and making it volatile again (a new generation). A purge from the old snapshot
+/// succeeds only if it came before the owner's unmark, which then reports `Purged`; it never
+/// lands on the new generation, whose unmark always reports `Intact`.
+#[test]
+fn stale_snapshot_cannot_purge() {
+    check(None, || {
+        let s = Arc::new(RangeState::new_pinned());
+        let page = Arc::new(Page::new());
+
+        assert_eq!(s.mark(), Marked::Now);
+        let seen = s.load(); // taken while volatile, used later
+
+        let reclaimer = {
+            let (s, page) = (s.clone(), page.clone());
+            thread::spawn(move || {
+                if s.begin_purge(seen) {
+                    page.write(0);
+                    s.finish_purge();
+                    true
+                } else {
+                    false
+                }
+            })
+        };
+
+        let first = s.unmark(false);
+        let expect = match first {
+            Found::Intact => CONTENT,
+            Found::Purged => 0,
+            other => panic!("first unmark found {other:?}"),
+        };
+        assert_eq!(page.read(), expect);
+        page.write(CONTENT + 1);
+        assert_eq!(s.mark(), Marked::Now);
+        let second = s.unmark(false);
+        assert_eq!(
+            second,
+            Found::Intact,
+            "the new generation was purged from a stale snapshot"
+        );
+        assert_eq!(page.read(), CONTENT + 1);
+
+        let purged = reclaimer.join().unwrap();
+        assert_eq!(
+            purged,
+            first == Found::Purged,
+            "stale purge: first unmark found {first:?}"
+        );
+        assert!(state::generation(s.load()) > state::generation(seen));
+    });
+}
+
+/// Scenario 5: a shared range pinned by two processes (threads here), each of which marks and
+/// later unmarks (joining) once, while a reclaimer purges from a snapshot. The purge bumps the
+/// shared epoch before leaving `PURGING`, as `managed::purge` does, and each process reports a
+/// loss if its unmark found `Purged` or the epoch moved since it last looked.
+///
+/// - A purge starts only when both processes have dropped their pins, so it never races with a
+///   process using the page.
+/// - A process whose unmark comes after a purge finds `Purged` (the first) or the range pinned
+///   again (the other), and both report the loss; neither reports one that did not happen.
+#[test]
+fn shared_pins() {
+    check(Some(THREE_THREAD_PREEMPTIONS), || {
+        let s = Arc::new(RangeState::new_pinned());
+        assert_eq!(s.unmark(true), Found::Pinned); // the second process joins
+        assert_eq!(state::pins(s.load()), 2);
+        let page = Arc::new(Page::new());
+        let epoch = Arc::new(AtomicU64::new(0));
+
+        let process = {
+            let (s, page, epoch) = (s.clone(), page.clone(), epoch.clone());
+            move || {
+                let marked = s.mark();
+                assert!(
+                    matches!(marked, Marked::Now | Marked::StillPinned),
+                    "mark: {marked:?}"
+                );
+                let found = s.unmark(true);
+                let lost = found == Found::Purged || epoch.load(Ordering::Acquire) != 0;
+                match found {
+                    Found::Purged | Found::Pinned | Found::Intact => {}
+                    Found::Armed => panic!("a shared range was armed"),
+                }
+                assert_eq!(
+                    page.read(),
+                    if lost { 0 } else { CONTENT },
+                    "found {found:?}, lost {lost}"
+                );
+                (found, lost)
+            }
+        };
+
+        let reclaimer = {
+            let (s, page, epoch) = (s.clone(), page.clone(), epoch.clone());
+            thread::spawn(move || {
+                let seen = s.load();
+                if !(state::is_purgeable(seen) && s.begin_purge(seen)) {
+                    return false;
+                }
+                page.write(0);
+                epoch.fetch_add(1, Ordering::Release);
+                s.finish_purge();
+                true
+            })
+        };
+        let other = thread::spawn(process.clone());
+
+        let (found_a, lost_a) = process();
+        let (found_b, lost_b) = other.join().unwrap();
+        let purged = reclaimer.join().unwrap();
+
+        assert_eq!(lost_a, purged, "process A found {found_a:?}");
+        assert_eq!(lost_b, purged, "process B found {found_b:?}");
+        let purged_reports = [found_a, found_b]
+            .iter()
+            .filter(|f| **f == Found::Purged)
+            .count();
+        assert_eq!(
+            purged_reports,
+            usize::from(purged),
+            "{found_a:?} {found_b:?}"
+        );
+        let word = s.load();
+        assert_eq!(state::tag(word), state::PINNED);
+        assert_eq!(state::pins(word), 2);
+    });
+}
