@@ -13,7 +13,7 @@ use crate::shared;
 use crate::span::Span;
 use crate::state::{self, Found, Marked};
 use crate::stats;
-use crate::sys::{clock, mem, probe};
+use crate::sys::{clock, mem};
 use crate::{reclaim, Error, Huge, Unmarked};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -69,23 +69,7 @@ pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error>
 }
 
 fn create_private(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
-    let thp_allowed = !matches!(
-        probe::thp_mode(),
-        probe::ThpMode::Never | probe::ThpMode::Unavailable
-    );
-    let huge = match opts.huge {
-        Huge::Always => true,
-        Huge::Never => false,
-        Huge::Auto => thp_allowed && len >= mem::HUGE_PAGE,
-    };
-    let align = if huge {
-        mem::HUGE_PAGE
-    } else {
-        mem::page_size()
-    };
-    let base = mem::map_anon(len, align).map_err(Error::Os)?;
-    // Advice failure only costs performance (no THP built in): ignore it.
-    let _ = mem::advise_huge(base.as_ptr(), len, huge);
+    let (base, _) = crate::region::map_owned(len, opts.huge)?;
     let start = base.as_ptr() as usize;
     slot.init(opts.policy, opts.priority, start, len);
     Ok(start)

@@ -57,16 +57,7 @@ impl Region {
         let page = mem::page_size();
         let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
         let len = len.max(page);
-        let thp_allowed = !matches!(thp_mode(), ThpMode::Never | ThpMode::Unavailable);
-        let huge = match huge {
-            Huge::Always => true,
-            Huge::Never => false,
-            Huge::Auto => thp_allowed && len >= HUGE_PAGE,
-        };
-        let align = if huge { HUGE_PAGE } else { page };
-        let base = mem::map_anon(len, align).map_err(Error::Os)?;
-        // Advice failure only costs performance (no THP built in): ignore it.
-        let _ = mem::advise_huge(base.as_ptr(), len, huge);
+        let (base, huge) = map_owned(len, huge)?;
         Ok(Region { base, len, huge })
     }
 
@@ -138,6 +129,23 @@ impl Region {
         let span = self.span(offset, len)?;
         lazy::volatile_pages(span.start as *const u8, span.len())
     }
+}
+
+/// Maps `len` bytes (a page multiple) of private anonymous memory for a library-owned region:
+/// 2 MiB-aligned and advised huge when `huge` asks for it (for `Auto`: at least 2 MiB and the
+/// kernel's THP mode allows it). Returns the mapping and whether it is huge.
+pub(crate) fn map_owned(len: usize, huge: Huge) -> Result<(NonNull<u8>, bool), Error> {
+    let thp_allowed = !matches!(thp_mode(), ThpMode::Never | ThpMode::Unavailable);
+    let huge = match huge {
+        Huge::Always => true,
+        Huge::Never => false,
+        Huge::Auto => thp_allowed && len >= HUGE_PAGE,
+    };
+    let align = if huge { HUGE_PAGE } else { mem::page_size() };
+    let base = mem::map_anon(len, align).map_err(Error::Os)?;
+    // Advice failure only costs performance (no THP built in): ignore it.
+    let _ = mem::advise_huge(base.as_ptr(), len, huge);
+    Ok((base, huge))
 }
 
 impl Drop for Region {
