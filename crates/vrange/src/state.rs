@@ -113,6 +113,18 @@ pub enum Found {
     Armed,
 }
 
+/// What a transition decides from the word it sees (see `RangeState::transition`).
+enum Step<T> {
+    /// Swap in this word, then return the result.
+    To(u64, T),
+    /// Nothing to change: return the result.
+    Done(T),
+    /// Another thread is mid-transition: back off and look again.
+    Wait,
+    /// An arming is under way: ask it to stop, then wait for it.
+    Cancel,
+}
+
 /// The atomic state word of one range.
 #[derive(Debug)]
 #[repr(transparent)]
@@ -147,62 +159,62 @@ impl RangeState {
         self.0.load(Ordering::Acquire)
     }
 
-    /// Drops one pin; the last makes the range volatile with a new generation.
-    pub fn mark(&self) -> Marked {
+    /// Applies `decide` to the current word until its compare-and-swap lands. `Wait` backs off
+    /// and looks again; `Cancel` asks an arming thread to stop early and then waits for it.
+    fn transition<T>(&self, decide: impl Fn(u64) -> Step<T>) -> T {
         let mut round = 0;
         loop {
             let word = self.0.load(Ordering::Acquire);
-            let next = match tag(word) {
-                PINNED if pins(word) > 1 => pinned(word, pins(word) - 1),
-                PINNED => with_tag(word.wrapping_add(GEN_ONE), VOLATILE),
-                BUSY => {
+            let (next, result) = match decide(word) {
+                Step::Done(result) => return result,
+                Step::To(next, result) => (next, result),
+                Step::Wait => {
                     backoff(&mut round);
                     continue;
                 }
-                _ => return Marked::Already,
+                Step::Cancel => {
+                    let _ = self.0.compare_exchange(
+                        word,
+                        word | CANCEL,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                    continue;
+                }
             };
             if self
                 .0
                 .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return if tag(next) == VOLATILE {
-                    Marked::Now
-                } else {
-                    Marked::StillPinned
-                };
+                return result;
             }
         }
+    }
+
+    /// Drops one pin; the last makes the range volatile with a new generation.
+    pub fn mark(&self) -> Marked {
+        self.transition(|word| match tag(word) {
+            PINNED if pins(word) > 1 => Step::To(pinned(word, pins(word) - 1), Marked::StillPinned),
+            PINNED => Step::To(with_tag(word.wrapping_add(GEN_ONE), VOLATILE), Marked::Now),
+            BUSY => Step::Wait,
+            _ => Step::Done(Marked::Already),
+        })
     }
 
     /// Pins the range. `join` adds a holder to an already pinned range (a second process of a
     /// shared range); without it unmarking a pinned range does nothing.
     pub fn unmark(&self, join: bool) -> Found {
-        let mut round = 0;
-        loop {
-            let word = self.0.load(Ordering::Acquire);
-            let (next, found) = match tag(word) {
-                PINNED if !join => return Found::Pinned,
-                PINNED => (pinned(word, pins(word) + 1), Found::Pinned),
-                VOLATILE => (pinned(word, 1), Found::Intact),
-                PURGED => (pinned(word, 1), Found::Purged),
-                ARMED => (with_tag(word, BUSY), Found::Armed),
-                ARMING if word & CANCEL == 0 => (word | CANCEL, Found::Pinned),
-                _ => {
-                    // ARMING with CANCEL set, PURGING, BUSY: another thread finishes first.
-                    backoff(&mut round);
-                    continue;
-                }
-            };
-            if self
-                .0
-                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-                && tag(word) != ARMING
-            {
-                return found;
-            }
-        }
+        self.transition(|word| match tag(word) {
+            PINNED if !join => Step::Done(Found::Pinned),
+            PINNED => Step::To(pinned(word, pins(word) + 1), Found::Pinned),
+            VOLATILE => Step::To(pinned(word, 1), Found::Intact),
+            PURGED => Step::To(pinned(word, 1), Found::Purged),
+            ARMED => Step::To(with_tag(word, BUSY), Found::Armed),
+            ARMING if word & CANCEL == 0 => Step::Cancel,
+            // ARMING with CANCEL set, PURGING, BUSY: another thread finishes first.
+            _ => Step::Wait,
+        })
     }
 
     /// Ends an unmark that found the range [`Found::Armed`]: pinned by one holder.
@@ -215,26 +227,13 @@ impl RangeState {
     /// Claims a settled range for its owner (→ `BUSY`), waiting out purges and cancelling an
     /// arming. Returns the word it replaced, to be restored (or changed) by [`RangeState::release`].
     pub fn claim(&self) -> u64 {
-        let mut round = 0;
-        loop {
-            let word = self.0.load(Ordering::Acquire);
-            let next = match tag(word) {
-                PINNED | VOLATILE | ARMED | PURGED => with_tag(word, BUSY) | (word & PINS_MASK),
-                ARMING if word & CANCEL == 0 => word | CANCEL,
-                _ => {
-                    backoff(&mut round);
-                    continue;
-                }
-            };
-            if self
-                .0
-                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-                && tag(word) != ARMING
-            {
-                return word;
+        self.transition(|word| match tag(word) {
+            PINNED | VOLATILE | ARMED | PURGED => {
+                Step::To(with_tag(word, BUSY) | (word & PINS_MASK), word)
             }
-        }
+            ARMING if word & CANCEL == 0 => Step::Cancel,
+            _ => Step::Wait,
+        })
     }
 
     /// Ends a claim, leaving `word` (typically the one [`RangeState::claim`] returned).
