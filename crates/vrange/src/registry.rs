@@ -125,6 +125,17 @@ impl Slot {
         }
     }
 
+    pub fn set_policy(&self, p: Policy) {
+        let bits = match p {
+            Policy::Lazy => 0,
+            Policy::Managed => 1,
+            Policy::Hybrid => 2,
+        };
+        let _ = self.info.fetch_update(Release, Relaxed, |i| {
+            Some((i & !(3 << POLICY_SHIFT)) | (bits << POLICY_SHIFT))
+        });
+    }
+
     pub fn priority(&self) -> Priority {
         Priority::from_bits(self.info.load(Relaxed) >> PRIORITY_SHIFT)
     }
@@ -152,15 +163,9 @@ impl Slot {
         self.fd.store(-1, Relaxed);
         self.holding.store(true, Relaxed);
         self.seen_epoch.store(0, Relaxed);
-        let policy = match policy {
-            Policy::Lazy => 0,
-            Policy::Managed => 1,
-            Policy::Hybrid => 2,
-        };
-        self.info.store(
-            (policy << POLICY_SHIFT) | ((priority as u32) << PRIORITY_SHIFT),
-            Relaxed,
-        );
+        self.info
+            .store((priority as u32) << PRIORITY_SHIFT, Relaxed);
+        self.set_policy(policy);
     }
 
     /// Copies the region-wide fields of `from` into a fresh slot split off it, in state `word`.

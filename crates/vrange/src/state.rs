@@ -19,7 +19,8 @@
 //! | `BUSY`     | waits                          | waits                                    | skips                                       |
 //!
 //! `claim` moves any settled state to `BUSY` for an owner that needs the range to itself (to
-//! split it); `release` ends the claim with the word to leave behind.
+//! split it, or to move its ends); `release` ends the claim with the word to leave behind, and
+//! `release_volatile` with a volatile word of a new generation.
 //!
 //! The word also carries a pin count (how many processes hold a shared range pinned; 1 for a
 //! private pinned range) and a generation that every mark increments. The reclaimer chooses
@@ -240,6 +241,17 @@ impl RangeState {
     pub fn release(&self, word: u64) {
         debug_assert_eq!(tag(self.0.load(Ordering::Relaxed)), BUSY);
         self.0.store(word, Ordering::Release);
+    }
+
+    /// Ends a claim by making the range volatile with a new generation (its owner changed its
+    /// extent and gives all of it up).
+    pub fn release_volatile(&self) {
+        let word = self.0.load(Ordering::Relaxed);
+        debug_assert_eq!(tag(word), BUSY);
+        self.0.store(
+            with_tag(word.wrapping_add(GEN_ONE), VOLATILE),
+            Ordering::Release,
+        );
     }
 
     /// Starts a purge if the range is still exactly as the reclaimer saw it.

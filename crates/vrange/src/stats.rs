@@ -98,6 +98,47 @@ pub struct Stats {
     pub reclaimer_running: bool,
     /// Per source, indexed like [`Source::ALL`].
     pub sources: [SourceStats; 7],
+    /// What a client allocator built on vrange reports (zero without one).
+    pub allocator: AllocatorStats,
+}
+
+/// The counters of an allocator whose free memory is volatile (vrange-malloc), reported with
+/// the core's statistics. Its free volatile and purged bytes are in the core's own gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    /// Bytes handed out and not yet freed (rounded to the allocator's units).
+    pub allocated_bytes: u64,
+    /// Bytes free in the allocator's hands (volatile, armed or purged).
+    pub free_bytes: u64,
+    /// Address space the allocator holds.
+    pub mapped_bytes: u64,
+    /// Bytes handed out from free memory found intact: reuse without a page fault.
+    pub reused_intact_bytes: u64,
+    /// Bytes handed out from never-touched or purged memory: they read as zero and fault in
+    /// on first touch.
+    pub zero_filled_bytes: u64,
+    /// Allocations and frees served.
+    pub allocations: u64,
+    pub frees: u64,
+}
+
+static ALLOCATOR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Registers the function [`stats`] calls to fill [`Stats::allocator`] (one allocator per
+/// process; a later registration replaces an earlier one).
+pub fn register_allocator(report: fn() -> AllocatorStats) {
+    ALLOCATOR.store(report as usize, Relaxed);
+}
+
+fn allocator_stats() -> AllocatorStats {
+    match ALLOCATOR.load(Relaxed) {
+        0 => AllocatorStats::default(),
+        f => {
+            // SAFETY: the only non-zero value stored is a `fn() -> AllocatorStats`.
+            let report: fn() -> AllocatorStats = unsafe { std::mem::transmute(f) };
+            report()
+        }
+    }
 }
 
 impl Stats {
@@ -225,6 +266,7 @@ pub fn stats() -> Stats {
     s.armed_total_bytes = ARMED_TOTAL.load(Relaxed);
     s.losses_reported = LOSSES.load(Relaxed);
     s.reclaimer_running = crate::reclaim::is_running();
+    s.allocator = allocator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
         *out = SourceStats {
             events: c.events.load(Relaxed),

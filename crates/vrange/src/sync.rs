@@ -19,14 +19,19 @@ pub(crate) fn backoff(round: &mut u32) {
 }
 
 /// A spin lock for short critical sections that must also be taken around `fork` (the registry's
-/// free list). Not async-signal-safe: signal handlers never take it.
-pub(crate) struct SpinLock(std::sync::atomic::AtomicBool);
+/// free list, an allocator's arenas): explicit `lock`/`unlock` so that fork handlers can hold it
+/// across the fork. Waiting spins, then yields, then sleeps. Never allocates. Not
+/// async-signal-safe: signal handlers never take it.
+#[derive(Debug, Default)]
+pub struct SpinLock(std::sync::atomic::AtomicBool);
 
 impl SpinLock {
+    /// An unlocked lock.
     pub const fn new() -> SpinLock {
         SpinLock(std::sync::atomic::AtomicBool::new(false))
     }
 
+    /// Takes the lock, waiting as long as it takes.
     pub fn lock(&self) {
         let mut round = 0;
         while self
@@ -43,6 +48,19 @@ impl SpinLock {
         }
     }
 
+    /// Takes the lock if it is free.
+    pub fn try_lock(&self) -> bool {
+        self.0
+            .compare_exchange(
+                false,
+                true,
+                std::sync::atomic::Ordering::Acquire,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Releases the lock (taken by this thread, or inherited locked by a fork child).
     pub fn unlock(&self) {
         self.0.store(false, std::sync::atomic::Ordering::Release);
     }

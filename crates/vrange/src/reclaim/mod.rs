@@ -190,16 +190,30 @@ pub(crate) fn pause() -> Paused {
 /// freed: the lengths of the ranges purged. Runs in the caller's thread.
 pub fn purge(bytes: usize) -> usize {
     let t0 = now_ns();
-    let _p = pause();
-    let (ranges, freed) = victims::purge_oldest(bytes as u64);
+    let victims = candidates(bytes as u64);
+    let p = pause();
+    let (ranges, freed) = victims::purge_oldest(&victims, bytes as u64);
+    drop(p);
     stats::record(Source::Explicit, ranges, freed, now_ns() - t0);
     ensure_running();
     freed as usize
 }
 
+/// The purge candidates for a target (none for a zero target), collected before the purge lock
+/// is taken: see [`victims::candidates`].
+fn candidates(target: u64) -> Vec<victims::Candidate> {
+    if target == 0 {
+        Vec::new()
+    } else {
+        victims::candidates()
+    }
+}
+
 fn respond(source: Source, since: u64, target: u64) {
-    let _p = pause();
-    let (ranges, bytes) = victims::purge_oldest(target);
+    let victims = candidates(target);
+    let p = pause();
+    let (ranges, bytes) = victims::purge_oldest(&victims, target);
+    drop(p);
     stats::record(source, ranges, bytes, now_ns().saturating_sub(since));
 }
 
@@ -394,6 +408,15 @@ fn check_budget(woken: bool, t: u64) {
 
 /// Installs the fork handlers once per process (by the first region, even with the reclaimer
 /// off: the registry's lock and shared pins need them).
+///
+/// A client that calls into vrange while holding locks of its own (an allocator's arena locks)
+/// calls this first and then registers its own handlers: `fork` runs prepare handlers in
+/// reverse order of registration, so the client's locks are taken before vrange's, the same
+/// order as on its call paths.
+pub fn register_fork_handlers() {
+    register_atfork();
+}
+
 fn register_atfork() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {

@@ -63,17 +63,21 @@ fn collect(out: &mut Vec<Candidate>) {
     });
 }
 
-/// Purges whole ranges, lowest class and oldest first, until at least `target` bytes are freed
-/// or nothing volatile is left. Returns (ranges, bytes).
-pub(crate) fn purge_oldest(target: u64) -> (u64, u64) {
-    if target == 0 {
-        return (0, 0);
-    }
+/// The ranges the reclaimer may purge now, in purge order. Collected before purging starts and
+/// outside the purge lock: this allocates, and an allocator built on vrange may take its own
+/// locks in that allocation (the snapshot words keep stale entries from being purged).
+pub(crate) fn candidates() -> Vec<Candidate> {
     let mut victims = Vec::new();
     collect(&mut victims);
     order(&mut victims);
+    victims
+}
+
+/// Purges whole ranges of `victims` (from [`candidates`]) in order until at least `target`
+/// bytes are freed or none is left. Returns (ranges, bytes). Does not allocate.
+pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
     let (mut ranges, mut bytes) = (0, 0);
-    for c in &victims {
+    for c in victims {
         if bytes >= target {
             break;
         }

@@ -1,0 +1,317 @@
+//! One 2 MiB chunk: its spans, kept as boundary tags (a word at the first and the last page of
+//! every span), and the span operations: best-fit allocation from the tail of a free span,
+//! freeing with coalescing, shrinking in place.
+//!
+//! Free spans are volatile ranges. This file decides which range operation each span change
+//! needs and leaves the operations to a [`Ranges`] backend: the real one registers them with
+//! vrange's reclaimer, a fake one checks the calls in tests. The metadata lives outside the
+//! chunk: free memory may be purged at any time, so nothing is ever stored in it.
+//!
+//! Callers hold the lock of the arena that owns the chunk; only the tags are read without it
+//! (`usable_size` of a live block, whose tags no other operation changes).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use vrange::{Content, Policy, Taken};
+
+/// Bytes per chunk: one PMD, so that a fully free chunk purged whole frees its page table.
+pub const CHUNK: usize = 2 << 20;
+/// Pages per chunk at the smallest supported page size (4 KiB).
+pub const MAX_PAGES: usize = CHUNK / 4096;
+
+const LEN_MASK: u64 = 0xFFFF;
+const FREE: u64 = 1 << 16;
+const START: u64 = 1 << 17;
+const END: u64 = 1 << 18;
+const RANGE_SHIFT: u32 = 32;
+
+/// The volatile-range operations free spans need (see `vrange::OwnedRange`). Ids are non-zero;
+/// 0 means "no range" (registration failed: the span is free but not volatile).
+pub trait Ranges {
+    /// Registers a free span.
+    fn create(&mut self, start: usize, len: usize, content: Content, policy: Policy) -> u32;
+    /// Takes a whole free span back.
+    fn take(&mut self, id: u32) -> Taken;
+    /// Takes the last `len` bytes back.
+    fn take_tail(&mut self, id: u32, len: usize) -> Taken;
+    /// Grows a range over adjacent freed bytes.
+    fn grow(&mut self, id: u32, start: usize, len: usize);
+    /// Grows `id` over `other`, adjacent to it.
+    fn absorb(&mut self, id: u32, other: u32);
+    /// Changes a range's policy.
+    fn set_policy(&mut self, id: u32, policy: Policy);
+    /// The freed bytes of `[start, start + len)` are given up (lazy mode advises them here).
+    fn freed(&mut self, start: usize, len: usize);
+    /// The policy a free span of `pages` pages gets in this chunk.
+    fn policy(&self, pages: usize, whole_chunk: bool) -> Policy;
+}
+
+/// A chunk's metadata. Lives in the metadata arena, never inside the chunk.
+#[repr(C, align(64))]
+pub struct Chunk {
+    /// First byte of the chunk (2 MiB-aligned).
+    pub base: usize,
+    /// The arena that owns it.
+    pub arena: u32,
+    /// Pages in the chunk.
+    pub pages: u32,
+    /// log2 of the page size.
+    pub page_shift: u32,
+    /// Pages free.
+    pub free_pages: u32,
+    /// The largest free span, in pages.
+    pub max_free: u32,
+    /// The arena list the chunk is on (by `max_free`).
+    pub class: u32,
+    /// Links of that list.
+    pub next: *mut Chunk,
+    pub prev: *mut Chunk,
+    tags: [AtomicU64; MAX_PAGES],
+}
+
+/// One span as its first tag describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub first: usize,
+    pub pages: usize,
+    pub free: bool,
+    pub range: u32,
+}
+
+/// Where a freed block ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freed {
+    /// Pages the block had.
+    pub pages: usize,
+    /// The free span it is now part of.
+    pub span: Span,
+}
+
+impl Chunk {
+    /// Sets up the metadata of a fresh chunk at `base` (never touched: one free span, zero).
+    pub fn init(&mut self, base: usize, page_shift: u32, arena: u32, ranges: &mut impl Ranges) {
+        let pages = (CHUNK >> page_shift) as u32;
+        self.base = base;
+        self.arena = arena;
+        self.pages = pages;
+        self.page_shift = page_shift;
+        self.next = std::ptr::null_mut();
+        self.prev = std::ptr::null_mut();
+        let policy = ranges.policy(pages as usize, true);
+        let id = ranges.create(base, CHUNK, Content::Zero, policy);
+        self.set(0, pages as usize, true, id);
+        self.free_pages = pages;
+        self.max_free = pages;
+    }
+
+    fn page_addr(&self, page: usize) -> usize {
+        self.base + (page << self.page_shift)
+    }
+
+    /// The page index of `addr` inside the chunk.
+    pub fn page_of(&self, addr: usize) -> usize {
+        (addr - self.base) >> self.page_shift
+    }
+
+    fn tag(&self, page: usize) -> u64 {
+        self.tags[page].load(Relaxed)
+    }
+
+    fn set(&self, first: usize, pages: usize, free: bool, range: u32) {
+        let flag = if free { FREE } else { 0 };
+        let last = first + pages - 1;
+        let head = pages as u64 | flag | START | (u64::from(range) << RANGE_SHIFT);
+        if last == first {
+            self.tags[first].store(head | END, Relaxed);
+        } else {
+            self.tags[first].store(head, Relaxed);
+            self.tags[last].store(pages as u64 | flag | END, Relaxed);
+        }
+    }
+
+    fn clear(&self, page: usize) {
+        self.tags[page].store(0, Relaxed);
+    }
+
+    /// The span starting at `first` (which must be a span start).
+    pub fn span(&self, first: usize) -> Span {
+        let t = self.tag(first);
+        debug_assert!(t & START != 0, "span start");
+        Span {
+            first,
+            pages: (t & LEN_MASK) as usize,
+            free: t & FREE != 0,
+            range: (t >> RANGE_SHIFT) as u32,
+        }
+    }
+
+    /// The live block starting at `addr`, in pages, if `addr` starts an allocated span.
+    /// Lock-free for a live block (its tags change only when it is freed or resized).
+    pub fn block_pages(&self, addr: usize) -> Option<usize> {
+        if addr < self.base || addr >= self.base + CHUNK || addr & ((1 << self.page_shift) - 1) != 0
+        {
+            return None;
+        }
+        let t = self.tag(self.page_of(addr));
+        (t & START != 0 && t & FREE == 0).then_some((t & LEN_MASK) as usize)
+    }
+
+    /// Calls `f` on every span in address order.
+    pub fn for_each_span(&self, mut f: impl FnMut(Span)) {
+        let mut p = 0;
+        while p < self.pages as usize {
+            let s = self.span(p);
+            f(s);
+            p += s.pages;
+        }
+    }
+
+    /// Recomputes `free_pages` and `max_free`.
+    fn recount(&mut self) {
+        let (mut free, mut max) = (0, 0);
+        self.for_each_span(|s| {
+            if s.free {
+                free += s.pages;
+                max = max.max(s.pages);
+            }
+        });
+        self.free_pages = free as u32;
+        self.max_free = max as u32;
+    }
+
+    /// The best-fitting free span for `pages` pages starting at a multiple of `align_pages`
+    /// (placed at the span's tail), and that start.
+    fn fit(&self, pages: usize, align_pages: usize) -> Option<(Span, usize)> {
+        let mut best: Option<(Span, usize)> = None;
+        self.for_each_span(|s| {
+            if !s.free || s.pages < pages || best.is_some_and(|(b, _)| b.pages <= s.pages) {
+                return;
+            }
+            let at = (s.first + s.pages - pages) & !(align_pages - 1);
+            if at >= s.first {
+                best = Some((s, at));
+            }
+        });
+        best
+    }
+
+    /// Allocates `pages` pages aligned to `align_pages` (a power of two). Returns the block's
+    /// address and what its bytes hold.
+    pub fn alloc(
+        &mut self,
+        pages: usize,
+        align_pages: usize,
+        ranges: &mut impl Ranges,
+    ) -> Option<(usize, Taken)> {
+        if (self.max_free as usize) < pages {
+            return None;
+        }
+        let (s, at) = self.fit(pages, align_pages)?;
+        let page = 1 << self.page_shift;
+        let head = at - s.first;
+        let tail = s.pages - head - pages;
+        // The range keeps the head; the block and whatever follows it leave it.
+        let taken = if head == 0 {
+            ranges.take(s.range)
+        } else {
+            ranges.take_tail(s.range, (s.pages - head) * page)
+        };
+        if head > 0 {
+            self.set(s.first, head, true, s.range);
+            let policy = ranges.policy(head, false);
+            ranges.set_policy(s.range, policy);
+        }
+        self.set(at, pages, false, 0);
+        if tail > 0 {
+            let content = if taken.zero {
+                Content::Zero
+            } else {
+                Content::Dirty
+            };
+            let first = at + pages;
+            let policy = ranges.policy(tail, false);
+            let id = ranges.create(self.page_addr(first), tail * page, content, policy);
+            self.set(first, tail, true, id);
+        }
+        self.recount();
+        let taken = Taken {
+            pages,
+            purged: taken.purged.min(pages),
+            zero: taken.zero,
+        };
+        Some((self.page_addr(at), taken))
+    }
+
+    /// Frees the block starting at page `first`, coalescing it with free neighbours.
+    pub fn free(&mut self, first: usize, ranges: &mut impl Ranges) -> Freed {
+        let block = self.span(first);
+        debug_assert!(!block.free);
+        let page = 1 << self.page_shift;
+        ranges.freed(self.page_addr(first), block.pages * page);
+        let left = (first > 0)
+            .then(|| self.span_ending_at(first - 1))
+            .filter(|s| s.free);
+        let end = first + block.pages;
+        let right = (end < self.pages as usize)
+            .then(|| self.span(end))
+            .filter(|s| s.free);
+        let start = left.map_or(first, |l| l.first);
+        let stop = right.map_or(end, |r| r.first + r.pages);
+        let pages = stop - start;
+        let (addr, len) = (self.page_addr(start), pages * page);
+        let lid = left.map_or(0, |s| s.range);
+        let rid = right.map_or(0, |s| s.range);
+        let policy = ranges.policy(pages, pages == self.pages as usize);
+        let id = match (lid, rid) {
+            (0, 0) => ranges.create(addr, len, Content::Dirty, policy),
+            (l, 0) | (0, l) => {
+                ranges.grow(l, addr, len);
+                l
+            }
+            (l, r) => {
+                ranges.grow(l, addr, (end - start) * page);
+                ranges.absorb(l, r);
+                l
+            }
+        };
+        if id != 0 {
+            ranges.set_policy(id, policy);
+        }
+        // Boundaries that are now inside the merged span stop looking like span starts.
+        if left.is_some() {
+            self.clear(first);
+            self.clear(first - 1);
+        }
+        if right.is_some() {
+            self.clear(end - 1);
+            self.clear(end);
+        }
+        self.set(start, pages, true, id);
+        self.recount();
+        Freed {
+            pages: block.pages,
+            span: self.span(start),
+        }
+    }
+
+    /// Shrinks the block at `first` to `pages` pages, freeing the rest (coalesced).
+    pub fn shrink(&mut self, first: usize, pages: usize, ranges: &mut impl Ranges) {
+        let block = self.span(first);
+        debug_assert!(!block.free && pages > 0 && pages < block.pages);
+        self.set(first, pages, false, 0);
+        self.set(first + pages, block.pages - pages, false, 0);
+        self.free(first + pages, ranges);
+    }
+
+    /// Whether the whole chunk is one free span.
+    pub fn is_empty(&self) -> bool {
+        self.free_pages == self.pages
+    }
+
+    fn span_ending_at(&self, last: usize) -> Span {
+        let t = self.tag(last);
+        debug_assert!(t & END != 0, "span end");
+        let first = last + 1 - (t & LEN_MASK) as usize;
+        self.span(first)
+    }
+}

@@ -1,0 +1,157 @@
+//! The allocator's entry points, shared by the `#[global_allocator]` type and the LD_PRELOAD
+//! shim: they serve requests at or above the threshold and say "not mine" (`None`, `false`)
+//! for everything else, which the caller sends to the system allocator.
+
+use crate::chunk::{Chunk, CHUNK};
+use crate::chunkmap::{self, Owner};
+use crate::config::{self, Mode};
+use crate::large::{self, Large};
+use crate::{arena, stats};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+/// A block handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub ptr: NonNull<u8>,
+    /// Every byte reads as zero (fresh or purged memory): `calloc` need not clear it.
+    pub zeroed: bool,
+}
+
+/// 0: not set up, 1: setting up, 2: ready.
+static READY: AtomicU8 = AtomicU8::new(0);
+
+/// Reads the settings and installs the fork handlers, once. Called by every allocation; cheap
+/// after the first.
+pub fn init() {
+    if READY.load(Acquire) == 2 {
+        return;
+    }
+    if READY.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+        // Another thread is setting up; the settings it reads apply from then on.
+        return;
+    }
+    config::init();
+    vrange::register_allocator(stats::report);
+    // vrange's handlers first: fork runs prepare handlers in reverse order of registration, so
+    // ours (the arenas, taken on paths that then call into vrange) are taken before vrange's.
+    vrange::reclaim::register_fork_handlers();
+    // SAFETY: the handlers are plain functions valid for the program's life.
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    if config::stats_at_exit() {
+        // SAFETY: a plain function valid for the program's life.
+        unsafe { libc::atexit(at_exit) };
+    }
+    READY.store(2, Release);
+}
+
+extern "C" fn before_fork() {
+    arena::lock_all();
+    large::lock();
+    chunkmap::lock();
+}
+
+extern "C" fn after_fork() {
+    chunkmap::unlock();
+    large::unlock();
+    arena::unlock_all();
+}
+
+extern "C" fn at_exit() {
+    stats::print_summary();
+}
+
+/// Whether a request of `size` bytes aligned to `align` is the allocator's to serve.
+#[inline]
+pub fn serves(size: usize, align: usize) -> bool {
+    size >= config::threshold() && align <= CHUNK && config::mode() != Mode::Off
+}
+
+/// Allocates `size` bytes aligned to `align` (a power of two), or `None` when the request is
+/// not the allocator's (see [`serves`]) or memory is exhausted.
+pub fn alloc(size: usize, align: usize) -> Option<Block> {
+    init();
+    if !serves(size, align) {
+        return None;
+    }
+    let page = vrange::page_size();
+    let pages = size.checked_add(page - 1)? / page;
+    let (addr, taken) = if pages > CHUNK / page {
+        large::alloc(size)?
+    } else {
+        arena::alloc(pages, (align / page).max(1))?
+    };
+    Some(Block {
+        ptr: NonNull::new(addr as *mut u8)?,
+        zeroed: taken.zero,
+    })
+}
+
+/// Whether `ptr` is a live block of this allocator (or inside memory it maps). Lock-free.
+#[inline]
+pub fn owns(ptr: *const u8) -> bool {
+    chunkmap::get(ptr as usize).is_some()
+}
+
+/// Frees `ptr` if it is the allocator's; `false` (nothing done) otherwise.
+///
+/// # Safety
+/// If the allocator's, `ptr` must be a live block it handed out, freed once.
+pub unsafe fn free(ptr: *mut u8) -> bool {
+    let addr = ptr as usize;
+    match chunkmap::get(addr) {
+        None => false,
+        Some(Owner::Chunk(c)) => {
+            // SAFETY: forwarded: a live block of this chunk.
+            unsafe { arena::free(c as *mut Chunk, addr) };
+            true
+        }
+        Some(Owner::Large(m)) => {
+            // SAFETY: forwarded: a live large block.
+            unsafe { large::free(m as *mut Large) };
+            true
+        }
+    }
+}
+
+/// The usable size of a live block of the allocator (`None`: not the allocator's).
+pub fn usable_size(ptr: *const u8) -> Option<usize> {
+    let addr = ptr as usize;
+    match chunkmap::get(addr)? {
+        Owner::Chunk(c) => {
+            // SAFETY: chunk metadata is never freed; a live block's tags are stable.
+            let pages = unsafe { &*(c as *const Chunk) }.block_pages(addr)?;
+            Some(pages * vrange::page_size())
+        }
+        // SAFETY: the chunk map names a live block's record.
+        Owner::Large(m) => Some(unsafe { large::usable(m as *mut Large) }),
+    }
+}
+
+/// Resizes a live block of the allocator in place if it can: shrinking gives whole pages back
+/// (as long as the block stays at or above the threshold), growing succeeds within the usable
+/// size. Returns `false` when the caller must move the block.
+///
+/// # Safety
+/// `ptr` must be a live block of the allocator.
+pub unsafe fn resize_in_place(ptr: *mut u8, size: usize) -> bool {
+    let addr = ptr as usize;
+    let Some(usable) = usable_size(ptr) else {
+        return false;
+    };
+    if size > usable {
+        return false;
+    }
+    let page = vrange::page_size();
+    let pages = size.div_ceil(page).max(1);
+    if let Some(Owner::Chunk(c)) = chunkmap::get(addr) {
+        if size >= config::threshold() && pages < usable / page {
+            // SAFETY: a live block of this chunk, longer than `pages`.
+            unsafe { arena::shrink(c as *mut Chunk, addr, pages) };
+        }
+    }
+    // A large block keeps its mapping when shrunk (the caller may grow it again); a block
+    // shrunk below the threshold keeps its pages, as moving it would cost a copy.
+    true
+}

@@ -1,0 +1,96 @@
+//! The real [`Ranges`] backend: free spans become `vrange::OwnedRange`s, which the reclaimer
+//! ages, arms and purges. Which policy a span gets follows the mode, and in hybrid mode keeps
+//! arming (MADV_FREE) from splitting a huge page: on chunks that may be backed by huge pages,
+//! only a whole free chunk is handed to the kernel; smaller free spans stay managed.
+
+use crate::chunk::Ranges;
+use crate::config::Mode;
+use vrange::{Content, OwnedRange, Policy, Priority, Taken};
+
+/// Free spans as volatile ranges, for one chunk's operations.
+pub struct Volatile {
+    pub mode: Mode,
+    /// The chunk may be backed by huge pages.
+    pub huge: bool,
+}
+
+impl Volatile {
+    /// The backend for the current settings.
+    pub fn current() -> Volatile {
+        Volatile {
+            mode: crate::config::mode(),
+            huge: crate::config::thp(),
+        }
+    }
+
+    fn range(id: u32) -> OwnedRange {
+        // SAFETY: every non-zero id the chunk code passes came from `create` (into_raw) and is
+        // rebuilt once per operation, then given back with into_raw or consumed.
+        unsafe { OwnedRange::from_raw(id) }
+    }
+}
+
+impl Ranges for Volatile {
+    fn create(&mut self, start: usize, len: usize, content: Content, policy: Policy) -> u32 {
+        if self.mode == Mode::Lazy {
+            // The kernel alone decides: free spans are not registered (see `freed`).
+            return 0;
+        }
+        // SAFETY: the chunk code registers only free spans of chunks the allocator maps and
+        // never unmaps; it takes them back before handing their bytes out.
+        let made = unsafe { OwnedRange::new(start, len, policy, Priority::Normal, content) };
+        made.map_or(0, OwnedRange::into_raw)
+    }
+
+    fn take(&mut self, id: u32) -> Taken {
+        if id == 0 {
+            return Taken::default();
+        }
+        Self::range(id).take()
+    }
+
+    fn take_tail(&mut self, id: u32, len: usize) -> Taken {
+        if id == 0 {
+            return Taken::default();
+        }
+        let mut r = Self::range(id);
+        let t = r.take_tail(len);
+        r.into_raw();
+        t
+    }
+
+    fn grow(&mut self, id: u32, start: usize, len: usize) {
+        let mut r = Self::range(id);
+        // SAFETY: the chunk code grows a free span only over the block just freed and free
+        // spans next to it, all inside the chunk.
+        unsafe { r.grow(start, len) };
+        r.into_raw();
+    }
+
+    fn absorb(&mut self, id: u32, other: u32) {
+        let mut r = Self::range(id);
+        r.absorb(Self::range(other));
+        r.into_raw();
+    }
+
+    fn set_policy(&mut self, id: u32, policy: Policy) {
+        let mut r = Self::range(id);
+        r.set_policy(policy);
+        r.into_raw();
+    }
+
+    fn freed(&mut self, start: usize, len: usize) {
+        if self.mode == Mode::Lazy {
+            // SAFETY: the block was just freed: its owner gave up the content.
+            let _ = unsafe { vrange::sys::mem::purge_lazy(start as *mut u8, len) };
+        }
+    }
+
+    fn policy(&self, _pages: usize, whole_chunk: bool) -> Policy {
+        match self.mode {
+            Mode::Lazy => Policy::Lazy,
+            Mode::Hybrid if whole_chunk || !self.huge => Policy::Hybrid,
+            Mode::Hybrid | Mode::Managed | Mode::Off => Policy::Managed,
+        }
+    }
+}

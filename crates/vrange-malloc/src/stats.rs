@@ -1,0 +1,139 @@
+//! The allocator's counters: per arena (updated under the arena's lock, so on a cache line
+//! nobody else writes) and for large blocks, summed when asked. Reported through
+//! `vrange::stats()` (its `allocator` field) and, with `VRANGE_MALLOC_STATS=1`, printed at exit.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use vrange::{AllocatorStats, Taken};
+
+/// Counters of one arena (or of large blocks).
+pub struct Counters {
+    allocated: AtomicU64,
+    freed: AtomicU64,
+    reused_intact: AtomicU64,
+    zero_filled: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+}
+
+impl Counters {
+    pub const fn new() -> Counters {
+        Counters {
+            allocated: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
+            reused_intact: AtomicU64::new(0),
+            zero_filled: AtomicU64::new(0),
+            allocations: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+        }
+    }
+
+    /// A block of `bytes` was handed out; `taken` says what its pages held.
+    pub fn allocated(&self, bytes: usize, taken: &Taken) {
+        let bytes = bytes as u64;
+        let page = vrange::page_size() as u64;
+        let faulting = if taken.zero {
+            bytes
+        } else {
+            (taken.purged as u64 * page).min(bytes)
+        };
+        self.allocated.fetch_add(bytes, Relaxed);
+        self.zero_filled.fetch_add(faulting, Relaxed);
+        self.reused_intact.fetch_add(bytes - faulting, Relaxed);
+        self.allocations.fetch_add(1, Relaxed);
+    }
+
+    /// A block of `bytes` was freed (or shrunk by that much).
+    pub fn freed(&self, bytes: usize) {
+        self.freed.fetch_add(bytes as u64, Relaxed);
+        self.frees.fetch_add(1, Relaxed);
+    }
+
+    fn add_to(&self, s: &mut AllocatorStats) {
+        let allocated = self.allocated.load(Relaxed);
+        let freed = self.freed.load(Relaxed);
+        s.allocated_bytes = s
+            .allocated_bytes
+            .wrapping_add(allocated.wrapping_sub(freed));
+        s.reused_intact_bytes += self.reused_intact.load(Relaxed);
+        s.zero_filled_bytes += self.zero_filled.load(Relaxed);
+        s.allocations += self.allocations.load(Relaxed);
+        s.frees += self.frees.load(Relaxed);
+    }
+}
+
+static MAPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Address space mapped (+) or unmapped (−).
+pub fn mapped(delta: i64) {
+    if delta >= 0 {
+        MAPPED.fetch_add(delta as u64, Relaxed);
+    } else {
+        MAPPED.fetch_sub(delta.unsigned_abs(), Relaxed);
+    }
+}
+
+/// The allocator's counters now. Exact when no thread allocates or frees meanwhile.
+pub fn report() -> AllocatorStats {
+    let mut s = AllocatorStats::default();
+    for a in &crate::arena::ARENAS[..crate::arena::count()] {
+        a.counters.add_to(&mut s);
+    }
+    crate::large::COUNTERS.add_to(&mut s);
+    s.mapped_bytes = MAPPED.load(Relaxed);
+    s.free_bytes = s.mapped_bytes.saturating_sub(s.allocated_bytes);
+    s
+}
+
+/// Writes a summary of the allocator's and the reclaimer's counters to stderr with write(2)
+/// (no allocation: safe at exit, after other destructors ran).
+pub fn print_summary() {
+    let s = vrange::stats();
+    let a = s.allocator;
+    let mut buf = Buf::default();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let _ = std::fmt::Write::write_fmt(
+        &mut buf,
+        format_args!(
+            "vrange-malloc: {} allocations, {} frees; live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped\n\
+             vrange-malloc: reused without a fault {:.1} MiB, zero-filled {:.1} MiB; free volatile {:.1} MiB, purged now {:.1} MiB, purged in all {:.1} MiB by the reclaimer\n",
+            a.allocations,
+            a.frees,
+            mib(a.allocated_bytes),
+            mib(a.free_bytes),
+            mib(a.mapped_bytes),
+            mib(a.reused_intact_bytes),
+            mib(a.zero_filled_bytes),
+            mib(s.volatile_bytes),
+            mib(s.purged_bytes),
+            mib(s.purged_total_bytes),
+        ),
+    );
+    let out = &buf.bytes[..buf.len];
+    // SAFETY: writes initialised bytes of a local buffer to fd 2.
+    let _ = unsafe { libc::write(2, out.as_ptr().cast(), out.len()) };
+}
+
+/// A fixed buffer that formats without allocating (silently truncating).
+struct Buf {
+    bytes: [u8; 1024],
+    len: usize,
+}
+
+impl Default for Buf {
+    fn default() -> Buf {
+        Buf {
+            bytes: [0; 1024],
+            len: 0,
+        }
+    }
+}
+
+impl std::fmt::Write for Buf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let n = s.len().min(self.bytes.len() - self.len);
+        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
