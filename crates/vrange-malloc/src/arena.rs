@@ -296,7 +296,7 @@ pub unsafe fn shrink(c: *mut Chunk, addr: usize, pages: usize) {
             arena.insert(c);
             arena
                 .counters
-                .freed((before - pages) << vrange::page_size().trailing_zeros());
+                .shrunk((before - pages) << vrange::page_size().trailing_zeros());
         })
     }
 }

@@ -26,7 +26,8 @@ const END: u64 = 1 << 18;
 const RANGE_SHIFT: u32 = 32;
 
 /// The volatile-range operations free spans need (see `vrange::OwnedRange`). Ids are non-zero;
-/// 0 means "no range" (registration failed: the span is free but not volatile).
+/// 0 means "no range" (lazy mode, or registration failed: the span is free but not volatile),
+/// and every operation on id 0 must be a no-op.
 pub trait Ranges {
     /// Registers a free span.
     fn create(&mut self, start: usize, len: usize, content: Content, policy: Policy) -> u32;
@@ -313,5 +314,172 @@ impl Chunk {
         debug_assert!(t & END != 0, "span end");
         let first = last + 1 - (t & LEN_MASK) as usize;
         self.span(first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The span logic against a fake backend that checks every range call and keeps the
+    //! registered extents, compared after each step with the free spans the tags describe.
+
+    use super::*;
+    use std::collections::BTreeMap;
+
+    const BASE: usize = 64 * CHUNK;
+    const PAGE: usize = 4096;
+
+    #[derive(Default)]
+    struct Fake {
+        next: u32,
+        /// id → (start, len, zero)
+        live: BTreeMap<u32, (usize, usize, bool)>,
+    }
+
+    impl Ranges for Fake {
+        fn create(&mut self, start: usize, len: usize, content: Content, _: Policy) -> u32 {
+            self.next += 1;
+            let zero = content == Content::Zero;
+            self.live.insert(self.next, (start, len, zero));
+            self.next
+        }
+        fn take(&mut self, id: u32) -> Taken {
+            let (_, len, zero) = self.live.remove(&id).expect("take: live id");
+            Taken {
+                pages: len / PAGE,
+                purged: if zero { len / PAGE } else { 0 },
+                zero,
+            }
+        }
+        fn take_tail(&mut self, id: u32, len: usize) -> Taken {
+            let r = self.live.get_mut(&id).expect("take_tail: live id");
+            assert!(len > 0 && len < r.1, "take_tail strictly inside");
+            r.1 -= len;
+            Taken {
+                pages: len / PAGE,
+                purged: if r.2 { len / PAGE } else { 0 },
+                zero: r.2,
+            }
+        }
+        fn grow(&mut self, id: u32, start: usize, len: usize) {
+            let r = self.live.get_mut(&id).expect("grow: live id");
+            assert!(start <= r.0 && r.0 + r.1 <= start + len, "grow contains");
+            *r = (start, len, false);
+        }
+        fn absorb(&mut self, id: u32, other: u32) {
+            let (os, ol, _) = self.live.remove(&other).expect("absorb: live other");
+            let r = self.live.get_mut(&id).expect("absorb: live id");
+            assert!(os == r.0 + r.1 || os + ol == r.0, "absorb adjacent");
+            *r = (r.0.min(os), r.1 + ol, false);
+        }
+        fn set_policy(&mut self, id: u32, _: Policy) {
+            assert!(self.live.contains_key(&id));
+        }
+        fn freed(&mut self, _: usize, _: usize) {}
+        fn policy(&self, _: usize, _: bool) -> Policy {
+            Policy::Hybrid
+        }
+    }
+
+    fn chunk(fake: &mut Fake) -> Box<Chunk> {
+        let layout = std::alloc::Layout::new::<Chunk>();
+        // SAFETY: a zeroed Chunk is valid (integers, null pointers, atomics); the Box takes
+        // ownership of memory allocated with the matching layout.
+        let mut c = unsafe { Box::from_raw(std::alloc::alloc_zeroed(layout).cast::<Chunk>()) };
+        c.init(BASE, 12, 0, fake);
+        c
+    }
+
+    /// Free spans (as tags say) equal the registered extents; counts are right.
+    fn check(c: &Chunk, fake: &Fake) {
+        let mut spans = BTreeMap::new();
+        let (mut free, mut max, mut total) = (0, 0, 0);
+        c.for_each_span(|s| {
+            total += s.pages;
+            if s.free {
+                free += s.pages;
+                max = max.max(s.pages);
+                spans.insert(s.range, (c.page_addr(s.first), s.pages * PAGE));
+            }
+        });
+        assert_eq!(total, c.pages as usize);
+        assert_eq!(free, c.free_pages as usize);
+        assert_eq!(max, c.max_free as usize);
+        let registered: BTreeMap<u32, (usize, usize)> =
+            fake.live.iter().map(|(k, v)| (*k, (v.0, v.1))).collect();
+        assert_eq!(spans, registered);
+    }
+
+    #[test]
+    fn fresh_chunk_hands_out_zero_memory_from_its_tail() {
+        let mut f = Fake::default();
+        let mut c = chunk(&mut f);
+        let (a, t) = c.alloc(16, 1, &mut f).unwrap();
+        assert_eq!(a, BASE + CHUNK - 16 * PAGE);
+        assert!(t.zero);
+        check(&c, &f);
+        let f2 = c.free(c.page_of(a), &mut f);
+        assert_eq!(f2.pages, 16);
+        assert!(c.is_empty());
+        check(&c, &f);
+        // Coalesced: one range over the whole chunk, no longer known zero.
+        assert_eq!(f.live.len(), 1);
+        let (_, t) = c.alloc(512, 1, &mut f).unwrap();
+        assert!(!t.zero);
+        assert_eq!(c.max_free, 0);
+        check(&c, &f);
+    }
+
+    #[test]
+    fn coalesces_both_sides_and_respects_alignment() {
+        let mut f = Fake::default();
+        let mut c = chunk(&mut f);
+        let blocks: Vec<usize> = (0..8).map(|_| c.alloc(64, 1, &mut f).unwrap().0).collect();
+        check(&c, &f);
+        assert_eq!(c.free_pages, 0);
+        for i in [1, 3, 2] {
+            c.free(c.page_of(blocks[i]), &mut f);
+            check(&c, &f);
+        }
+        assert_eq!(c.max_free, 192);
+        let (a, _) = c.alloc(20, 32, &mut f).unwrap();
+        assert_eq!((a - BASE) / PAGE % 32, 0);
+        check(&c, &f);
+        c.shrink(c.page_of(blocks[0]), 10, &mut f);
+        check(&c, &f);
+        assert_eq!(c.block_pages(blocks[0]), Some(10));
+        assert_eq!(c.block_pages(blocks[0] + PAGE), None);
+    }
+
+    #[test]
+    fn random_sequences_keep_tags_and_ranges_in_step() {
+        let mut f = Fake::default();
+        let mut c = chunk(&mut f);
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let pages = 1 + (x % 96) as usize;
+            if x % 3 != 0 || live.is_empty() {
+                let align = 1 << ((x >> 20) % 5);
+                if let Some((a, _)) = c.alloc(pages, align, &mut f) {
+                    assert_eq!((a - BASE) / PAGE % align, 0);
+                    for &(b, n) in &live {
+                        assert!(a + pages * PAGE <= b || b + n * PAGE <= a, "overlap");
+                    }
+                    live.push((a, pages));
+                }
+            } else {
+                let (a, n) = live.swap_remove((x >> 8) as usize % live.len());
+                if x % 7 == 0 && n > 1 {
+                    c.shrink(c.page_of(a), n / 2, &mut f);
+                    live.push((a, n / 2));
+                } else {
+                    c.free(c.page_of(a), &mut f);
+                }
+            }
+            check(&c, &f);
+        }
     }
 }

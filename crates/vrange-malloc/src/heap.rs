@@ -40,6 +40,7 @@ pub fn init() {
     // SAFETY: the handlers are plain functions valid for the program's life.
     unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
     if config::stats_at_exit() {
+        stats::keep_stderr();
         // SAFETY: a plain function valid for the program's life.
         unsafe { libc::atexit(at_exit) };
     }

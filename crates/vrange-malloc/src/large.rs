@@ -96,9 +96,9 @@ pub fn alloc(size: usize) -> Option<(usize, Taken)> {
             // SAFETY: the id was stored by `free` from into_raw and is consumed once here.
             id => unsafe { OwnedRange::from_raw(id) }.take(),
         };
-        Some((b.base, taken))
+        Some((b.base, b.len, taken))
     });
-    if let Some((base, taken)) = reused {
+    if let Some((base, len, taken)) = reused {
         COUNTERS.allocated(len, &taken);
         return Some((base, taken));
     }

@@ -23,7 +23,9 @@ impl Volatile {
         }
     }
 
+    /// The range with a non-zero id (0 means "no range": every operation on it is a no-op).
     fn range(id: u32) -> OwnedRange {
+        debug_assert_ne!(id, 0);
         // SAFETY: every non-zero id the chunk code passes came from `create` (into_raw) and is
         // rebuilt once per operation, then given back with into_raw or consumed.
         unsafe { OwnedRange::from_raw(id) }
@@ -60,6 +62,9 @@ impl Ranges for Volatile {
     }
 
     fn grow(&mut self, id: u32, start: usize, len: usize) {
+        if id == 0 {
+            return;
+        }
         let mut r = Self::range(id);
         // SAFETY: the chunk code grows a free span only over the block just freed and free
         // spans next to it, all inside the chunk.
@@ -68,12 +73,18 @@ impl Ranges for Volatile {
     }
 
     fn absorb(&mut self, id: u32, other: u32) {
+        if id == 0 || other == 0 {
+            return;
+        }
         let mut r = Self::range(id);
         r.absorb(Self::range(other));
         r.into_raw();
     }
 
     fn set_policy(&mut self, id: u32, policy: Policy) {
+        if id == 0 {
+            return;
+        }
         let mut r = Self::range(id);
         r.set_policy(policy);
         r.into_raw();

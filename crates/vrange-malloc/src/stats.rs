@@ -43,10 +43,15 @@ impl Counters {
         self.allocations.fetch_add(1, Relaxed);
     }
 
-    /// A block of `bytes` was freed (or shrunk by that much).
+    /// A block of `bytes` was freed.
     pub fn freed(&self, bytes: usize) {
-        self.freed.fetch_add(bytes as u64, Relaxed);
+        self.shrunk(bytes);
         self.frees.fetch_add(1, Relaxed);
+    }
+
+    /// A live block gave `bytes` back (shrunk in place).
+    pub fn shrunk(&self, bytes: usize) {
+        self.freed.fetch_add(bytes as u64, Relaxed);
     }
 
     fn add_to(&self, s: &mut AllocatorStats) {
@@ -85,6 +90,19 @@ pub fn report() -> AllocatorStats {
     s
 }
 
+/// Where the exit summary goes: a duplicate of stderr made at start-up, because many programs
+/// (GNU coreutils among them) close stderr in their own exit handlers, which run before ours.
+static SUMMARY_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(2);
+
+/// Keeps a private copy of stderr for the exit summary.
+pub fn keep_stderr() {
+    // SAFETY: fcntl duplicates a descriptor; failure leaves the summary on fd 2.
+    let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 100) };
+    if fd >= 0 {
+        SUMMARY_FD.store(fd, Relaxed);
+    }
+}
+
 /// Writes a summary of the allocator's and the reclaimer's counters to stderr with write(2)
 /// (no allocation: safe at exit, after other destructors ran).
 pub fn print_summary() {
@@ -111,7 +129,7 @@ pub fn print_summary() {
     );
     let out = &buf.bytes[..buf.len];
     // SAFETY: writes initialised bytes of a local buffer to fd 2.
-    let _ = unsafe { libc::write(2, out.as_ptr().cast(), out.len()) };
+    let _ = unsafe { libc::write(SUMMARY_FD.load(Relaxed), out.as_ptr().cast(), out.len()) };
 }
 
 /// A fixed buffer that formats without allocating (silently truncating).

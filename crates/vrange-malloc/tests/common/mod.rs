@@ -1,0 +1,225 @@
+//! Helpers shared by the tests that run other programs under the LD_PRELOAD shim
+//! (`programs.rs`, `pressure.rs`): building `libvrange_malloc.so`, compiling the C helpers in
+//! `tests/c/`, scratch directories, skipping, and reading the summary the shim prints at exit.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Whether the tests run in CI (`CI` set, and not to `""`, `0` or `false`): a test that cannot
+/// run here fails there instead of skipping.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+/// Says why a test does not run: prints "skipped: <reason>", or panics under CI, where every
+/// test must run.
+pub fn skip(reason: impl Display) {
+    assert!(
+        !ci(),
+        "{reason} (CI is set, so this test must run: fix the environment)"
+    );
+    println!("skipped: {reason}");
+}
+
+/// The programs in `paths` that do not exist, as a skip reason (`None`: all present).
+pub fn missing(paths: &[&str]) -> Option<String> {
+    let gone: Vec<&str> = paths
+        .iter()
+        .copied()
+        .filter(|p| !Path::new(p).exists())
+        .collect();
+    (!gone.is_empty()).then(|| format!("{} not installed", gone.join(", ")))
+}
+
+/// The repository root (this crate is `crates/vrange-malloc`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/vrange-malloc lies two levels below the repository root")
+        .to_path_buf()
+}
+
+/// A C source of `tests/c/`.
+pub fn c_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(name)
+}
+
+/// The target directory this test binary was built into: the test binary is
+/// `<target>/[<triple>/]<profile>/deps/<test>-<hash>`, and cargo marks the target directory
+/// with a `CACHEDIR.TAG`. Falls back to `CARGO_TARGET_DIR`, then to `<repo>/target`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    if let Some(dir) = exe
+        .ancestors()
+        .skip(3)
+        .take(2)
+        .find(|d| d.join("CACHEDIR.TAG").exists())
+    {
+        return dir.to_path_buf();
+    }
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => repo_root().join(dir),
+        None => repo_root().join("target"),
+    }
+}
+
+/// `libvrange_malloc.so`, built once per test process with `cargo build --release -p
+/// vrange-malloc-preload` into the target directory the tests were built in (a no-op when it
+/// is up to date). Cargo builds no cdylib for an integration test, hence the nested build.
+pub fn shim() -> &'static Path {
+    static SO: OnceLock<PathBuf> = OnceLock::new();
+    SO.get_or_init(|| {
+        let target = target_dir();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--release", "-p", "vrange-malloc-preload"])
+            .arg("--manifest-path")
+            .arg(repo_root().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target);
+        let out = output(&mut cmd);
+        assert!(
+            out.status.success(),
+            "building the shim failed: {cmd:?}\n{}",
+            show(&out)
+        );
+        let so = target.join("release/libvrange_malloc.so");
+        assert!(so.exists(), "{cmd:?} did not produce {}", so.display());
+        so
+    })
+}
+
+/// Runs `cmd` to completion, capturing its output; panics if it cannot be started.
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// A command's stdout and stderr, for failure messages.
+pub fn show(out: &Output) -> String {
+    format!(
+        "--- stdout ---\n{}--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Keeps the shim and its settings out of a command (the test itself may run under them).
+pub fn without_shim(cmd: &mut Command) -> &mut Command {
+    cmd.env_remove("LD_PRELOAD");
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with("VRANGE_")) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
+/// Runs a command under the shim (after any `extra` preloads) with the exit summary on.
+pub fn with_shim<'a>(cmd: &'a mut Command, extra: &[&Path]) -> &'a mut Command {
+    let mut preload = shim().as_os_str().to_owned();
+    for p in extra {
+        preload.push(" ");
+        preload.push(p.as_os_str());
+    }
+    without_shim(cmd)
+        .env("LD_PRELOAD", preload)
+        .env("VRANGE_MALLOC_STATS", "1")
+}
+
+/// Compiles `source` (a file of `tests/c/`) with `/usr/bin/gcc -O2 -Wall -Wextra -Werror` and
+/// `flags` into `out`, without the shim.
+pub fn compile(source: &str, out: &Path, flags: &[&str]) {
+    let mut cmd = Command::new("/usr/bin/gcc");
+    cmd.args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(c_source(source));
+    let o = output(without_shim(&mut cmd));
+    assert!(o.status.success(), "{cmd:?} failed\n{}", show(&o));
+}
+
+/// A scratch directory, removed with everything in it on drop.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// A fresh directory under the system's temporary directory; `tag` names the test.
+    pub fn new(tag: &str) -> Scratch {
+        use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("vrange-malloc-{tag}-{}-{n}", std::process::id()));
+        // A leftover of a crashed run with the same pid.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        Scratch(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The first line of the shim's exit summary (`VRANGE_MALLOC_STATS=1`), one per process:
+/// "vrange-malloc: N allocations, M frees; ..." and, on its second line, "purged in all X MiB
+/// by the reclaimer".
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Blocks the shim served (requests at or above its threshold).
+    pub allocations: u64,
+    pub frees: u64,
+    /// MiB the reclaimer purged over the process's life.
+    pub purged_mib: f64,
+}
+
+/// Every summary in a stderr text, in order (a program that runs others prints several).
+pub fn summaries(stderr: &str) -> Vec<Summary> {
+    let mut out: Vec<Summary> = Vec::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix("vrange-malloc: ") else {
+            continue;
+        };
+        if let Some((n, rest)) = rest.split_once(" allocations, ") {
+            let frees = rest.split_once(" frees").map(|(f, _)| f);
+            if let (Ok(allocations), Some(Ok(frees))) = (n.parse(), frees.map(str::parse)) {
+                out.push(Summary {
+                    allocations,
+                    frees,
+                    purged_mib: f64::NAN,
+                });
+            }
+        } else if let Some((_, tail)) = rest.split_once("purged in all ") {
+            let mib = tail.strip_suffix(" MiB by the reclaimer").map(str::parse);
+            if let (Some(last), Some(Ok(mib))) = (out.last_mut(), mib) {
+                last.purged_mib = mib;
+            }
+        }
+    }
+    out
+}
+
+/// Lines of a stderr text that mention vrange but are not the exit summary (warnings, panics).
+pub fn vrange_complaints(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("vrange") && !l.starts_with("vrange-malloc: "))
+        .collect()
+}

@@ -1,0 +1,160 @@
+//! The allocator on the real kernel: hot reuse without faults, purged memory coming back zero
+//! (and `calloc` trusting it), in-place resizing, foreign pointers declined.
+
+use vrange_malloc::heap;
+
+const KIB: usize = 1024;
+
+/// Tests that expect to get back the block they just freed run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn minor_faults() -> i64 {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
+        u.ru_minflt
+    }
+}
+
+fn fill(p: *mut u8, len: usize, byte: u8) {
+    // SAFETY: callers pass live blocks of at least len bytes.
+    unsafe { p.write_bytes(byte, len) };
+}
+
+fn all(p: *const u8, len: usize, byte: u8) -> bool {
+    // SAFETY: callers pass live blocks of at least len bytes.
+    unsafe { std::slice::from_raw_parts(p, len) }
+        .iter()
+        .all(|b| *b == byte)
+}
+
+#[test]
+fn freed_block_is_reused_intact_without_a_fault() {
+    let _serial = serial();
+    let len = 512 * KIB;
+    let a = heap::alloc(len, 16).expect("served").ptr.as_ptr();
+    fill(a, len, 0x5a);
+    let before = vrange::stats().allocator;
+    // SAFETY: a is live, freed once.
+    assert!(unsafe { heap::free(a) });
+    let b = heap::alloc(len, 16).expect("served");
+    assert_eq!(b.ptr.as_ptr(), a, "the block just freed is reused");
+    assert!(!b.zeroed);
+    let faults = minor_faults();
+    fill(b.ptr.as_ptr(), len, 0x33);
+    assert_eq!(
+        minor_faults() - faults,
+        0,
+        "reusing intact free memory faults nothing"
+    );
+    let after = vrange::stats().allocator;
+    assert!(after.reused_intact_bytes >= before.reused_intact_bytes + len as u64);
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(b.ptr.as_ptr()) });
+}
+
+#[test]
+fn purged_free_memory_comes_back_zero_without_clearing() {
+    let _serial = serial();
+    let len = 768 * KIB;
+    let a = heap::alloc(len, 16).expect("served").ptr.as_ptr();
+    fill(a, len, 0xa5);
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(a) });
+    let purged = vrange::purge(usize::MAX);
+    assert!(purged >= len, "the free span was purged ({purged} bytes)");
+    let b = heap::alloc(len, 16).expect("served");
+    assert!(
+        b.zeroed,
+        "purged memory is known zero: calloc need not clear it"
+    );
+    let resident =
+        vrange::sys::mem::resident_pages(b.ptr.as_ptr(), len).expect("mincore of a live block");
+    assert_eq!(resident, 0, "purged pages hold no memory until touched");
+    assert!(all(b.ptr.as_ptr(), len, 0));
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(b.ptr.as_ptr()) });
+}
+
+#[test]
+fn resize_in_place_and_usable_size() {
+    let _serial = serial();
+    let a = heap::alloc(300 * KIB, 16).expect("served").ptr.as_ptr();
+    let page = vrange::page_size();
+    assert_eq!(
+        heap::usable_size(a),
+        Some((300 * KIB).div_ceil(page) * page)
+    );
+    fill(a, 300 * KIB, 7);
+    // SAFETY: a is live.
+    assert!(unsafe { heap::resize_in_place(a, 100 * KIB) });
+    assert_eq!(heap::usable_size(a), Some(100 * KIB));
+    assert!(all(a, 100 * KIB, 7), "shrinking keeps the head");
+    // SAFETY: a is live.
+    assert!(unsafe { heap::resize_in_place(a, 100 * KIB - 10) });
+    // SAFETY: a is live; growing past the usable size needs a move.
+    assert!(!unsafe { heap::resize_in_place(a, 200 * KIB) });
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(a) });
+}
+
+#[test]
+fn large_blocks_are_whole_chunks_and_cached() {
+    let _serial = serial();
+    let len = 5 * 1024 * KIB + 1;
+    let a = heap::alloc(len, 16).expect("served");
+    assert!(a.zeroed, "a new mapping is zero");
+    assert_eq!(a.ptr.as_ptr() as usize % (2 << 20), 0, "2 MiB-aligned");
+    assert_eq!(heap::usable_size(a.ptr.as_ptr()), Some(6 << 20));
+    fill(a.ptr.as_ptr(), len, 1);
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(a.ptr.as_ptr()) });
+    let b = heap::alloc(len, 16).expect("served");
+    assert_eq!(
+        b.ptr, a.ptr,
+        "the freed large block is reused from the cache"
+    );
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(b.ptr.as_ptr()) });
+}
+
+#[test]
+fn small_and_foreign_requests_are_declined() {
+    let _serial = serial();
+    assert!(heap::alloc(1000, 16).is_none(), "below the threshold");
+    assert!(
+        heap::alloc(1 << 20, 4 << 20).is_none(),
+        "aligned beyond a chunk"
+    );
+    // SAFETY: plain libc allocation, freed below.
+    let p = unsafe { libc::malloc(256 * KIB) }.cast::<u8>();
+    assert!(!heap::owns(p));
+    assert_eq!(heap::usable_size(p), None);
+    // SAFETY: not the allocator's: declined without touching it.
+    assert!(!unsafe { heap::free(p) });
+    // SAFETY: p came from libc::malloc.
+    unsafe { libc::free(p.cast()) };
+}
+
+#[test]
+fn aligned_blocks_are_aligned() {
+    let _serial = serial();
+    let mut blocks = Vec::new();
+    for shift in 12..=21 {
+        let align = 1usize << shift;
+        let b = heap::alloc(80 * KIB, align).expect("served");
+        assert_eq!(b.ptr.as_ptr() as usize % align, 0, "aligned to {align}");
+        fill(b.ptr.as_ptr(), 80 * KIB, shift as u8);
+        blocks.push((b.ptr.as_ptr(), shift as u8));
+    }
+    for (p, byte) in blocks {
+        assert!(all(p, 80 * KIB, byte), "no block overlapped another");
+        // SAFETY: live, freed once.
+        assert!(unsafe { heap::free(p) });
+    }
+}

@@ -1,0 +1,165 @@
+//! The classic page-table experiment through the allocator: reserve a huge range (25,600
+//! blocks of 2 MiB, 50 GiB of address space), then touch each block and free it. Freed blocks
+//! are whole chunks; when the reclaimer purges one it uses a single MADV_DONTNEED over the whole
+//! PMD, and the kernel frees the page table with it, so VmPTE stays small. The control run frees
+//! with MADV_FREE alone (lazy mode): the kernel takes the pages back under the cgroup's limit
+//! but keeps every page table (about 100 MiB for 50 GiB).
+//!
+//! The control runs on a quarter of the range to keep the test short (set
+//! `VRANGE_PT_CONTROL_BLOCKS=25600` for the whole range). Each run is a re-executed copy of this test binary inside a child memory cgroup (1 GiB), with
+//! 4 KiB pages (THP off for the allocator: with huge pages there are no PTE tables to leak).
+
+#[path = "../../vrange/tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+use vrange::sys::cgroup::{unique_name, MemCgroup, Version};
+use vrange_malloc::heap;
+
+const BLOCK: usize = 2 << 20;
+const BLOCKS: usize = 25_600;
+
+fn status_kb(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("status");
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The role: runs the loop with the allocator configured by the environment.
+#[test]
+fn pagetable_role() {
+    if common::role().as_deref() != Some("loop") {
+        return;
+    }
+    let page = vrange::page_size();
+    let n: usize = std::env::var("VRANGE_PT_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BLOCKS);
+    let t0 = Instant::now();
+    let blocks: Vec<*mut u8> = (0..n)
+        .map(|_| heap::alloc(BLOCK, 16).expect("2 MiB block").ptr.as_ptr())
+        .collect();
+    let mut max_pte = 0;
+    for (i, &b) in blocks.iter().enumerate() {
+        for off in (0..BLOCK).step_by(page) {
+            // SAFETY: b is a live 2 MiB block.
+            unsafe { b.add(off).write_volatile(1) };
+        }
+        // SAFETY: live, freed once.
+        assert!(unsafe { heap::free(b) });
+        if i % 512 == 0 {
+            max_pte = max_pte.max(status_kb("VmPTE:"));
+        }
+    }
+    // Let the reclaimer finish what the last frees asked of it.
+    let budget = 64 << 20;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while vrange::stats().volatile_bytes > budget && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pte = status_kb("VmPTE:");
+    let s = vrange::stats();
+    common::say(format!(
+        "done vmpte_kb={pte} max_vmpte_kb={} rss_kb={} purged_mib={} secs={:.1}",
+        max_pte.max(pte),
+        status_kb("VmRSS:"),
+        s.purged_total_bytes >> 20,
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+struct Run {
+    vmpte_kb: u64,
+    max_vmpte_kb: u64,
+    rss_kb: u64,
+}
+
+fn run(mode: &str, blocks: usize) -> Option<Run> {
+    let Some(parent) = MemCgroup::current().filter(|c| c.version() == Version::V1) else {
+        println!("skipped: no cgroup v1 memory controller");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the page-table test"
+        );
+        return None;
+    };
+    let child = match parent.create_child(&unique_name("vrange-pt"), 1 << 30) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("skipped: cannot create a child memory cgroup: {e}");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the page-table test"
+            );
+            return None;
+        }
+    };
+    let mut cmd = common::role_command("pagetable_role", "loop");
+    cmd.env("VRANGE_MALLOC_MODE", mode)
+        .env("VRANGE_MALLOC_THP", "never")
+        .env("VRANGE_MALLOC_BUDGET", "64M")
+        .env("VRANGE_PT_BLOCKS", blocks.to_string());
+    common::join_cgroup_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs"))
+        .expect("join the cgroup");
+    let mut role = common::Role::spawn(mode, cmd);
+    let r = role.expect("done", Duration::from_secs(240));
+    let exit = role.wait(Duration::from_secs(30));
+    println!(
+        "{mode}: VmPTE {} kB at the end, {} kB at most; VmRSS {} kB; {} MiB purged; {} s; {exit}",
+        r.u64("vmpte_kb"),
+        r.u64("max_vmpte_kb"),
+        r.u64("rss_kb"),
+        r.u64("purged_mib"),
+        r.str("secs")
+    );
+    assert_eq!(
+        child.cgroup().oom_kills().unwrap_or(0),
+        0,
+        "{mode}: OOM kill"
+    );
+    Some(Run {
+        vmpte_kb: r.u64("vmpte_kb"),
+        max_vmpte_kb: r.u64("max_vmpte_kb"),
+        rss_kb: r.u64("rss_kb"),
+    })
+}
+
+#[test]
+fn freed_chunks_give_back_their_page_tables() {
+    if common::role().is_some() {
+        return;
+    }
+    let Some(ours) = run("hybrid", BLOCKS) else {
+        return;
+    };
+    assert!(
+        ours.vmpte_kb < 1024,
+        "VmPTE {} kB after 50 GiB touched and freed",
+        ours.vmpte_kb
+    );
+    assert!(
+        ours.max_vmpte_kb < 4096,
+        "VmPTE peaked at {} kB",
+        ours.max_vmpte_kb
+    );
+    assert!(ours.rss_kb < 512 << 10, "RSS {} kB", ours.rss_kb);
+    // The control on a quarter of the range (it is slow: every page is reclaimed under the
+    // cgroup's limit): 12.5 GiB leave ~25 MiB of page tables behind.
+    let control = std::env::var("VRANGE_PT_CONTROL_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BLOCKS / 4);
+    let Some(lazy) = run("lazy", control) else {
+        return;
+    };
+    // One 4 KiB table per 2 MiB block touched.
+    let expected_kb = (control * 4) as u64;
+    assert!(
+        lazy.vmpte_kb > expected_kb * 3 / 4,
+        "the control (MADV_FREE alone) should keep ~{expected_kb} kB of page tables, kept {} kB",
+        lazy.vmpte_kb
+    );
+}
