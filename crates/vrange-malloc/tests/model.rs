@@ -136,7 +136,7 @@ fn run(actions: Vec<Action>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn allocator_matches_the_model(actions in prop::collection::vec(action(), 1..120)) {

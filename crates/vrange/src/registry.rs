@@ -61,7 +61,10 @@ const POLICY_SHIFT: u32 = 1;
 const PRIORITY_SHIFT: u32 = 4;
 
 /// One managed range. Its extent changes only while its owner has claimed it (`BUSY`).
+/// Cache-line aligned: threads marking and unmarking different ranges (an allocator's arenas)
+/// must not share a line.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Slot {
     /// The state of a private range (a shared range's lives in its header).
     state: RangeState,
