@@ -1,7 +1,7 @@
 //! Blocks larger than a chunk: each its own mapping, a whole number of 2 MiB blocks (so a purge
 //! frees its page tables and arming never splits a huge page). A freed large block stays mapped
 //! as one volatile range in a small cache, reused by a later request it fits without much waste;
-//! past [`CACHE_MAX`] blocks the oldest is unmapped.
+//! past [`CACHE_MAX`] blocks or [`CACHE_MAX_BYTES`] the oldest are unmapped.
 
 use crate::chunk::CHUNK;
 use crate::chunkmap::{self, Owner};
@@ -12,6 +12,9 @@ use vrange::{Content, OwnedRange, Policy, Priority, SpinLock, Taken};
 
 /// Freed large blocks kept for reuse.
 const CACHE_MAX: usize = 16;
+/// Address space of freed large blocks kept for reuse (they are volatile, so this bounds
+/// address space and page tables, not memory: the reclaimer purges them under pressure).
+const CACHE_MAX_BYTES: usize = 1 << 30;
 /// Metadata records mapped at a time.
 const META_BATCH: usize = 256;
 
@@ -30,6 +33,7 @@ struct Cache {
     newest: *mut Large,
     oldest: *mut Large,
     count: usize,
+    bytes: usize,
     spare_meta: *mut Large,
     meta_left: usize,
     meta_batch: *mut Large,
@@ -49,6 +53,7 @@ static CACHE: Guarded = Guarded {
         newest: null_mut(),
         oldest: null_mut(),
         count: 0,
+        bytes: 0,
         spare_meta: null_mut(),
         meta_left: 0,
         meta_batch: null_mut(),
@@ -176,21 +181,9 @@ pub unsafe fn free(meta: *mut Large) {
         }
     };
     COUNTERS.freed(len);
-    let evicted = locked(|c| {
-        // SAFETY: the record is ours until it joins the cache.
-        let b = unsafe { &mut *meta };
-        b.range = range;
-        c.push(b);
-        if c.count > CACHE_MAX {
-            let old = c.oldest;
-            // SAFETY: the oldest member is valid, under the lock.
-            c.unlink(unsafe { &mut *old });
-            Some(old)
-        } else {
-            None
-        }
-    });
-    if let Some(old) = evicted {
+    // SAFETY: the record is ours until it joins the cache.
+    locked(|c| c.push(unsafe { &mut *meta }, range));
+    while let Some(old) = locked(Cache::evict) {
         // SAFETY: unlinked from the cache: this thread owns the record and its mapping.
         let (base, len, range) = unsafe { ((*old).base, (*old).len, (*old).range) };
         if range != 0 {
@@ -206,7 +199,9 @@ pub unsafe fn free(meta: *mut Large) {
 }
 
 impl Cache {
-    fn push(&mut self, b: &mut Large) {
+    fn push(&mut self, b: &mut Large, range: u32) {
+        b.range = range;
+        self.bytes += b.len;
         b.prev = null_mut();
         b.next = self.newest;
         // SAFETY: cache members are valid records, under the lock.
@@ -233,6 +228,18 @@ impl Cache {
         b.next = null_mut();
         b.prev = null_mut();
         self.count -= 1;
+        self.bytes -= b.len;
+    }
+
+    /// Unlinks the oldest block if the cache is over its limits.
+    fn evict(&mut self) -> Option<*mut Large> {
+        if self.count <= CACHE_MAX && self.bytes <= CACHE_MAX_BYTES {
+            return None;
+        }
+        let old = self.oldest;
+        // SAFETY: the oldest member is valid (the cache is not empty), under the lock.
+        self.unlink(unsafe { &mut *old });
+        Some(old)
     }
 
     fn new_meta(&mut self) -> Option<*mut Large> {

@@ -367,7 +367,7 @@ fn gcc_builds_a_program_that_runs_under_the_shim() {
     let dir = Scratch::new("gcc");
     let exe = dir.join("big_blocks");
     let mut cmd = Command::new(GCC);
-    cmd.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+    cmd.args(["-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .arg(c_source("big_blocks.c"))
         .current_dir(dir.path());

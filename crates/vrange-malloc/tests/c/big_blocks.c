@@ -1,13 +1,19 @@
 /* A C program that makes large allocations through every entry point the LD_PRELOAD shim
  * interposes, checks what each guarantees (content kept by realloc, zeroes from calloc,
- * alignment) and prints a checksum of what it wrote. Built and run by tests/programs.rs, with
- * and without the shim: the output must be the same. Exits 1 at the first broken guarantee. */
+ * alignment) and prints a checksum of what it wrote. It also allocates before main (a
+ * constructor: before any Rust runtime or the program's own set-up), from threads it creates
+ * with pthread_create, and in fork children while those threads churn. Built and run by
+ * tests/programs.rs, with and without the shim: the output must be the same. Exits 1 at the
+ * first broken guarantee. */
 #define _GNU_SOURCE
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static uint64_t sum;
 
@@ -38,7 +44,67 @@ static int zero(const unsigned char *p, size_t n) {
     return 1;
 }
 
+static int early_ok;
+
+/* Runs before main. */
+__attribute__((constructor)) static void early(void) {
+    unsigned char *p = malloc(1 << 20);
+    unsigned char *z = calloc(256, 1024);
+    if (!p || !z || !zero(z, 256 * 1024)) return;
+    memset(p, 0x5A, 1 << 20);
+    early_ok = p[(1 << 20) - 1] == 0x5A;
+    free(z);
+    free(p);
+}
+
+/* A thread of the program's own: churns blocks of 64 KiB .. 1 MiB, checking each. */
+static void *churn(void *arg) {
+    uintptr_t seed = (uintptr_t)arg, ok = 1;
+    uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
+    for (int i = 0; i < 400 && ok; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        size_t n = (64 << 10) + x % (960 << 10);
+        unsigned char *p = malloc(n);
+        if (!p) return NULL;
+        memset(p, (int)(x >> 40), n);
+        ok = p[0] == (unsigned char)(x >> 40) && p[n - 1] == (unsigned char)(x >> 40);
+        free(p);
+    }
+    return (void *)ok;
+}
+
+/* Forks while the threads churn; each child allocates, checks and frees. */
+static int forks(void) {
+    pthread_t t[3];
+    for (uintptr_t i = 0; i < 3; i++)
+        if (pthread_create(&t[i], NULL, churn, (void *)i)) return 0;
+    int ok = 1;
+    for (int i = 0; i < 20; i++) {
+        pid_t pid = fork();
+        if (pid < 0) { ok = 0; break; }
+        if (pid == 0) {
+            alarm(20);
+            unsigned char *p = malloc(3 << 20);
+            if (!p) _exit(2);
+            memset(p, 7, 3 << 20);
+            int good = p[(3 << 20) - 1] == 7;
+            free(p);
+            _exit(good ? 0 : 3);
+        }
+        int status = 0;
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
+            ok = 0;
+    }
+    for (int i = 0; i < 3; i++) {
+        void *r = NULL;
+        pthread_join(t[i], &r);
+        ok &= r != NULL;
+    }
+    return ok;
+}
+
 int main(void) {
+    if (!early_ok) return fail("allocation before main", 1 << 20);
     enum { LIVE = 16 };
     unsigned char *live[LIVE] = {0};
     for (unsigned round = 0; round < 64; round++) {
@@ -77,6 +143,7 @@ int main(void) {
         free(p);
     }
     for (unsigned i = 0; i < LIVE; i++) free(live[i]);
+    if (!forks()) return fail("threads and fork children", 0);
     printf("big_blocks ok sum=%llu\n", (unsigned long long)sum);
     return 0;
 }
