@@ -55,6 +55,9 @@ fn freeing_never_splits_a_huge_page() {
         assert!(std::env::var_os("CI").is_none(), "CI must run the THP test");
         return;
     }
+    // MADV_PAGEOUT below discards lazy folios only if they were advised on its CPU: pin this
+    // thread before the first allocation starts the reclaimer, which inherits the affinity.
+    vrange::sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
     vrange::set_option("VRANGE_ARM_DELAY_MS", "0").unwrap();
     // A fresh chunk, touched whole: one huge page.
     let big = heap::alloc(CHUNK - (512 << 10), 16)
