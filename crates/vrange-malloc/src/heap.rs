@@ -95,7 +95,9 @@ pub fn owns(ptr: *const u8) -> bool {
     chunkmap::get(ptr as usize).is_some()
 }
 
-/// Frees `ptr` if it is the allocator's; `false` (nothing done) otherwise.
+/// Frees `ptr` if it is the allocator's; `false` (nothing done) otherwise. A pointer into the
+/// allocator's memory that is not a live block (a double free, an interior pointer) aborts the
+/// process with a message, as glibc does, rather than corrupt the heap.
 ///
 /// # Safety
 /// If the allocator's, `ptr` must be a live block it handed out, freed once.
@@ -104,15 +106,33 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
     match chunkmap::get(addr) {
         None => false,
         Some(Owner::Chunk(c)) => {
+            // SAFETY: chunk metadata is never freed; a live block's tags are stable.
+            if unsafe { &*(c as *const Chunk) }.block_pages(addr).is_none() {
+                invalid_free();
+            }
             // SAFETY: forwarded: a live block of this chunk.
             unsafe { arena::free(c as *mut Chunk, addr) };
             true
         }
         Some(Owner::Large(m)) => {
+            // SAFETY: the chunk map names a large block's record, which is never freed.
+            if !unsafe { large::is_live(m as *mut Large, addr) } {
+                invalid_free();
+            }
             // SAFETY: forwarded: a live large block.
             unsafe { large::free(m as *mut Large) };
             true
         }
+    }
+}
+
+#[cold]
+fn invalid_free() -> ! {
+    let msg = b"vrange-malloc: free(): invalid pointer (double free or not a block start)\n";
+    // SAFETY: writes a static message to fd 2, then ends the process.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::abort()
     }
 }
 

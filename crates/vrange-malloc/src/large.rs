@@ -7,6 +7,8 @@ use crate::chunk::CHUNK;
 use crate::chunkmap::{self, Owner};
 use crate::config::{self, Mode};
 use std::ptr::null_mut;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use vrange::sys::mem;
 use vrange::{Content, OwnedRange, Policy, Priority, SpinLock, Taken};
 
@@ -27,6 +29,8 @@ pub struct Large {
     /// Cache links (newest first), or the metadata free list's.
     next: *mut Large,
     prev: *mut Large,
+    /// Freed (in the cache) or unused: not a live block.
+    idle: AtomicBool,
 }
 
 struct Cache {
@@ -120,6 +124,7 @@ pub fn alloc(size: usize) -> Option<(usize, Taken)> {
     unsafe {
         (*meta).base = base;
         (*meta).len = len;
+        (*meta).idle.store(false, Relaxed);
     }
     if !chunkmap::set(base, len, Owner::Large(meta as usize)) {
         locked(|c| c.free_meta(meta));
@@ -144,6 +149,16 @@ unsafe fn unmap(base: usize, len: usize) {
         // SAFETY: forwarded from the caller.
         unsafe { mem::unmap(p, len) };
     }
+}
+
+/// Whether `addr` is the start of the live block `meta` describes (not freed).
+///
+/// # Safety
+/// `meta` comes from the chunk map (records are never freed).
+pub unsafe fn is_live(meta: *mut Large, addr: usize) -> bool {
+    // SAFETY: records stay valid; a racing double free is the caller's bug either way.
+    let b = unsafe { &*meta };
+    b.base == addr && !b.idle.load(Relaxed)
 }
 
 /// The usable size of the live block `meta` describes.
@@ -200,6 +215,7 @@ pub unsafe fn free(meta: *mut Large) {
 
 impl Cache {
     fn push(&mut self, b: &mut Large, range: u32) {
+        b.idle.store(true, Relaxed);
         b.range = range;
         self.bytes += b.len;
         b.prev = null_mut();
@@ -227,6 +243,7 @@ impl Cache {
         }
         b.next = null_mut();
         b.prev = null_mut();
+        b.idle.store(false, Relaxed);
         self.count -= 1;
         self.bytes -= b.len;
     }
@@ -265,6 +282,7 @@ impl Cache {
         // SAFETY: the record is unused; it joins the free list under the lock.
         unsafe {
             (*m).range = 0;
+            (*m).idle.store(true, Relaxed);
             (*m).next = self.spare_meta;
         }
         self.spare_meta = m;

@@ -158,3 +158,32 @@ fn aligned_blocks_are_aligned() {
         assert!(unsafe { heap::free(p) });
     }
 }
+
+/// A double free aborts with a message (checked in a child process), as glibc does, instead of
+/// corrupting the heap.
+#[test]
+fn double_free_aborts() {
+    let _serial = serial();
+    for len in [256 * KIB, 5 << 20] {
+        let a = heap::alloc(len, 16).expect("served").ptr.as_ptr();
+        // SAFETY: the child frees the block twice and must die; the parent only waits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: the second free is the bug under test; the child never returns.
+            unsafe {
+                heap::free(a);
+                heap::free(a);
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGABRT,
+            "a double free of {len} bytes must abort (status {status:#x})"
+        );
+        // SAFETY: still live in the parent.
+        assert!(unsafe { heap::free(a) });
+    }
+}
