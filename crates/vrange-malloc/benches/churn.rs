@@ -37,6 +37,8 @@
 //!
 //! `VRANGE_BENCH_QUICK=1`: one run of 0.3 s per cell (CI smoke test).
 
+#[path = "../support/shim.rs"]
+mod shim;
 #[path = "../../vrange/benches/support/mod.rs"]
 mod support;
 
@@ -133,14 +135,6 @@ impl Cell {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("crates/vrange-malloc lies two levels below the workspace root")
-        .to_path_buf()
-}
-
 /// Whether a variable steers some allocator (and must not leak into a run from our caller).
 fn steers(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
@@ -184,29 +178,6 @@ fn compile(dir: &Path) -> PathBuf {
     );
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     exe
-}
-
-/// Builds `libvrange_malloc.so` into `target` (a no-op when it is up to date).
-fn build_preload(target: &Path) -> Result<PathBuf, String> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(&cargo);
-    cmd.args(["build", "--release", "-p", "vrange-malloc-preload"])
-        .arg("--manifest-path")
-        .arg(workspace_root().join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target);
-    let status = cmd
-        .status()
-        .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
-    if !status.success() {
-        return Err(format!("{cmd:?} failed ({status})"));
-    }
-    let so = target.join("release/libvrange_malloc.so");
-    if so.exists() {
-        Ok(so)
-    } else {
-        Err(format!("{cmd:?} did not produce {}", so.display()))
-    }
 }
 
 /// The file `name` of Debian package `package`, with its version.
@@ -289,7 +260,7 @@ fn configs(target: &Path, churn: &Path, versions: &mut Vec<String>) -> Vec<Confi
             .map_err(Clone::clone)
     };
     let (jemalloc, mimalloc) = (preload(&jemalloc), preload(&mimalloc));
-    let ours = build_preload(target).map(Some);
+    let ours = shim::build_shim(target).map(Some);
 
     let eager = "dirty_decay_ms:0,muzzy_decay_ms:0";
     let mut v = vec![
@@ -708,7 +679,7 @@ impl Results {
 fn main() {
     let quick = std::env::var_os("VRANGE_BENCH_QUICK").is_some();
     let (reps, seconds) = if quick { (1, 0.3) } else { (5, 2.0) };
-    let target = support::target_dir().expect("the target directory of this executable");
+    let target = shim::target_dir();
     let dir = target.join("vrange-bench");
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
     let churn = compile(&dir);

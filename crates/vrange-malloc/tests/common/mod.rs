@@ -3,6 +3,9 @@
 //! `tests/c/`, scratch directories, skipping, and reading the summary the shim prints at exit.
 #![allow(dead_code)] // each test file uses its own subset
 
+#[path = "../../support/shim.rs"]
+mod build;
+use build::target_dir;
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -34,15 +37,6 @@ pub fn missing(paths: &[&str]) -> Option<String> {
     (!gone.is_empty()).then(|| format!("{} not installed", gone.join(", ")))
 }
 
-/// The repository root (this crate is `crates/vrange-malloc`).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("crates/vrange-malloc lies two levels below the repository root")
-        .to_path_buf()
-}
-
 /// A C source of `tests/c/`.
 pub fn c_source(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,49 +44,11 @@ pub fn c_source(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The target directory this test binary was built into: the test binary is
-/// `<target>/[<triple>/]<profile>/deps/<test>-<hash>`, and cargo marks the target directory
-/// with a `CACHEDIR.TAG`. Falls back to `CARGO_TARGET_DIR`, then to `<repo>/target`.
-pub fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    if let Some(dir) = exe
-        .ancestors()
-        .skip(3)
-        .take(2)
-        .find(|d| d.join("CACHEDIR.TAG").exists())
-    {
-        return dir.to_path_buf();
-    }
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => repo_root().join(dir),
-        None => repo_root().join("target"),
-    }
-}
-
-/// `libvrange_malloc.so`, built once per test process with `cargo build --release -p
-/// vrange-malloc-preload` into the target directory the tests were built in (a no-op when it
-/// is up to date). Cargo builds no cdylib for an integration test, hence the nested build.
+/// `libvrange_malloc.so`, built once per test process into the target directory the tests
+/// were built in.
 pub fn shim() -> &'static Path {
     static SO: OnceLock<PathBuf> = OnceLock::new();
-    SO.get_or_init(|| {
-        let target = target_dir();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--release", "-p", "vrange-malloc-preload"])
-            .arg("--manifest-path")
-            .arg(repo_root().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target);
-        let out = output(&mut cmd);
-        assert!(
-            out.status.success(),
-            "building the shim failed: {cmd:?}\n{}",
-            show(&out)
-        );
-        let so = target.join("release/libvrange_malloc.so");
-        assert!(so.exists(), "{cmd:?} did not produce {}", so.display());
-        so
-    })
+    SO.get_or_init(|| build::build_shim(&target_dir()).unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// Runs `cmd` to completion, capturing its output; panics if it cannot be started.

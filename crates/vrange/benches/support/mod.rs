@@ -19,20 +19,6 @@ pub fn size_label(size: usize) -> String {
     }
 }
 
-/// The target directory this executable was built into. A benchmark executable is
-/// `<target>/[<triple>/]<profile>/deps/<bench>-<hash>`; the target directory is the one holding
-/// cargo's `CACHEDIR.TAG` (with `--target`, one level above the profile's parent).
-pub fn target_dir() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let above_profile = exe.ancestors().nth(3)?;
-    let dir = above_profile
-        .ancestors()
-        .take(2)
-        .find(|d| d.join("CACHEDIR.TAG").exists())
-        .unwrap_or(above_profile);
-    Some(dir.to_path_buf())
-}
-
 /// Where criterion writes its results, found the way criterion finds it (CRITERION_HOME, then
 /// CARGO_TARGET_DIR, then the target directory this executable was built into).
 pub fn criterion_dir() -> Option<PathBuf> {
