@@ -206,6 +206,11 @@ impl Arena {
                 // SAFETY: listed chunks belong to this arena; the lock is held.
                 let chunk = unsafe { &mut *c };
                 let next = chunk.next;
+                if (chunk.max_free as usize) < pages {
+                    c = next;
+                    tries -= 1;
+                    continue;
+                }
                 // SAFETY: as above.
                 unsafe { self.remove(c) };
                 let got = chunk.alloc(pages, align_pages, ranges);
