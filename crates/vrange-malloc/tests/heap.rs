@@ -36,6 +36,8 @@ fn all(p: *const u8, len: usize, byte: u8) -> bool {
 #[test]
 fn freed_block_is_reused_intact_without_a_fault() {
     let _serial = serial();
+    // Arenas are per CPU: stay on one so the allocation after the free uses the same arena.
+    vrange::sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
     let len = 512 * KIB;
     let a = heap::alloc(len, 16).expect("served").ptr.as_ptr();
     fill(a, len, 0x5a);
