@@ -9,6 +9,15 @@ const KIB: usize = 1024;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
+    // The tests decide every purge themselves: pressure left on the machine by other tests
+    // (PSI's window is system-wide) must not purge free memory behind their back.
+    for (name, value) in [
+        ("VRANGE_PSI", "off"),
+        ("VRANGE_VMPRESSURE", "off"),
+        ("VRANGE_HEADROOM", "off"),
+    ] {
+        vrange::set_option(name, value).unwrap();
+    }
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -59,6 +59,11 @@ fn freeing_never_splits_a_huge_page() {
     // thread before the first allocation starts the reclaimer, which inherits the affinity.
     vrange::sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
     vrange::set_option("VRANGE_ARM_DELAY_MS", "0").unwrap();
+    // Only this test purges: pressure other tests left on the machine (PSI's window is
+    // system-wide) must not.
+    for name in ["VRANGE_PSI", "VRANGE_VMPRESSURE", "VRANGE_HEADROOM"] {
+        vrange::set_option(name, "off").unwrap();
+    }
     // A fresh chunk, touched whole: one huge page.
     let big = heap::alloc(CHUNK - (512 << 10), 16)
         .expect("served")

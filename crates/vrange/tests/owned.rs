@@ -11,6 +11,19 @@ use common::{check, check_at, fill, is_zero, serial, Mapping};
 
 const MIB: usize = 1 << 20;
 
+/// These tests decide every purge themselves: pressure left on the machine by other tests
+/// (PSI's window is system-wide) must not purge their ranges behind their back.
+fn quiet() -> std::sync::MutexGuard<'static, ()> {
+    for (name, value) in [
+        ("VRANGE_PSI", "off"),
+        ("VRANGE_VMPRESSURE", "off"),
+        ("VRANGE_HEADROOM", "off"),
+    ] {
+        vrange::set_option(name, value).unwrap();
+    }
+    serial()
+}
+
 fn wait_armed(bytes: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while vrange::stats().armed_bytes < bytes {
@@ -21,7 +34,7 @@ fn wait_armed(bytes: u64) {
 
 #[test]
 fn purged_range_is_taken_back_zero() {
-    let _s = serial();
+    let _s = quiet();
     let m = Mapping::aligned(2 * MIB, 2 * MIB, false);
     fill(m.page(0), 2 * MIB, 1);
     let start = m.page(0) as usize;
@@ -56,7 +69,7 @@ fn purged_range_is_taken_back_zero() {
 
 #[test]
 fn armed_range_reports_kernel_drops_exactly() {
-    let _s = serial();
+    let _s = quiet();
     // MADV_PAGEOUT discards lazy folios advised on its own CPU: pin, and restart the reclaimer
     // from this thread so that it inherits the affinity and arms on this CPU.
     mem::pin_thread_to_current_cpu().unwrap();
@@ -100,7 +113,7 @@ fn armed_range_reports_kernel_drops_exactly() {
 
 #[test]
 fn grow_and_absorb_keep_the_volatile_gauge() {
-    let _s = serial();
+    let _s = quiet();
     let m = Mapping::aligned(4 * MIB, 2 * MIB, false);
     let start = m.page(0) as usize;
     let before = vrange::stats().volatile_bytes;
