@@ -42,6 +42,8 @@
 
 mod common;
 use common::*;
+#[path = "../../vrange/tests/common/mod.rs"]
+mod core_common;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -208,29 +210,11 @@ impl Drop for Proc {
     }
 }
 
-/// Makes the child of `cmd` join the cgroup whose `cgroup.procs` is `procs` between fork and
-/// exec, so that everything the program allocates is charged to it (cgroup v1 does not move
-/// charges with a process).
+/// Makes the child of `cmd` join the cgroup whose `cgroup.procs` is `procs` before it execs
+/// (vrange's own test helper).
 fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    // Opened here (close-on-exec), written in the child, where only system calls are allowed.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(procs)
+    core_common::join_cgroup_before_exec(cmd, procs)
         .unwrap_or_else(|e| panic!("open {}: {e}", procs.display()));
-    // SAFETY: the hook only calls write(2) on a descriptor the closure keeps open and builds an
-    // io::Error from errno, which does not allocate.
-    unsafe {
-        cmd.pre_exec(move || {
-            // "0" moves the writer itself.
-            if libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
 }
 
 /// How long the peak process idles before the next process starts.
