@@ -34,6 +34,7 @@ mod lazy;
 mod managed;
 mod owned;
 mod pagemap;
+pub mod publish;
 pub mod reclaim;
 mod region;
 mod registry;

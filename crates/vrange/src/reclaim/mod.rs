@@ -367,8 +367,10 @@ fn run() {
             }
         }
         let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
-        let _p = pause();
+        let p = pause();
         stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
+        drop(p);
+        crate::publish::tick(now_ns());
     }
     ACTIVE.store(0, Relaxed);
 }

@@ -1,4 +1,5 @@
-//! The README's main job: mark data volatile, create real memory pressure, show what survived.
+//! `vrange demo`, the README's main job: mark data volatile, create real memory pressure, show
+//! what survived, then show what the allocator's volatile free memory saves.
 //!
 //! With a memory cgroup it can create, the demo moves itself into a child cgroup with a limit,
 //! fills memory, marks every other chunk volatile, and lets a second process allocate past the
@@ -20,7 +21,8 @@ fn word(chunk: usize, i: usize) -> u64 {
     ((chunk as u64) << 40 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-fn main() {
+/// Runs the tour; 0 when every check held.
+pub fn main() -> i32 {
     let f = features();
     println!(
         "vrange demo: volatile ranges on Linux {} (MADV_FREE {}, THP {:?})",
@@ -58,7 +60,7 @@ fn main() {
     );
 
     match &cgroup {
-        Some(child) => hog_in(child),
+        Some(child) => hog_in(child, HOG),
         None => {
             println!("Pressure: no memory cgroup could be created here; forcing reclaim with MADV_PAGEOUT instead.");
             mem::reclaim_now(region.as_ptr(), region.len()).expect("MADV_PAGEOUT");
@@ -103,9 +105,93 @@ fn main() {
         "Pinned chunks: {intact_pinned} of {} intact byte for byte.",
         CHUNKS - volatile.len()
     );
+    drop(region);
+    let allocator_ok = allocator_tour(cgroup.as_ref());
     drop(cgroup);
-    if purged_pages != zero_pages || intact_pinned != CHUNKS - volatile.len() {
-        std::process::exit(1);
+    if purged_pages != zero_pages || intact_pinned != CHUNKS - volatile.len() || !allocator_ok {
+        return 1;
+    }
+    0
+}
+
+/// The allocator part: churn large blocks (reused without a page fault), leave a working set
+/// free, then let pressure take it back. Returns whether the checks held.
+fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
+    use vrange_malloc::heap;
+    const BLOCK: usize = 512 << 10;
+    const BLOCKS: usize = 96;
+    println!();
+    println!(
+        "vrange-malloc: {BLOCKS} blocks of 512 KiB allocated, written and freed, 20 times over."
+    );
+    let before = vrange::stats().allocator;
+    let mut faults = 0;
+    for _ in 0..20 {
+        let t0 = minor_faults();
+        let blocks: Vec<*mut u8> = (0..BLOCKS)
+            .filter_map(|_| heap::alloc(BLOCK, 16).map(|b| b.ptr.as_ptr()))
+            .collect();
+        for &b in &blocks {
+            // SAFETY: each block is live and BLOCK bytes long.
+            unsafe { b.write_bytes(0x5A, BLOCK) };
+        }
+        for &b in &blocks {
+            // SAFETY: live, freed once.
+            unsafe { heap::free(b) };
+        }
+        faults = minor_faults() - t0;
+    }
+    let s = vrange::stats();
+    let a = s.allocator;
+    let mib = |b: u64| b as f64 / MIB as f64;
+    println!(
+        "  reused without a page fault: {:.0} MiB ({} faults in the last round); free memory kept resident and volatile: {:.0} MiB",
+        mib(a.reused_intact_bytes - before.reused_intact_bytes),
+        faults,
+        mib(s.volatile_bytes),
+    );
+    let rss_before = rss_mib();
+    println!("  this process's RSS: {rss_before} MiB, most of it free memory the allocator keeps for reuse.");
+    let purged_before = s.purged_total_bytes;
+    match cgroup {
+        Some(child) => {
+            // After the arm delay (1 s) idle free memory is also handed to the kernel's lazy-free
+            // path, so the kernel can take it back itself however fast the pressure comes.
+            std::thread::sleep(std::time::Duration::from_millis(1200));
+            hog_in(child, 100 * MIB);
+        }
+        None => {
+            println!("  Pressure: none can be created here; purging explicitly instead.");
+            vrange::purge(usize::MAX);
+        }
+    }
+    let rss_after = rss_mib();
+    let s = vrange::stats();
+    println!(
+        "  given back: RSS {rss_before} → {rss_after} MiB ({:.0} MiB purged by the reclaimer, the rest dropped by the kernel); glibc keeps such memory, or pays a page fault per 4 KiB on every reuse.",
+        mib(s.purged_total_bytes - purged_before)
+    );
+    rss_after + 16 < rss_before
+}
+
+fn rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        / 1024
+}
+
+fn minor_faults() -> i64 {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u.ru_minflt
     }
 }
 
@@ -134,20 +220,20 @@ fn enter_child_cgroup() -> Option<ChildCgroup> {
 
 /// A second process in the same cgroup allocates past the limit; with no swap, only the
 /// volatile pages can make room.
-fn hog_in(child: &ChildCgroup) {
+fn hog_in(child: &ChildCgroup, hog: usize) {
     let cg = child.cgroup();
     println!(
         "Pressure: this process runs in a memory cgroup limited to {} MiB ({} MiB charged); a second process now allocates {} MiB in it.",
         LIMIT / MIB,
         cg.usage().unwrap_or(0) / MIB as u64,
-        HOG / MIB
+        hog / MIB
     );
     let kills_before = cg.oom_kills().unwrap_or(0);
     // SAFETY: the child only maps, touches and exits; it calls nothing that locks.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let ok = mem::map_anon(HOG, page_size()).is_ok_and(|p| {
-            for off in (0..HOG).step_by(page_size()) {
+        let ok = mem::map_anon(hog, page_size()).is_ok_and(|p| {
+            for off in (0..hog).step_by(page_size()) {
                 // SAFETY: inside the child's fresh mapping.
                 unsafe { p.as_ptr().add(off).write(1) };
             }

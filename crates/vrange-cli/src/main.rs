@@ -1,0 +1,108 @@
+//! `vrange`: run programs with their free memory volatile, see what a process's memory really
+//! is, and reproduce the classic volatile-range experiments side by side with other allocators.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod bench;
+mod demo;
+mod run;
+mod stat;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "vrange",
+    version,
+    about = "Volatile ranges for Linux userspace"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How vrange-malloc handles free memory (`VRANGE_MALLOC_MODE`).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Mode {
+    Lazy,
+    Managed,
+    Hybrid,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program with libvrange_malloc preloaded; pass its exit status through.
+    Run {
+        /// How free memory is handled.
+        #[arg(long, value_enum, default_value = "hybrid")]
+        mode: Mode,
+        /// Free memory kept resident before the oldest is purged (e.g. 64M).
+        #[arg(long)]
+        budget: Option<String>,
+        /// Print a summary when the program ends.
+        #[arg(long)]
+        stats: bool,
+        /// libvrange_malloc.so to preload (default: next to this executable).
+        #[arg(long)]
+        lib: Option<PathBuf>,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// A process's memory: RSS, LazyFree, page tables, and its vrange statistics if it has any.
+    Stat {
+        pid: u32,
+        /// Print again every interval until the process ends.
+        #[arg(long)]
+        watch: bool,
+        /// Interval for --watch, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+    },
+    /// Run a benchmark suite: ebizzy, pressure, lazyfree, pagetable, markcost or all.
+    Bench {
+        suite: String,
+        /// Short runs (a smoke test; the numbers are not a measurement).
+        #[arg(long)]
+        quick: bool,
+        /// Where CSV files and plots go.
+        #[arg(long, default_value = "vrange-bench")]
+        out: PathBuf,
+    },
+    /// A short tour: mark data volatile, create real pressure, show what was purged and saved.
+    Demo,
+    /// What this kernel and these privileges allow, and what falls back.
+    Features,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run {
+            mode,
+            budget,
+            stats,
+            lib,
+            command,
+        } => run::main(run::Options {
+            mode,
+            budget,
+            stats,
+            lib,
+            command,
+        }),
+        Command::Stat {
+            pid,
+            watch,
+            interval_ms,
+        } => stat::main(pid, watch, interval_ms),
+        Command::Bench { suite, quick, out } => bench::main(&suite, quick, &out),
+        Command::Demo => demo::main(),
+        Command::Features => {
+            print!("{}", vrange::features());
+            0
+        }
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,178 @@
+//! `vrange run`: runs a program with libvrange_malloc preloaded and passes its exit status (or
+//! the signal that ended it) through. With `--stats` every process of the program's tree
+//! publishes its statistics into a private directory (`VRANGE_STATS_DIR`), which `run` sums up
+//! at the end with the peak RSS from wait4.
+
+use crate::Mode;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Options {
+    pub mode: Mode,
+    pub budget: Option<String>,
+    pub stats: bool,
+    pub lib: Option<PathBuf>,
+    pub command: Vec<OsString>,
+}
+
+/// libvrange_malloc.so next to this executable (cargo puts both in `target/<profile>`).
+fn default_lib() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let so = exe.parent()?.join("libvrange_malloc.so");
+    so.exists().then_some(so)
+}
+
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+pub fn main(o: Options) -> i32 {
+    let Some(lib) = o.lib.clone().or_else(default_lib) else {
+        eprintln!(
+            "vrange run: libvrange_malloc.so not found next to this executable; build it with \
+             `cargo build --release -p vrange-malloc-preload` or pass --lib"
+        );
+        return 127;
+    };
+    let mut cmd = Command::new(&o.command[0]);
+    cmd.args(&o.command[1..]);
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = lib.clone().into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => lib.clone().into_os_string(),
+    };
+    cmd.env("LD_PRELOAD", preload);
+    cmd.env(
+        "VRANGE_MALLOC_MODE",
+        match o.mode {
+            Mode::Lazy => "lazy",
+            Mode::Managed => "managed",
+            Mode::Hybrid => "hybrid",
+        },
+    );
+    if let Some(b) = &o.budget {
+        cmd.env("VRANGE_MALLOC_BUDGET", b);
+    }
+    let stats_dir = o.stats.then(|| {
+        let d = std::env::temp_dir().join(format!("vrange-run-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&d);
+        d
+    });
+    if let Some(d) = &stats_dir {
+        cmd.env("VRANGE_STATS_DIR", d);
+    }
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vrange run: cannot run {:?}: {e}", o.command[0]);
+            return if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+        }
+    };
+    let pid = child.id() as i32;
+    CHILD.store(pid, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: the handler only calls kill(2), which is async-signal-safe.
+        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+    }
+    let (status, usage) = wait(pid);
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    if let Some(d) = stats_dir {
+        summary(&d, &usage);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    if libc::WIFSIGNALED(status) {
+        reraise(libc::WTERMSIG(status));
+    }
+    code
+}
+
+fn wait(pid: i32) -> (i32, libc::rusage) {
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 fills it for our child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waits for our own child; the pointers are valid.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            return (status, usage);
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return (status, usage);
+        }
+    }
+}
+
+/// Ends this process with the signal that ended the child, so a shell sees the same thing.
+fn reraise(sig: i32) {
+    // SAFETY: restoring the default action and raising a signal on ourselves.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// Sums the final statistics every process of the tree left in `dir`.
+fn summary(dir: &Path, usage: &libc::rusage) {
+    let mut total: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut processes = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().ends_with(".stats") || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        processes += 1;
+        for (k, v) in vrange::publish::parse(&text) {
+            if k != "pid" && k != "time_ns" && k != "page_size" {
+                *total.entry(k).or_default() += v;
+            }
+        }
+    }
+    let get = |k: &str| total.get(k).copied().unwrap_or(0);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let page = vrange::page_size() as u64;
+    eprintln!(
+        "vrange run: peak RSS {:.1} MiB; {} minor page faults",
+        usage.ru_maxrss as f64 / 1024.0,
+        usage.ru_minflt
+    );
+    if processes == 0 {
+        eprintln!(
+            "vrange run: no process of the program made a large allocation (no vrange statistics)"
+        );
+        return;
+    }
+    eprintln!(
+        "vrange run: {processes} process(es) used vrange-malloc: {} allocations; {:.1} MiB reused without a page fault (~{} faults saved), {:.1} MiB zero-filled",
+        get("alloc_allocations"),
+        mib(get("alloc_reused_intact_bytes")),
+        get("alloc_reused_intact_bytes") / page,
+        mib(get("alloc_zero_filled_bytes")),
+    );
+    eprintln!(
+        "vrange run: at exit {:.1} MiB free and volatile; {:.1} MiB purged under pressure in all",
+        mib(get("volatile_bytes")),
+        mib(get("purged_total_bytes")),
+    );
+}
