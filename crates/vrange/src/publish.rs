@@ -92,16 +92,22 @@ fn write_now() -> Option<()> {
     std::fs::rename(&tmp, &path).ok()
 }
 
+/// Called when the reclaimer starts: installs the exit handler (once), so that even a process
+/// that ends before the first tick leaves its final snapshot.
+pub(crate) fn started() {
+    if dir().is_some() && !EXIT_HOOK.swap(true, Relaxed) {
+        // SAFETY: a plain function valid for the program's life.
+        unsafe { libc::atexit(at_exit) };
+    }
+}
+
 /// Called by the reclaimer on every tick: rewrites the file if the last write is old enough.
 pub(crate) fn tick(now: u64) {
     if now.saturating_sub(LAST.load(Relaxed)) < INTERVAL_NS {
         return;
     }
     LAST.store(now, Relaxed);
-    if write_now().is_some() && !EXIT_HOOK.swap(true, Relaxed) {
-        // SAFETY: a plain function valid for the program's life.
-        unsafe { libc::atexit(at_exit) };
-    }
+    let _ = write_now();
 }
 
 extern "C" fn at_exit() {

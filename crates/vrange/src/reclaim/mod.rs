@@ -96,7 +96,10 @@ fn start() {
                 .name("vrange-reclaim".into())
                 .spawn(run);
             match spawned {
-                Ok(handle) => *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle),
+                Ok(handle) => {
+                    *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+                    crate::publish::started();
+                }
                 Err(_) => {
                     STATE.store(IDLE, Release);
                     drop_waker();
