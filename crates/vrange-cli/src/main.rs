@@ -61,14 +61,13 @@ enum Command {
         interval_ms: u64,
     },
     /// Run a benchmark suite: ebizzy, pressure, lazyfree, pagetable, markcost or all.
-    Bench {
-        suite: String,
-        /// Short runs (a smoke test; the numbers are not a measurement).
-        #[arg(long)]
-        quick: bool,
-        /// Where CSV files and plots go.
-        #[arg(long, default_value = "vrange-bench")]
-        out: PathBuf,
+    Bench(bench::Args),
+    /// A process a benchmark suite starts in a cgroup of its own (internal).
+    #[command(hide = true)]
+    BenchRole {
+        role: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// A short tour: mark data volatile, create real pressure, show what was purged and saved.
     Demo,
@@ -97,7 +96,8 @@ fn main() {
             watch,
             interval_ms,
         } => stat::main(pid, watch, interval_ms),
-        Command::Bench { suite, quick, out } => bench::main(&suite, quick, &out),
+        Command::Bench(args) => bench::main(args),
+        Command::BenchRole { role, args } => bench::role(&role, &args),
         Command::Demo => demo::main(),
         Command::Features => {
             print!("{}", vrange::features());

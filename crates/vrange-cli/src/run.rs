@@ -17,7 +17,7 @@ pub struct Options {
 }
 
 /// libvrange_malloc.so next to this executable (cargo puts both in `target/<profile>`).
-fn default_lib() -> Option<PathBuf> {
+pub fn default_lib() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let so = exe.parent()?.join("libvrange_malloc.so");
     so.exists().then_some(so)

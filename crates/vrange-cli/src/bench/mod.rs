@@ -1,19 +1,165 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
+//!
+//! One file per suite (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `markcost`); the shared
+//! pieces are the machine description (`machine`), tables, CSV and number formats (`report`),
+//! the SVG plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and
+//! child processes, C workloads and memory cgroups (`proc`). Every suite prints the machine
+//! first, then Markdown tables with the published numbers beside ours where they exist, and
+//! writes CSV files and an SVG plot into `--out`. A suite that cannot run here (no root, no
+//! memory cgroup) prints `skipped: <reason>` and still succeeds; a measurement that fails is
+//! an error (exit status 1).
+//!
+//! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
+//! `ebizzy --pressure`) are this executable again, with the hidden `bench-role` subcommand.
 
-use std::path::Path;
+mod alloc;
+mod ebizzy;
+mod lazyfree;
+mod machine;
+mod markcost;
+mod pagetable;
+mod plot;
+mod pressure;
+mod proc;
+mod report;
 
-/// The suites, in the order `all` runs them.
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The suites, in the order `all` runs them (markcost last: it changes this process's
+/// reclaimer settings).
 pub const SUITES: [&str; 5] = ["ebizzy", "pressure", "lazyfree", "pagetable", "markcost"];
 
-pub fn main(suite: &str, quick: bool, out: &Path) -> i32 {
-    let _ = (quick, out);
-    if suite != "all" && !SUITES.contains(&suite) {
-        eprintln!(
-            "vrange bench: unknown suite {suite:?} (one of {}, all)",
-            SUITES.join(", ")
-        );
-        return 2;
+/// `vrange bench` options; each suite uses those that concern it and ignores the rest.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// ebizzy, pressure, lazyfree, pagetable, markcost or all.
+    pub suite: String,
+    /// Short runs (a smoke test; the numbers are not a measurement).
+    #[arg(long)]
+    pub quick: bool,
+    /// Where CSV files and plots go.
+    #[arg(long, default_value = "vrange-bench")]
+    pub out: PathBuf,
+    /// libvrange_malloc.so to preload (default: next to this executable, else built with cargo).
+    #[arg(long)]
+    pub lib: Option<PathBuf>,
+    /// ebizzy: thread counts, comma-separated (default: 1, 2, 4, ... and the core count).
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
+    /// ebizzy: number of chunks (default 10, as ebizzy 0.3).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// ebizzy: chunk size, K/M suffixes (default 512K, as ebizzy 0.3).
+    #[arg(long)]
+    pub chunk_size: Option<String>,
+    /// ebizzy: seconds per run (default 2; --quick 0.3).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// ebizzy: runs per cell, the median is reported (default 5; --quick 1).
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// ebizzy: ebizzy 0.3's never-advancing generator: every thread copies chunk 0.
+    #[arg(long)]
+    pub classic: bool,
+    /// ebizzy: a second process fills the workload's memory cgroup while it runs.
+    #[arg(long)]
+    pub pressure: bool,
+    /// pagetable: 2 MiB blocks touched and freed per method (default 25600 = 50 GiB).
+    #[arg(long)]
+    pub blocks: Option<usize>,
+}
+
+/// What a suite gets: its options and a place for its files.
+pub struct Ctx {
+    pub args: Args,
+    pub out: PathBuf,
+}
+
+impl Ctx {
+    pub fn quick(&self) -> bool {
+        self.args.quick
     }
-    eprintln!("vrange bench {suite}: not implemented yet");
-    1
+
+    /// libvrange_malloc.so: `--lib`, next to this executable, or built with cargo (once).
+    pub fn lib(&self) -> Result<PathBuf, String> {
+        static LIB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        LIB.get_or_init(|| match &self.args.lib {
+            Some(p) if p.exists() => Ok(p.clone()),
+            Some(p) => Err(format!("--lib {}: no such file", p.display())),
+            None => crate::run::default_lib().map_or_else(proc::build_shim, Ok),
+        })
+        .clone()
+    }
+}
+
+pub fn main(args: Args) -> i32 {
+    let suites: Vec<&'static str> = match args.suite.as_str() {
+        "all" => SUITES.to_vec(),
+        s if SUITES.contains(&s) => SUITES.iter().copied().filter(|x| *x == s).collect(),
+        s => {
+            eprintln!(
+                "vrange bench: unknown suite {s:?} (one of {}, all)",
+                SUITES.join(", ")
+            );
+            return 2;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&args.out) {
+        eprintln!("vrange bench: cannot create {}: {e}", args.out.display());
+        return 1;
+    }
+    let out = std::fs::canonicalize(&args.out).unwrap_or_else(|_| args.out.clone());
+    let ctx = Ctx { args, out };
+    machine::Machine::probe().report(&ctx.out);
+    let mut failed = Vec::new();
+    for suite in suites {
+        println!(
+            "\n## {suite}{}",
+            if ctx.quick() {
+                " (quick: a smoke test, not a measurement)"
+            } else {
+                ""
+            }
+        );
+        let started = std::time::Instant::now();
+        let result = match suite {
+            "ebizzy" => ebizzy::run(&ctx),
+            "pressure" => pressure::run(&ctx),
+            "lazyfree" => lazyfree::run(&ctx),
+            "pagetable" => pagetable::run(&ctx),
+            "markcost" => markcost::run(&ctx),
+            _ => unreachable!("checked above"),
+        };
+        match result {
+            Ok(()) => report::progress(format!(
+                "{suite}: done in {:.1} s",
+                started.elapsed().as_secs_f64()
+            )),
+            Err(e) => {
+                println!("{suite}: FAILED: {e}");
+                eprintln!("vrange bench {suite}: {e}");
+                failed.push(suite);
+            }
+        }
+    }
+    i32::from(!failed.is_empty())
+}
+
+/// `vrange bench-role ROLE ARGS`: the processes the suites start in cgroups of their own.
+pub fn role(role: &str, args: &[String]) -> i32 {
+    match role {
+        "pagetable" => pagetable::role(args),
+        "hog" => ebizzy::hog_role(args),
+        _ => {
+            eprintln!("vrange bench-role: unknown role {role:?}");
+            2
+        }
+    }
+}
+
+/// Prints why (part of) a suite did not run. Where the environment cannot support it, that
+/// is not a failure.
+pub fn skipped(what: &str, why: &str) {
+    println!("skipped: {what}: {why}");
 }

@@ -1,18 +1,20 @@
 /*
- * churn: the ebizzy 0.3 workload, for comparing allocators by LD_PRELOAD.
+ * churn: the ebizzy 0.3 workload, for comparing allocators by LD_PRELOAD (`vrange bench
+ * ebizzy` compiles and runs it).
  *
  * Allocates CHUNKS chunks of CHUNK_SIZE bytes, each filled with 8-byte records in increasing
  * order. THREADS threads then loop for SECONDS seconds: pick a random chunk, malloc a copy
  * buffer of CHUNK_SIZE, memcpy the chunk into it, binary-search a random key of that chunk in
- * the copy, free the buffer. Throughput is counted as ebizzy counts it: CHUNK_SIZE / 8 records
- * per iteration, per second, summed over threads.
+ * the copy, free the buffer. Throughput is counted as ebizzy counts it: one record per search
+ * (ebizzy's search_mem() returns its loop count), per second, summed over threads.
  *
- * Unlike the widely copied ebizzy 0.3, whose rand_num() takes its state by value and so never
- * advances it (every thread searches the same chunk for the same key forever), each thread
- * here has its own xorshift64* generator, seeded per thread. Every key is taken from the chunk
- * it is searched in, so every search must hit: a miss means a broken copy and fails the run.
+ * The widely copied ebizzy 0.3's rand_num() multiplies a state that starts at zero, so it
+ * never advances: every thread copies chunk 0 and searches its first key forever. The
+ * published ebizzy numbers were measured that way; -c reproduces it. Without -c each thread
+ * has its own xorshift64* generator, seeded per thread. Every key is taken from the chunk it
+ * is searched in, so every search must hit: a miss means a broken copy and fails the run.
  *
- * Usage: churn [-t threads] [-n chunks] [-s chunk_size] [-S seconds]
+ * Usage: churn [-t threads] [-n chunks] [-s chunk_size] [-S seconds] [-c]
  *        (defaults: one thread per online CPU, 10 chunks, 512 KiB, 10 s; sizes take K/M)
  * Prints one line: records_per_s=... iterations=... seconds=... cpu_seconds=... minflt=...
  * majflt=... maxrss_kb=... (seconds: the longest thread's loop; cpu_seconds: the loops' CPU
@@ -38,6 +40,7 @@ static unsigned threads;
 static size_t chunks = 10;
 static size_t chunk_size = 512 << 10;
 static double seconds = 10.0;
+static int classic;
 
 static record **mem;
 static size_t records; /* per chunk */
@@ -99,7 +102,7 @@ static void *work(void *arg)
 	pthread_barrier_wait(&start);
 	double begun = now(CLOCK_MONOTONIC), cpu = now(CLOCK_THREAD_CPUTIME_ID);
 	while (!atomic_load_explicit(&done, memory_order_relaxed)) {
-		uint64_t r = next(&w->rng);
+		uint64_t r = classic ? 0 : next(&w->rng);
 		const record *src = mem[r % chunks];
 		record key = src[(r >> 32) % records];
 		record *copy = malloc(chunk_size);
@@ -138,14 +141,15 @@ int main(int argc, char **argv)
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	threads = cpus > 0 ? cpus : 1;
 	int opt;
-	while ((opt = getopt(argc, argv, "t:n:s:S:")) != -1) {
+	while ((opt = getopt(argc, argv, "t:n:s:S:c")) != -1) {
 		switch (opt) {
 		case 't': threads = size_arg(optarg); break;
 		case 'n': chunks = size_arg(optarg); break;
 		case 's': chunk_size = size_arg(optarg); break;
 		case 'S': seconds = strtod(optarg, NULL); break;
+		case 'c': classic = 1; break;
 		default:
-			fprintf(stderr, "usage: %s [-t threads] [-n chunks] [-s chunk_size] [-S seconds]\n",
+			fprintf(stderr, "usage: %s [-t threads] [-n chunks] [-s chunk_size] [-S seconds] [-c]\n",
 				argv[0]);
 			return 2;
 		}
@@ -196,7 +200,7 @@ int main(int argc, char **argv)
 		errno = pthread_join(w[t].tid, NULL);
 		if (errno)
 			die("pthread_join");
-		rate += w[t].iterations * (double)records / w[t].elapsed;
+		rate += w[t].iterations / w[t].elapsed;
 		iterations += w[t].iterations;
 		misses += w[t].misses;
 		cpu += w[t].cpu;
@@ -205,8 +209,8 @@ int main(int argc, char **argv)
 	}
 	getrusage(RUSAGE_SELF, &after);
 	printf("records_per_s=%.0f iterations=%llu seconds=%.3f cpu_seconds=%.3f threads=%u chunks=%zu "
-	       "chunk_size=%zu minflt=%ld majflt=%ld maxrss_kb=%ld\n",
-	       rate, (unsigned long long)iterations, elapsed, cpu, threads, chunks, chunk_size,
+	       "chunk_size=%zu classic=%d minflt=%ld majflt=%ld maxrss_kb=%ld\n",
+	       rate, (unsigned long long)iterations, elapsed, cpu, threads, chunks, chunk_size, classic,
 	       after.ru_minflt - before.ru_minflt, after.ru_majflt - before.ru_majflt,
 	       after.ru_maxrss);
 	if (misses) {

@@ -1,0 +1,242 @@
+//! What every suite prints and writes: Markdown tables on stdout, CSV files in the output
+//! directory, progress lines on stderr (only when stderr is a terminal, so logs and tests see
+//! the tables alone), and the number formats the tables share.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+/// A progress line on stderr, when stderr is a terminal.
+pub fn progress(line: impl AsRef<str>) {
+    if std::io::stderr().is_terminal() {
+        eprintln!("{}", line.as_ref());
+    }
+}
+
+/// A Markdown table printed whole once filled.
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Table {
+        Table {
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; missing cells are left empty, extra ones are a bug.
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert!(cells.len() <= self.headers.len(), "{cells:?}");
+        let mut cells = cells;
+        cells.resize(self.headers.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "| {} |", self.headers.join(" | "));
+        let _ = writeln!(s, "|{}", "---|".repeat(self.headers.len()));
+        for r in &self.rows {
+            let cells: Vec<String> = r.iter().map(|c| c.replace('|', "\\|")).collect();
+            let _ = writeln!(s, "| {} |", cells.join(" | "));
+        }
+        s
+    }
+
+    pub fn print(&self) {
+        println!("\n{}", self.to_markdown());
+    }
+}
+
+/// A CSV file: raw numbers (not the table's rounded text), one header line.
+pub struct Csv {
+    text: String,
+}
+
+impl Csv {
+    pub fn new(columns: &[&str]) -> Csv {
+        Csv {
+            text: format!("{}\n", columns.join(",")),
+        }
+    }
+
+    pub fn row<I, S>(&mut self, cells: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let cells: Vec<String> = cells.into_iter().map(|c| field(c.as_ref())).collect();
+        let _ = writeln!(self.text, "{}", cells.join(","));
+    }
+
+    /// Writes `dir/name` and says where on stdout.
+    pub fn write(&self, dir: &Path, name: &str) -> Result<PathBuf, String> {
+        write_file(dir, name, &self.text)
+    }
+}
+
+/// Writes `dir/name`; the suites report the paths they wrote under their tables.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<PathBuf, String> {
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(path)
+}
+
+fn field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// An optional number for a CSV cell: empty when absent.
+pub fn opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or(String::new(), |x| format!("{x:.digits$}"))
+}
+
+/// The median of `v` (sorted in place); `None` when empty.
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// Three significant digits.
+fn sig3(v: f64) -> String {
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$}")
+}
+
+/// "1.23 µs": a duration in nanoseconds with a unit.
+pub fn ns(ns: f64) -> String {
+    let (v, unit) = if ns >= 1e9 {
+        (ns / 1e9, "s")
+    } else if ns >= 1e6 {
+        (ns / 1e6, "ms")
+    } else if ns >= 1e3 {
+        (ns / 1e3, "µs")
+    } else {
+        (ns, "ns")
+    };
+    format!("{} {unit}", sig3(v))
+}
+
+/// "3.57 G": a rate with a decimal prefix.
+pub fn rate(x: f64) -> String {
+    let (v, unit) = if x >= 1e9 {
+        (x / 1e9, " G")
+    } else if x >= 1e6 {
+        (x / 1e6, " M")
+    } else if x >= 1e3 {
+        (x / 1e3, " k")
+    } else {
+        (x, "")
+    };
+    format!("{}{unit}", sig3(v))
+}
+
+/// "4KiB", "2MiB", "1GiB".
+pub fn size(bytes: usize) -> String {
+    const KIB: usize = 1 << 10;
+    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+        format!("{}GiB", bytes >> 30)
+    } else if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{}MiB", bytes >> 20)
+    } else {
+        format!("{}KiB", bytes / KIB)
+    }
+}
+
+/// "102,640 kB": thousands separated, as the kernel's patch letters write them.
+pub fn kb(kb: u64) -> String {
+    let digits = kb.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    format!("{out} kB")
+}
+
+/// "1.23×".
+pub fn times(x: Option<f64>) -> String {
+    x.map_or("–".to_string(), |x| {
+        if x >= 100.0 {
+            format!("{x:.0}×")
+        } else {
+            format!("{x:.2}×")
+        }
+    })
+}
+
+/// Parses "512K", "2M", "1G" or a plain number of bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        _ => (s, 0),
+    };
+    let n: usize = num
+        .trim_end_matches(['i', 'B'])
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_shl(shift)
+        .filter(|&v| v > 0 && v >> shift == n)
+        .ok_or_else(|| format!("not a positive size: {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(kb(102640), "102,640 kB");
+        assert_eq!(kb(248), "248 kB");
+        assert_eq!(ns(80.1), "80.1 ns");
+        assert_eq!(ns(1_390.0), "1.39 µs");
+        assert_eq!(ns(590_000_000.0), "590 ms");
+        assert_eq!(rate(3.52e9), "3.52 G");
+        assert_eq!(size(4096), "4KiB");
+        assert_eq!(size(2 << 20), "2MiB");
+        assert_eq!(size(1 << 30), "1GiB");
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("2M"), Ok(2 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("0").is_err());
+    }
+
+    #[test]
+    fn table_shape_and_csv_quoting() {
+        let mut t = Table::new(&["a", "b"]);
+        t.row(vec!["1".into()]);
+        assert_eq!(t.to_markdown(), "| a | b |\n|---|---|\n| 1 |  |\n");
+        assert_eq!(field("x,y"), "\"x,y\"");
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&mut []), None);
+    }
+}

@@ -1,0 +1,272 @@
+//! `vrange bench SUITE --quick`: every suite runs, prints its machine and a Markdown table of
+//! the expected shape whose numbers are present and sane (positive, finite), and writes its
+//! CSV and SVG files. Nothing here checks that anything is fast: quick runs are smoke tests.
+//! Suites that need root or a memory cgroup print `skipped: <reason>`; so does this test then,
+//! unless `CI` is set, where it fails.
+
+#[path = "../../vrange-malloc/support/shim.rs"]
+mod shim;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// One suite at a time: they measure, and two at once would share the two cores.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lib() -> &'static Path {
+    static SO: OnceLock<PathBuf> = OnceLock::new();
+    SO.get_or_init(|| shim::build_shim(&shim::target_dir()).unwrap_or_else(|e| panic!("{e}")))
+}
+
+struct Out {
+    text: String,
+    dir: PathBuf,
+}
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn bench(suite: &str, extra: &[&str]) -> Out {
+    let dir =
+        std::env::temp_dir().join(format!("vrange-bench-test-{suite}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vrange"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("VRANGE_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args(["bench", suite, "--quick", "--out"])
+        .arg(&dir)
+        .arg("--lib")
+        .arg(lib())
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "vrange bench {suite} failed ({}):\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for key in ["| cores |", "| kernel |", "| THP |"] {
+        assert!(text.contains(key), "no machine line {key}:\n{text}");
+    }
+    Out { text, dir }
+}
+
+/// The rows (cells trimmed) of the first Markdown table whose header starts with `first`.
+fn table(text: &str, first: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("| {first} |")))
+        .unwrap_or_else(|| panic!("no table starting with {first:?}:\n{text}"));
+    let cells = |l: &str| -> Vec<String> {
+        let inner = l.trim().trim_start_matches('|').trim_end_matches('|');
+        inner.split(" | ").map(|c| c.trim().to_string()).collect()
+    };
+    let header = cells(lines[start]);
+    assert!(
+        lines[start + 1].starts_with("|---|"),
+        "no separator under the header"
+    );
+    let rows: Vec<Vec<String>> = lines[start + 2..]
+        .iter()
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| cells(l))
+        .collect();
+    for r in &rows {
+        assert_eq!(
+            r.len(),
+            header.len(),
+            "row {r:?} does not match header {header:?}"
+        );
+    }
+    assert!(!rows.is_empty(), "table {first:?} has no rows");
+    (header, rows)
+}
+
+/// The first number in a cell ("1.23 µs (45.6)" → 1.23, "102,640 kB" → 102640).
+fn num(cell: &str) -> Option<f64> {
+    let start = cell.find(|c: char| c.is_ascii_digit())?;
+    let s: String = cell[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ',')
+        .filter(|c| *c != ',')
+        .collect();
+    s.parse().ok()
+}
+
+fn positive(cell: &str, what: &str) -> f64 {
+    let v = num(cell).unwrap_or_else(|| panic!("{what}: no number in {cell:?}"));
+    assert!(v.is_finite() && v > 0.0, "{what}: {cell:?} is not positive");
+    v
+}
+
+/// `name` exists in the output directory; a CSV has a header and rows of numbers or words,
+/// with no NaN or infinity.
+fn files(out: &Out, names: &[&str]) {
+    for name in names {
+        let path = out.dir.join(name);
+        if !name.contains('.') {
+            assert!(path.is_file(), "{} missing", path.display());
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), out.text));
+        if name.ends_with(".svg") {
+            assert!(
+                text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
+                "{name}"
+            );
+        } else {
+            assert!(text.lines().count() >= 2, "{name} has no rows:\n{text}");
+            let lower = text.to_lowercase();
+            assert!(
+                !lower.contains("nan") && !lower.contains("inf,"),
+                "{name}:\n{text}"
+            );
+        }
+    }
+}
+
+fn skip_or_fail(why: &str) {
+    println!("skipped: {why}");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run this test: {why}"
+    );
+}
+
+fn needs_cgroups() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if vrange::sys::cgroup::MemCgroup::current().is_none() {
+        return Some("no memory cgroup".into());
+    }
+    None
+}
+
+#[test]
+fn ebizzy_quick_runs_every_allocator() {
+    let _s = serial();
+    let out = bench("ebizzy", &["--seconds", "0.2"]);
+    let (header, rows) = table(&out.text, "allocator");
+    assert_eq!(header[2], "threads");
+    assert_eq!(header[3], "median records/s");
+    let mut ran = 0;
+    for r in rows.iter().filter(|r| !r[3].starts_with("skipped")) {
+        positive(&r[3], "records/s");
+        positive(&r[4], "records/CPU-s");
+        ran += 1;
+    }
+    for must in ["glibc", "vrange-malloc"] {
+        assert!(
+            rows.iter().any(|r| r[0] == must && num(&r[3]).is_some()),
+            "{must} did not run:\n{}",
+            out.text
+        );
+    }
+    assert!(ran >= 4, "{}", out.text);
+    let (_, published) = table(&out.text, "published");
+    assert!(published.iter().any(|r| r[0].contains("MADV_FREE")));
+    files(
+        &out,
+        &[
+            "ebizzy.csv",
+            "ebizzy-runs.csv",
+            "ebizzy.svg",
+            "churn",
+            "machine.md",
+        ],
+    );
+}
+
+#[test]
+fn markcost_quick_measures_every_method() {
+    let _s = serial();
+    let out = bench("markcost", &[]);
+    let (header, rows) = table(&out.text, "size");
+    assert_eq!(
+        &header[1..6],
+        ["managed", "hybrid", "lazy", "madv_free", "dontneed_refault"]
+    );
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        for cell in &r[1..header.len()] {
+            positive(cell, &header[1]);
+        }
+    }
+    files(&out, &["markcost.csv", "markcost.svg"]);
+}
+
+#[test]
+fn lazyfree_quick_times_madv_free_by_folio_size() {
+    let _s = serial();
+    let out = bench("lazyfree", &[]);
+    let (_, rows) = table(&out.text, "folio size");
+    assert!(
+        rows.len() >= 2 || out.text.contains("skipped"),
+        "{}",
+        out.text
+    );
+    assert_eq!(rows[0][0], "4KiB");
+    for r in &rows {
+        positive(&r[2], "MADV_FREE time");
+        positive(&r[3], "per GiB");
+    }
+    if out.text.contains("skipped: mTHP") {
+        skip_or_fail("mTHP sizes not measured (see the output)");
+    }
+    files(&out, &["lazyfree.csv", "lazyfree.svg"]);
+}
+
+#[test]
+fn pagetable_quick_reports_vmpte_per_method() {
+    let _s = serial();
+    let out = bench("pagetable", &[]);
+    let (header, rows) = table(&out.text, "method");
+    assert_eq!(header[1], "VmPTE at the end");
+    assert_eq!(rows.len(), 4);
+    for r in rows.iter().filter(|r| !r[1].starts_with("skipped")) {
+        positive(&r[1], "VmPTE");
+        positive(&r[2], "VmPTE max");
+        positive(&r[5], "time");
+    }
+    if let Some(r) = rows.iter().find(|r| r[1].starts_with("skipped")) {
+        skip_or_fail(&r[1]);
+    }
+    files(&out, &["pagetable.csv", "pagetable.svg"]);
+}
+
+#[test]
+fn pressure_quick_runs_the_peak_and_the_next_process() {
+    let _s = serial();
+    if let Some(why) = needs_cgroups() {
+        return skip_or_fail(&why);
+    }
+    let out = bench("pressure", &[]);
+    if out.text.contains("skipped: pressure") {
+        return skip_or_fail("pressure suite skipped (see its output)");
+    }
+    let (header, rows) = table(&out.text, "allocator");
+    assert_eq!(header[2], "next process");
+    assert_eq!(rows.len(), 2, "quick: glibc and vrange-malloc");
+    for r in &rows {
+        positive(&r[3], "next time");
+        assert!(num(&r[4]).is_some(), "OOM kills: {:?}", r[4]);
+    }
+    files(&out, &["pressure.csv", "pressure-rss.csv", "pressure.svg"]);
+}
