@@ -144,7 +144,7 @@ fn summary(dir: &Path, usage: &libc::rusage) {
         };
         processes += 1;
         for (k, v) in vrange::publish::parse(&text) {
-            if k != "pid" && k != "time_ns" && k != "page_size" {
+            if !matches!(k.as_str(), "pid" | "start_ticks" | "time_ns" | "page_size") {
                 *total.entry(k).or_default() += v;
             }
         }

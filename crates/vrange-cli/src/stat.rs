@@ -31,13 +31,11 @@ fn report(pid: u32) -> Option<String> {
         mib(kb(&rollup, "AnonHugePages:")),
         mib(kb(&status, "VmPTE:")),
     );
-    let published = vrange::publish::stats_path(pid).and_then(|p| std::fs::read_to_string(p).ok());
-    match published {
+    match vrange::publish::read(pid) {
         None => out.push_str(
             "  vrange: no statistics published (the process does not use managed vrange memory)\n",
         ),
-        Some(text) => {
-            let v = vrange::publish::parse(&text);
+        Some(v) => {
             let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0, |(_, x)| *x);
             let m = |b: u64| b as f64 / (1 << 20) as f64;
             out.push_str(&format!(
@@ -66,6 +64,10 @@ fn report(pid: u32) -> Option<String> {
 
 pub fn main(pid: u32, watch: bool, interval_ms: u64) -> i32 {
     let Some(first) = report(pid) else {
+        // A process killed before its exit handler ran leaves its file behind.
+        if let Some(stale) = vrange::publish::stats_path(pid) {
+            let _ = std::fs::remove_file(stale);
+        }
         eprintln!("vrange stat: no process {pid}");
         return 1;
     };

@@ -181,3 +181,26 @@ fn bench_rejects_unknown_suites() {
     let out = vrange().args(["bench", "nonsense"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A file left by a killed process whose pid now names another process is not believed (the
+/// start time differs), and is removed.
+#[test]
+fn stat_ignores_a_stale_statistics_file() {
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id();
+    let path = format!("/dev/shm/vrange-{pid}.stats");
+    std::fs::write(
+        &path,
+        format!("pid={pid}\nstart_ticks=1\nvolatile_bytes=123456789\n"),
+    )
+    .unwrap();
+    let out = vrange().args(["stat", &pid.to_string()]).output().unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("no statistics published"), "{text}");
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "the stale file is removed"
+    );
+}

@@ -41,8 +41,12 @@ pub fn stats_path(pid: u32) -> Option<PathBuf> {
 pub fn render(pid: u32, s: &Stats) -> String {
     let a = &s.allocator;
     let mut out = String::with_capacity(1024);
-    let fields: [(&str, u64); 20] = [
+    let fields: [(&str, u64); 21] = [
         ("pid", u64::from(pid)),
+        (
+            "start_ticks",
+            crate::sys::procfs::start_ticks(Some(pid)).unwrap_or(0),
+        ),
         ("volatile_ranges", s.volatile_ranges),
         ("volatile_bytes", s.volatile_bytes),
         ("armed_bytes", s.armed_bytes),
@@ -70,6 +74,22 @@ pub fn render(pid: u32, s: &Stats) -> String {
         let _ = writeln!(out, "{k}={v}");
     }
     out
+}
+
+/// The published statistics of live process `pid`: `None` when it publishes nothing, or when the
+/// file is stale (left by a killed process whose pid was reused; it is removed then).
+pub fn read(pid: u32) -> Option<Vec<(String, u64)>> {
+    let path = stats_path(pid)?;
+    let values = parse(&std::fs::read_to_string(&path).ok()?);
+    let started = values
+        .iter()
+        .find(|(k, _)| k == "start_ticks")
+        .map(|(_, v)| *v);
+    if started != crate::sys::procfs::start_ticks(Some(pid)) {
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    Some(values)
 }
 
 /// Parses a file written by [`render`] (unknown lines are skipped).

@@ -96,6 +96,19 @@ pub fn status(pid: Option<i32>) -> io::Result<Status> {
 
 /// The value of line `field` (without its colon, e.g. "MemAvailable") of /proc/meminfo, or
 /// `None` if the kernel has no such line. The unit is KiB except for the `HugePages_` counts.
+/// When process `pid` (this process for `None`) started, in clock ticks after boot (field 22
+/// of /proc/PID/stat): with the pid, it names one process even after pids are reused.
+pub fn start_ticks(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 pub fn meminfo_kb(field: &str) -> io::Result<Option<u64>> {
     let text = fs::read_to_string("/proc/meminfo")?;
     Ok(text
