@@ -492,20 +492,7 @@ impl Results<'_> {
                     "–".into(),
                     format!("skipped: {why}"),
                 ]);
-                csv.row([
-                    c.allocator,
-                    &c.label,
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "0",
-                    &format!("skipped: {why}"),
-                ]);
+                csv.note(&[c.allocator, &c.label], &format!("skipped: {why}"));
                 continue;
             }
             for &t in self.threads {
@@ -533,20 +520,10 @@ impl Results<'_> {
                         t.to_string(),
                         format!("failed: {e}"),
                     ]);
-                    csv.row([
-                        c.allocator,
-                        &c.label,
-                        &t.to_string(),
-                        "",
-                        "",
-                        "",
-                        "",
-                        "",
-                        "",
-                        "",
-                        &cell.runs.len().to_string(),
+                    csv.note(
+                        &[c.allocator, &c.label, &t.to_string()],
                         &format!("failed: {e}"),
-                    ]);
+                    );
                     continue;
                 }
                 let median = cell.rate();

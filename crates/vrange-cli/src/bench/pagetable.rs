@@ -273,17 +273,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             Err(why) => {
                 super::skipped(&format!("pagetable {method}"), &why);
                 table.row(vec![what.into(), format!("skipped: {why}")]);
-                csv.row([
-                    method.to_string(),
-                    blocks.to_string(),
-                    limit.to_string(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    format!("skipped: {why}"),
-                ]);
+                csv.note(
+                    &[method, &blocks.to_string(), &limit.to_string()],
+                    &format!("skipped: {why}"),
+                );
             }
         }
     }

@@ -195,21 +195,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 c.label.clone(),
                 format!("skipped: {why}"),
             ]);
-            csv.row([
-                c.allocator,
-                &c.label,
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                &format!("skipped: {why}"),
-            ]);
+            csv.note(&[c.allocator, &c.label], &format!("skipped: {why}"));
             continue;
         }
         progress(format!("pressure: {}", c.name()));

@@ -81,24 +81,8 @@ pub fn child_cgroup(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
 /// Makes the child of `cmd` join the cgroup whose `cgroup.procs` is `procs` before it execs,
 /// so everything it faults in is charged there.
 pub fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(procs)
-        .map_err(|e| format!("open {}: {e}", procs.display()))?;
-    // SAFETY: between fork and exec the hook only calls write(2) on a descriptor the closure
-    // owns, and builds an io::Error from errno without allocating.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    Ok(())
+    vrange::sys::cgroup::join_before_exec(cmd, procs)
+        .map_err(|e| format!("open {}: {e}", procs.display()))
 }
 
 /// Whether a variable steers some allocator (and must not leak into a measured process).

@@ -54,13 +54,27 @@ impl Table {
 /// A CSV file: raw numbers (not the table's rounded text), one header line.
 pub struct Csv {
     text: String,
+    columns: usize,
 }
 
 impl Csv {
     pub fn new(columns: &[&str]) -> Csv {
         Csv {
             text: format!("{}\n", columns.join(",")),
+            columns: columns.len(),
         }
+    }
+
+    /// A row with only its leading cells and a note in the last column (a skipped or failed
+    /// measurement): the cells in between stay empty.
+    pub fn note(&mut self, lead: &[&str], note: &str) {
+        let blanks = self.columns.saturating_sub(lead.len() + 1);
+        let cells = lead
+            .iter()
+            .copied()
+            .chain(std::iter::repeat("").take(blanks))
+            .chain([note]);
+        self.row(cells);
     }
 
     pub fn row<I, S>(&mut self, cells: I)

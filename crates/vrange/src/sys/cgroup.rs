@@ -259,6 +259,32 @@ impl Drop for ChildCgroup {
     }
 }
 
+/// Makes the child `cmd` spawns join the cgroup whose `cgroup.procs` file is `procs` between
+/// fork and exec, so that everything the new program faults in is charged there (cgroup v1
+/// does not move charges with a process). Writing "0" moves the writer itself.
+///
+/// # Errors
+/// Opening `procs` for writing; the write itself fails the spawn.
+pub fn join_before_exec(cmd: &mut std::process::Command, procs: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // Opened here (close-on-exec), written in the child: between fork and exec only system
+    // calls are allowed.
+    let file = OpenOptions::new().write(true).open(procs)?;
+    // SAFETY: the hook only calls write(2) on a descriptor the closure keeps open, and builds
+    // an io::Error from errno without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
+    }
+    Ok(())
+}
+
 /// A cgroup name no other call in this process returns: `prefix`, the pid, and a counter.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -387,23 +387,7 @@ pub fn join_cgroup_before_exec(
     cmd: &mut std::process::Command,
     procs: &std::path::Path,
 ) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    // Opened here (close-on-exec), written in the child: between fork and exec only system
-    // calls are allowed.
-    let file = std::fs::OpenOptions::new().write(true).open(procs)?;
-    // SAFETY: the hook only calls write(2) on a descriptor the closure keeps open, and builds
-    // an io::Error from errno without allocating.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::write(file.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    Ok(())
+    vrange::sys::cgroup::join_before_exec(cmd, procs)
 }
 
 /// Keeps descriptor `fd` open across exec in the child of `cmd` (clears close-on-exec on the
