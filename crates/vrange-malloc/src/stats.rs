@@ -2,8 +2,10 @@
 //! nobody else writes) and for large blocks, summed when asked. Reported through
 //! `vrange::stats()` (its `allocator` field) and, with `VRANGE_MALLOC_STATS=1`, printed at exit.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
+use vrange::sys::fd::{GuestFd, Inherit};
 use vrange::{AllocatorStats, Taken};
 
 /// Counters of one arena (or of large blocks).
@@ -90,18 +92,29 @@ pub fn report() -> AllocatorStats {
     s
 }
 
-/// Where the exit summary goes: a duplicate of stderr made at start-up, because many programs
-/// (GNU coreutils among them) close stderr in their own exit handlers, which run before ours.
-static SUMMARY_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(2);
+/// Where the exit summary goes: a copy of stderr made at start-up, because many programs (GNU
+/// coreutils among them) close stderr in their own exit handlers, which run before ours. Kept
+/// above vrange's descriptor floor and verified before the write, so a program that closed it
+/// and reused the number never gets the summary in its file. Null: write to fd 2.
+static SUMMARY_FD: AtomicPtr<GuestFd> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Keeps a private copy of stderr for the exit summary.
+/// Keeps a private copy of stderr for the exit summary (only when the summary is asked for).
 pub fn keep_stderr() {
-    // SAFETY: fcntl duplicates a descriptor; failure leaves the summary on fd 2.
-    let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 100) };
-    if fd >= 0 {
-        SUMMARY_FD.store(fd, Relaxed);
+    // SAFETY: fd 2 is borrowed for the duplication only; if it is closed, fcntl fails.
+    let stderr = unsafe { BorrowedFd::borrow_raw(2) };
+    match GuestFd::copy_of(stderr, Inherit::Keep) {
+        Ok(copy) => {
+            let old = SUMMARY_FD.swap(Box::into_raw(Box::new(copy)), AcqRel);
+            // Called once, before any thread could print; a second call leaks the first copy's
+            // box (its descriptor stays valid) rather than free what another thread may use.
+            let _ = old;
+        }
+        // Started with stderr closed: whatever the program opens as fd 2 later is not stderr.
+        Err(_) => NO_STDERR.store(true, Relaxed),
     }
 }
+
+static NO_STDERR: AtomicBool = AtomicBool::new(false);
 
 /// Writes a summary of the allocator's and the reclaimer's counters to stderr with write(2)
 /// (no allocation: safe at exit, after other destructors ran).
@@ -127,9 +140,28 @@ pub fn print_summary() {
             mib(s.purged_total_bytes),
         ),
     );
+    if s.descriptors_lost + s.descriptors_no_room > 0 {
+        let _ = std::fmt::Write::write_fmt(
+            &mut buf,
+            format_args!(
+                "vrange-malloc: descriptors closed under vrange by the program {}, not opened for want of a free number {}\n",
+                s.descriptors_lost, s.descriptors_no_room,
+            ),
+        );
+    }
     let out = &buf.bytes[..buf.len];
-    // SAFETY: writes initialised bytes of a local buffer to fd 2.
-    let _ = unsafe { libc::write(SUMMARY_FD.load(Relaxed), out.as_ptr().cast(), out.len()) };
+    // SAFETY: the copy is never freed once published (see keep_stderr).
+    let fd = match unsafe { SUMMARY_FD.load(Acquire).as_ref() } {
+        Some(copy) => match copy.get() {
+            Some(fd) => fd.as_raw_fd(),
+            // The program closed the copy (and may have reused its number): stderr, if open.
+            None => 2,
+        },
+        None if NO_STDERR.load(Relaxed) => return,
+        None => 2,
+    };
+    // SAFETY: writes initialised bytes of a local buffer to a verified copy of stderr or fd 2.
+    let _ = unsafe { libc::write(fd, out.as_ptr().cast(), out.len()) };
 }
 
 /// A fixed buffer that formats without allocating (silently truncating).

@@ -59,6 +59,11 @@ impl Error {
         }
     }
 
+    /// The error for an OS-layer `io::Error`: its errno, as it is.
+    pub(crate) fn from_io(e: std::io::Error) -> Error {
+        Error::Os(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+
     /// The error for a raw errno returned by the kernel.
     pub(crate) fn from_errno(e: i32) -> Error {
         match e {

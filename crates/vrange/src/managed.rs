@@ -15,7 +15,7 @@ use crate::state::{self, Found, Marked};
 use crate::stats;
 use crate::sys::{clock, mem};
 use crate::{reclaim, Error, Huge, Unmarked};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 /// How a new region is made.
@@ -132,10 +132,11 @@ unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
         let base = std::ptr::NonNull::new(header.cast::<u8>()).expect("header");
         // SAFETY: as above; the shared mapping is the header page plus the data.
         unsafe { mem::unmap(base, len + page) };
-        let fd = slot.fd.swap(-1, Relaxed);
-        if fd >= 0 {
-            // SAFETY: the slot owned this descriptor and nothing else refers to it.
-            unsafe { libc::close(fd) };
+        let fd = slot.fd.swap(std::ptr::null_mut(), Relaxed);
+        if !fd.is_null() {
+            // SAFETY: the slot owned this box (from `Mapping::into_parts`) and gives it up; the
+            // descriptor is closed only if it is still the region's (see `sys::fd`).
+            drop(unsafe { Box::from_raw(fd) });
         }
     }
 }
@@ -358,10 +359,11 @@ pub(crate) fn set_priority(span: Span, priority: Priority) -> Result<(), Error> 
 /// The descriptor of the shared region holding `addr`.
 pub(crate) fn shared_fd(addr: usize) -> Option<BorrowedFd<'static>> {
     let (_, slot) = registry::owner_of(addr)?;
-    let fd = slot.fd.load(Relaxed);
     // SAFETY: the slot owns the descriptor until the region is freed; the caller's borrow must
     // not outlive the region (documented on the public functions).
-    (fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(fd) })
+    let fd = unsafe { slot.fd.load(Relaxed).as_ref() }?.get()?;
+    // SAFETY: verified just now; lives as long as the region, as above.
+    Some(unsafe { BorrowedFd::borrow_raw(fd.as_raw_fd()) })
 }
 
 /// Frees a region: `start` and `len` must name it exactly (`len` rounded up to a page).
@@ -424,7 +426,9 @@ pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
 }
 
 /// Purges one range if it is still exactly as the reclaimer saw it (`seen`). Returns the bytes
-/// purged.
+/// purged; `None` if the range changed, or if a shared range's hole could not be punched (its
+/// descriptor was closed by the program, say): it then stays volatile and intact, and is not
+/// counted as freed.
 pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     if !slot.state().begin_purge(seen) {
         return None;
@@ -433,12 +437,15 @@ pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     let (start, len) = slot.extent();
     match slot.header() {
         Some(h) => {
-            let fd = slot.fd.load(Relaxed);
-            // SAFETY: the slot owns fd while the region lives, and the region cannot be freed
-            // while the range is PURGING.
-            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            // SAFETY: the slot owns the descriptor while the region lives, and the region cannot
+            // be freed while the range is PURGING.
+            let fd = unsafe { slot.fd.load(Relaxed).as_ref() };
             // SAFETY: the range is PURGING.
-            let _ = unsafe { shared::punch(fd, len) };
+            let punched = fd.is_some_and(|fd| unsafe { shared::punch(fd, len) }.is_ok());
+            if !punched {
+                slot.state().abort_purge(seen);
+                return None;
+            }
             h.epoch.fetch_add(1, Release);
         }
         None => {

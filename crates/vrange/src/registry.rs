@@ -10,11 +10,12 @@ use crate::pagemap::PageMap;
 use crate::shared::Header;
 use crate::state::RangeState;
 use crate::sync::SpinLock;
+use crate::sys::fd::GuestFd;
 use crate::sys::mem;
 use crate::Error;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 
 /// How a region's volatile ranges are purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,7 +82,8 @@ pub(crate) struct Slot {
     pub region_len: AtomicUsize,
     /// Shared ranges: the header in the shared mapping, the memfd, and this process's view.
     pub header: AtomicPtr<Header>,
-    pub fd: AtomicI32,
+    /// Owned (`Box::into_raw`) by the slot that maps the region; null otherwise.
+    pub fd: AtomicPtr<GuestFd>,
     pub holding: AtomicBool,
     pub seen_epoch: AtomicU64,
 }
@@ -163,7 +165,7 @@ impl Slot {
         self.region_start.store(start, Relaxed);
         self.region_len.store(len, Relaxed);
         self.header.store(null_mut(), Relaxed);
-        self.fd.store(-1, Relaxed);
+        self.fd.store(null_mut(), Relaxed);
         self.holding.store(true, Relaxed);
         self.seen_epoch.store(0, Relaxed);
         self.info
@@ -183,7 +185,7 @@ impl Slot {
         self.region_len
             .store(from.region_len.load(Relaxed), Relaxed);
         self.header.store(null_mut(), Relaxed);
-        self.fd.store(-1, Relaxed);
+        self.fd.store(null_mut(), Relaxed);
         self.holding.store(true, Relaxed);
         self.info.store(from.info.load(Relaxed) & !LIVE, Relaxed);
     }

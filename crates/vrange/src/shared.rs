@@ -16,9 +16,10 @@
 //! Shared regions are always managed: MADV_FREE does not apply to shared memory.
 
 use crate::state::RangeState;
+use crate::sys::fd::{GuestFd, Inherit};
 use crate::sys::{mem, shm};
 use crate::Error;
-use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Release};
@@ -47,7 +48,7 @@ pub(crate) struct Header {
 pub(crate) struct Mapping {
     pub base: NonNull<u8>,
     pub len: usize,
-    pub fd: OwnedFd,
+    pub fd: GuestFd,
 }
 
 impl Mapping {
@@ -62,10 +63,15 @@ impl Mapping {
         unsafe { self.base.as_ptr().add(mem::page_size()) }
     }
 
-    /// Gives up the mapping's ownership to the registry: (header address, data, fd).
-    pub fn into_parts(self) -> (*mut Header, *mut u8, i32) {
+    /// Gives up the mapping's ownership to the registry: (header address, data, descriptor
+    /// from `Box::into_raw`).
+    pub fn into_parts(self) -> (*mut Header, *mut u8, *mut GuestFd) {
         let data = self.data();
-        (self.base.as_ptr().cast(), data, self.fd.into_raw_fd())
+        (
+            self.base.as_ptr().cast(),
+            data,
+            Box::into_raw(Box::new(self.fd)),
+        )
     }
 }
 
@@ -74,7 +80,8 @@ pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
     let page = mem::page_size();
     let total = len.checked_add(page).ok_or(Error::Overflow)?;
     let fd = shm::create(NAME, total).map_err(Error::Os)?;
-    let base = shm::map(fd.as_fd(), total).map_err(Error::Os)?;
+    let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from_io)?;
+    let base = map(&fd, total)?;
     let m = Mapping { base, len, fd };
     let h = m.header();
     h.data_len.store(len as u64, Release);
@@ -93,7 +100,8 @@ pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
         return Err(Error::Unsupported);
     }
     let fd = shm::dup(fd).map_err(Error::Os)?;
-    let base = shm::map(fd.as_fd(), total).map_err(Error::Os)?;
+    let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from_io)?;
+    let base = map(&fd, total)?;
     let m = Mapping {
         base,
         len: total - page,
@@ -111,11 +119,21 @@ pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
     Ok(m)
 }
 
+fn map(fd: &GuestFd, total: usize) -> Result<NonNull<u8>, Error> {
+    let fd = fd.get().ok_or(Error::Os(libc::EBADF))?;
+    shm::map(fd, total).map_err(Error::Os)
+}
+
 /// Frees the data of a region being purged, for every process.
+///
+/// # Errors
+/// `Os(EBADF)` when the program closed or replaced the region's descriptor (nothing is
+/// punched then: the number may be the program's file now); the errno of fallocate(2).
 ///
 /// # Safety
 /// The caller must have moved the range to `PURGING`.
-pub(crate) unsafe fn punch(fd: BorrowedFd<'_>, len: usize) -> Result<(), Error> {
+pub(crate) unsafe fn punch(fd: &GuestFd, len: usize) -> Result<(), Error> {
+    let fd = fd.get().ok_or(Error::Os(libc::EBADF))?;
     // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until the
     // purge finishes.
     unsafe { shm::punch_hole(fd, mem::page_size(), len) }.map_err(Error::Os)

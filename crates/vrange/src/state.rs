@@ -14,7 +14,7 @@
 //! | `VOLATILE` | no-op                          | → `PINNED`: intact                       | `begin_arm` → `ARMING`; `begin_purge` → `PURGING` |
 //! | `ARMING`   | no-op                          | sets `CANCEL`, waits for `ARMED`         | (arming thread) `finish_arm` → `ARMED`      |
 //! | `ARMED`    | no-op                          | → `BUSY`; the caller proves each armed page with its witness, then `finish_unmark` → `PINNED` | `begin_purge` → `PURGING` |
-//! | `PURGING`  | no-op                          | waits for `PURGED`                        | (purging thread) `finish_purge` → `PURGED`  |
+//! | `PURGING`  | no-op                          | waits for `PURGED`                        | (purging thread) `finish_purge` → `PURGED`, or `abort_purge` → the word it began from (nothing was discarded) |
 //! | `PURGED`   | no-op (the purge is kept for the next unmark) | → `PINNED`: purged          | skips                                       |
 //! | `BUSY`     | waits                          | waits                                    | skips                                       |
 //!
@@ -266,6 +266,13 @@ impl RangeState {
                     Ordering::Relaxed,
                 )
                 .is_ok()
+    }
+
+    /// Gives up a purge begun by this thread from `seen`, whose content was not discarded (the
+    /// kernel refused): the range is as it was, and no one learns of the attempt.
+    pub fn abort_purge(&self, seen: u64) {
+        debug_assert_eq!(tag(self.0.load(Ordering::Relaxed)), PURGING);
+        self.0.store(seen, Ordering::Release);
     }
 
     /// Ends a purge begun by this thread: the range is `PURGED`.

@@ -96,6 +96,13 @@ pub struct Stats {
     pub losses_reported: u64,
     /// Whether the reclaimer thread is running.
     pub reclaimer_running: bool,
+    /// Descriptors vrange holds now (its pressure sources; shared regions' not included).
+    pub descriptors_held: u64,
+    /// Times vrange found one of its descriptors closed or replaced by the program (it
+    /// forgot it, never closing or using it, and opened a new one where it could).
+    pub descriptors_lost: u64,
+    /// Descriptors vrange did not open because no number above its floor was free.
+    pub descriptors_no_room: u64,
     /// Per source, indexed like [`Source::ALL`].
     pub sources: [SourceStats; 7],
     /// What a client allocator built on vrange reports (zero without one).
@@ -265,6 +272,10 @@ pub fn stats() -> Stats {
     s.purged_total_bytes = PURGED_TOTAL.load(Relaxed);
     s.armed_total_bytes = ARMED_TOTAL.load(Relaxed);
     s.losses_reported = LOSSES.load(Relaxed);
+    let fds = crate::sys::fd::counts();
+    s.descriptors_held = fds.held;
+    s.descriptors_lost = fds.lost;
+    s.descriptors_no_room = fds.no_room;
     s.reclaimer_running = crate::reclaim::is_running();
     s.allocator = allocator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {

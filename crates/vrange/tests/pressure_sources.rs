@@ -219,7 +219,7 @@ fn waker_wakes_a_poller_from_another_thread() {
     let _serial = serial();
     let waker = Waker::new().unwrap();
     let mut poller = Poller::new();
-    poller.add(waker.fd(), Signal::Wake).unwrap();
+    poller.add(waker.ident(), Signal::Wake).unwrap();
 
     let t0 = Instant::now();
     let timed_out = poller.wait(Some(Duration::from_millis(50))).unwrap();
@@ -407,8 +407,8 @@ fn vmpressure_fires_under_cgroup_pressure() {
     VmPressure::register_with(&cg, Level::Critical, Propagation::Hierarchy)
         .expect("critical, hierarchy");
     let mut poller = Poller::new();
-    poller.add(medium.fd(), medium.signal()).unwrap();
-    poller.add(critical.fd(), critical.signal()).unwrap();
+    poller.add(medium.ident(), medium.signal()).unwrap();
+    poller.add(critical.ident(), critical.signal()).unwrap();
 
     // Headroom of an idle 64 MiB cgroup: nearly all of it.
     let headroom = Headroom::new(&cg).unwrap().expect("the child has a limit");
@@ -587,9 +587,9 @@ fn psi_triggers_fire_under_pressure() {
         }
     };
     let mut poller = Poller::new();
-    poller.add(system.fd(), Signal::PsiSystem).unwrap();
+    poller.add(system.ident(), Signal::PsiSystem).unwrap();
     if let Some(t) = &cgroup_trigger {
-        poller.add(t.fd(), Signal::PsiCgroup).unwrap();
+        poller.add(t.ident(), Signal::PsiCgroup).unwrap();
     }
 
     let before = fs::read_to_string(SYSTEM_PSI_FILE).unwrap();

@@ -13,15 +13,22 @@
 //!
 //! Each tick also arms hybrid ranges volatile for longer than the arm delay.
 //!
+//! # Descriptors
+//! The thread opens its sources (and its wake-up eventfd) only once the process has volatile
+//! memory to purge; until then it sleeps on a futex, and the process holds no descriptor of
+//! vrange's. Every source is a `sys::fd::GuestFd`: above the descriptor floor, close-on-exec,
+//! verified before each use. A program that closes them (`closefrom`, `close_range`) is noticed
+//! at the next wake-up or within a second: the sources are reopened and the loss is counted in
+//! `sys::fd::counts`.
+//!
 //! # Fork
 //! A fork child has no reclaimer (threads do not survive fork). It starts its own on its next
 //! mark of a managed range, new region or [`purge`]. `pthread_atfork` handlers hold the
 //! registry's locks across the fork, so the child never inherits one locked, and close the
-//! child's copy of the wake-up eventfd (which would otherwise wake the parent's thread). The
-//! other source descriptors are close-on-exec; a child that does not exec keeps copies of them
-//! until it exits (a handful of descriptors, never polled). The child's inherited mappings of
-//! shared regions hold no pin (the pins were the parent's): it unmarks them before use, like a
-//! fresh mapping.
+//! child's copies of the sources (verified first), which would otherwise keep the parent's
+//! triggers alive and wake the parent's thread. The child's inherited mappings of shared
+//! regions hold no pin (the pins were the parent's): it unmarks them before use, like a fresh
+//! mapping.
 
 mod config;
 mod victims;
@@ -33,9 +40,11 @@ use crate::sync::SpinLock;
 use crate::sys::cgroup;
 use crate::sys::cgroup::MemCgroup;
 use crate::sys::clock::now_ns;
-use crate::sys::pressure::{Headroom, Level, Poller, PsiTrigger, Signal, VmPressure, Waker};
+use crate::sys::fd::{self, Ident};
+use crate::sys::futex;
+use crate::sys::pressure::{Headroom, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -51,7 +60,13 @@ const WAKE_CONFIG: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
 static BUDGET_SINCE: AtomicU64 = AtomicU64::new(0);
+/// The wake-up eventfd, created by the thread with its sources; null until then.
 static WAKER: AtomicPtr<Waker> = AtomicPtr::new(std::ptr::null_mut());
+/// Bumped by every wake-up; the thread sleeps on it while it has no sources.
+static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
+/// Whether the thread has opened its sources (set by the thread; a mark asks for them once).
+static SOURCES_OPEN: AtomicBool = AtomicBool::new(false);
+static SOURCES_ASKED: AtomicBool = AtomicBool::new(false);
 /// Serialises start and stop; held across fork.
 static START: SpinLock = SpinLock::new();
 /// Held while purging, so that purges do not overlap and a shared region is not unmapped
@@ -89,8 +104,7 @@ fn start() {
     if STATE.load(Acquire) == IDLE {
         if !cfg.enabled.load(Relaxed) {
             STATE.store(DISABLED, Release);
-        } else if let Ok(waker) = Waker::new() {
-            WAKER.store(Box::into_raw(Box::new(waker)), Release);
+        } else {
             STATE.store(RUNNING, Release);
             let spawned = std::thread::Builder::new()
                 .name("vrange-reclaim".into())
@@ -100,10 +114,7 @@ fn start() {
                     *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
                     crate::publish::started();
                 }
-                Err(_) => {
-                    STATE.store(IDLE, Release);
-                    drop_waker();
-                }
+                Err(_) => STATE.store(IDLE, Release),
             }
         }
     }
@@ -140,13 +151,35 @@ fn drop_waker() {
     }
 }
 
+/// Wakes the thread, whether it sleeps on the futex (no sources yet) or in poll(2).
+/// Async-signal-safe.
 fn wake() {
+    WAKE_SEQ.fetch_add(1, Release);
+    futex::wake_all(&WAKE_SEQ);
     let w = WAKER.load(Acquire);
-    // SAFETY: a published waker is freed only by stop/start under START after the thread is
-    // joined; wakers racing with that write to an eventfd that is still open until the Box drops.
+    // SAFETY: a published waker is freed only by stop under START after the thread is joined,
+    // and a replaced one is never freed (see `waker_ident`).
     if let Some(w) = unsafe { w.as_ref() } {
         w.wake();
     }
+}
+
+/// The wake-up eventfd for the thread's poll set: the published one if it is intact, else a
+/// new one. A replaced waker (its eventfd closed by the program) is leaked, not freed: another
+/// thread may be inside `wake` with it, and its descriptor is not ours to close any more.
+fn waker_ident() -> Option<Ident> {
+    let w = WAKER.load(Acquire);
+    // SAFETY: as in `wake`; only this thread replaces the waker.
+    if let Some(w) = unsafe { w.as_ref() } {
+        if w.is_intact() {
+            return Some(w.ident());
+        }
+    }
+    let fresh = Waker::new().ok()?;
+    let ident = fresh.ident();
+    // The old pointer, if any, is deliberately leaked (see above).
+    WAKER.swap(Box::into_raw(Box::new(fresh)), AcqRel);
+    Some(ident)
 }
 
 /// Called by the mark path after a private range became volatile: starts the reclaimer in a
@@ -154,6 +187,13 @@ fn wake() {
 pub(crate) fn noticed_mark() {
     if STATE.load(Relaxed) == IDLE {
         start();
+    }
+    if !SOURCES_OPEN.load(Relaxed)
+        && !SOURCES_ASKED.load(Relaxed)
+        && !SOURCES_ASKED.swap(true, Relaxed)
+    {
+        // The first volatile memory: the thread opens its sources now, not at its next tick.
+        wake();
     }
     let budget = config::get().budget.load(Relaxed);
     if budget != 0
@@ -236,10 +276,8 @@ impl Watch {
         let version = cfg.version.load(Acquire);
         let mut poller = Poller::new();
         let mut active = 1 << Source::Explicit as u8;
-        let w = WAKER.load(Acquire);
-        // SAFETY: the thread runs only while its waker is published (see stop).
-        if let Some(w) = unsafe { w.as_ref() } {
-            let _ = poller.add(w.fd(), Signal::Wake);
+        if let Some(w) = waker_ident() {
+            let _ = poller.add(w, Signal::Wake);
         }
         let cgroup = MemCgroup::current();
         let mut psi = Vec::new();
@@ -250,7 +288,7 @@ impl Watch {
                 crate::sys::pressure::psi_window_us(cfg.psi_window_us.load(Relaxed)),
             );
             if let Ok(t) = PsiTrigger::system(stall, window, kind == 2) {
-                if poller.add(t.fd(), Signal::PsiSystem).is_ok() {
+                if poller.add(t.ident(), Signal::PsiSystem).is_ok() {
                     active |= 1 << Source::Psi as u8;
                     psi.push(t);
                 }
@@ -259,7 +297,7 @@ impl Watch {
             if let Some(Ok(t)) = cgroup::v2_pressure_file()
                 .map(|file| PsiTrigger::file(&file, stall, window, kind == 2))
             {
-                if poller.add(t.fd(), Signal::PsiCgroup).is_ok() {
+                if poller.add(t.ident(), Signal::PsiCgroup).is_ok() {
                     active |= 1 << Source::PsiCgroup as u8;
                     psi.push(t);
                 }
@@ -272,7 +310,7 @@ impl Watch {
                 (Level::Critical, Source::VmpressureCritical),
             ] {
                 if let Some(Ok(v)) = cgroup.as_ref().map(|cg| VmPressure::register(cg, level)) {
-                    if poller.add(v.fd(), v.signal()).is_ok() {
+                    if poller.add(v.ident(), v.signal()).is_ok() {
                         active |= 1 << source as u8;
                         vmpressure.push(v);
                     }
@@ -290,6 +328,7 @@ impl Watch {
             active |= 1 << Source::Budget as u8;
         }
         ACTIVE.store(active, Relaxed);
+        SOURCES_OPEN.store(true, Relaxed);
         Watch {
             poller,
             cgroup,
@@ -316,24 +355,50 @@ impl Watch {
         }
     }
 
-    /// Whether the process moved to another cgroup or the settings changed.
-    fn stale(&self) -> bool {
+    /// Whether the process moved to another cgroup, the settings changed, or the program
+    /// closed or replaced one of the descriptors (then the sources are reopened).
+    fn stale(&mut self) -> bool {
         let moved = MemCgroup::current().map(|c| c.path().to_path_buf())
             != self.cgroup.as_ref().map(|c| c.path().to_path_buf());
-        moved || self.version != config::get().version.load(Acquire)
+        let lost = !self.poller.check().is_empty()
+            || self.headroom.as_ref().is_some_and(|h| !h.is_intact())
+            || self._vmpressure.iter().any(|v| !v.is_intact());
+        moved || lost || self.version != config::get().version.load(Acquire)
+    }
+}
+
+/// Whether the process has volatile memory, so the thread needs its sources.
+fn needs_sources() -> bool {
+    stats::volatile_resident() > 0 || config::get().budget.load(Relaxed) != 0
+}
+
+/// Waits one tick: in poll(2) on the sources, or on the futex before there are any.
+fn wait(watch: &mut Option<Watch>, poll: Duration) -> Ready {
+    let seq = WAKE_SEQ.load(Acquire);
+    if watch.is_none() && needs_sources() {
+        *watch = Some(Watch::open());
+    }
+    match watch {
+        Some(w) => w.poller.wait(Some(poll)).unwrap_or_default(),
+        None => {
+            if STATE.load(Acquire) == RUNNING && WAKE_REASONS.load(Acquire) == 0 {
+                futex::wait(&WAKE_SEQ, seq, poll);
+            }
+            Ready::default()
+        }
     }
 }
 
 fn run() {
     let cfg = config::get();
-    let mut watch = Watch::open();
+    let mut watch: Option<Watch> = None;
     let mut last_check = now_ns();
     // Under thrashing vmpressure fires hundreds of times a second: answer each source at most
     // once per poll interval.
     let mut answered = [0u64; 4];
     while STATE.load(Acquire) == RUNNING {
         let poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
-        let ready = watch.poller.wait(Some(poll)).unwrap_or_default();
+        let ready = wait(&mut watch, poll);
         let t = now_ns();
         if STATE.load(Acquire) != RUNNING {
             break;
@@ -356,19 +421,21 @@ fn run() {
                 respond(source, t, victims::amount(source, volatile, share));
             }
         }
-        if !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0 {
-            watch = Watch::open();
-        }
-        check_headroom(&watch, t);
-        check_budget(reasons & WAKE_BUDGET != 0, t);
-        if t.saturating_sub(last_check) >= 1_000_000_000 {
-            last_check = t;
-            if watch.stale() {
-                watch = Watch::open();
-            } else {
-                watch.refresh_limits();
+        if let Some(w) = &mut watch {
+            if !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0 {
+                *w = Watch::open();
+            }
+            check_headroom(w, t);
+            if t.saturating_sub(last_check) >= 1_000_000_000 {
+                last_check = t;
+                if w.stale() {
+                    *w = Watch::open();
+                } else {
+                    w.refresh_limits();
+                }
             }
         }
+        check_budget(reasons & WAKE_BUDGET != 0, t);
         let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
         let p = pause();
         stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
@@ -376,6 +443,8 @@ fn run() {
         crate::publish::tick(now_ns());
     }
     ACTIVE.store(0, Relaxed);
+    SOURCES_OPEN.store(false, Relaxed);
+    SOURCES_ASKED.store(false, Relaxed);
 }
 
 fn check_headroom(watch: &Watch, t: u64) {
@@ -451,19 +520,16 @@ extern "C" fn after_fork_parent() {
 extern "C" fn after_fork_child() {
     crate::registry::LOCK.unlock();
     PURGES.unlock();
-    // The thread did not survive the fork. Its handle and waker belong to the parent's thread:
-    // forget them without running their destructors (no allocator calls here), closing only the
-    // child's copy of the eventfd.
+    // The thread did not survive the fork. Its handle, waker and sources belong to the parent's
+    // thread: forget them without running their destructors (no allocator calls here), closing
+    // only the child's copies of the descriptors, each verified first.
     if let Ok(mut t) = THREAD.try_lock() {
         std::mem::forget(t.take());
     }
-    let w = WAKER.swap(std::ptr::null_mut(), AcqRel);
-    // SAFETY: the waker is leaked, never used again in the child; closing its fd only affects
-    // the child's descriptor table.
-    if let Some(w) = unsafe { w.as_ref() } {
-        // SAFETY: the fd belongs to the leaked waker, which nothing will use again.
-        unsafe { libc::close(w.fd()) };
-    }
+    WAKER.store(std::ptr::null_mut(), Release);
+    fd::close_private_after_fork();
+    SOURCES_OPEN.store(false, Relaxed);
+    SOURCES_ASKED.store(false, Relaxed);
     // The parent's pins on shared regions are the parent's: the child's inherited mappings
     // hold none, like fresh mappings, until the child unmarks them.
     crate::registry::for_each_live(|_, slot| {

@@ -29,6 +29,8 @@
 
 pub mod cgroup;
 pub mod clock;
+pub mod fd;
+pub mod futex;
 pub mod mem;
 pub mod pressure;
 pub mod probe;

@@ -89,11 +89,12 @@
 //! passes with its length; each names the check it relies on.
 
 use super::cgroup::{MemCgroup, Version};
+use super::fd::{GuestFd, Ident, Inherit};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -228,7 +229,7 @@ impl Ready {
 /// `window_us`. Closing it (drop) removes the trigger.
 #[derive(Debug)]
 pub struct PsiTrigger {
-    file: File,
+    fd: GuestFd,
     stall_us: u64,
     window_us: u64,
     full: bool,
@@ -336,16 +337,22 @@ impl PsiTrigger {
             }
         }
         Ok(PsiTrigger {
-            file,
+            // The trigger belongs to the open file, so it survives the move above the floor.
+            fd: GuestFd::adopt(file.into(), Inherit::Private)?,
             stall_us,
             window_us,
             full,
         })
     }
 
-    /// The descriptor to poll for POLLPRI.
+    /// The descriptor number (unverified; for display).
     pub fn fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+        self.fd.raw()
+    }
+
+    /// The identity to poll for POLLPRI.
+    pub fn ident(&self) -> Ident {
+        self.fd.ident()
     }
 
     /// The stall threshold in microseconds.
@@ -361,18 +368,6 @@ impl PsiTrigger {
     /// Whether this is a "full" (rather than "some") trigger.
     pub fn full(&self) -> bool {
         self.full
-    }
-}
-
-impl AsFd for PsiTrigger {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
-    }
-}
-
-impl AsRawFd for PsiTrigger {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd()
     }
 }
 
@@ -513,9 +508,9 @@ pub enum Propagation {
 /// vmpressure event of at least its level. Closing it (drop) unregisters it.
 #[derive(Debug)]
 pub struct VmPressure {
-    event: OwnedFd,
+    event: GuestFd,
     /// Kept open to learn whether the cgroup still exists (see [`VmPressure::is_stale`]).
-    level_file: File,
+    level_file: GuestFd,
     level: Level,
 }
 
@@ -547,20 +542,22 @@ impl VmPressure {
                 ),
             ));
         }
-        let event = new_eventfd()?;
+        let event = GuestFd::adopt(new_eventfd()?, Inherit::Private)?;
         let level_path = cg.file("memory.pressure_level");
         let level_file = File::open(&level_path)
             .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", level_path.display())))?;
+        let level_file = GuestFd::adopt(level_file.into(), Inherit::Private)?;
         let mode = match propagation {
             // No suffix, so that kernels before modes existed accept it too.
             Propagation::Default => "",
             Propagation::Hierarchy => ",hierarchy",
             Propagation::Local => ",local",
         };
+        // Both were placed a moment ago by this thread: the numbers are still theirs.
         let line = format!(
             "{} {} {}{mode}",
-            event.as_raw_fd(),
-            level_file.as_raw_fd(),
+            event.raw(),
+            level_file.raw(),
             level.name()
         );
         let control = cg.file("cgroup.event_control");
@@ -589,9 +586,19 @@ impl VmPressure {
         })
     }
 
-    /// The eventfd to poll for POLLIN; [`Poller::wait`] drains it.
+    /// The eventfd's number (unverified; for display).
     pub fn fd(&self) -> RawFd {
-        self.event.as_raw_fd()
+        self.event.raw()
+    }
+
+    /// The eventfd's identity, to poll for POLLIN; [`Poller::wait`] drains it.
+    pub fn ident(&self) -> Ident {
+        self.event.ident()
+    }
+
+    /// Whether both of its descriptors are still the ones opened.
+    pub fn is_intact(&self) -> bool {
+        self.event.is_intact() && self.level_file.is_intact()
     }
 
     /// The level registered.
@@ -608,7 +615,7 @@ impl VmPressure {
     /// the count: how intense the pressure was, for a listener that is not in a poller. One
     /// read(2); no allocation.
     pub fn take_events(&self) -> u64 {
-        read_eventfd(self.event.as_raw_fd())
+        self.event.get().map_or(0, read_eventfd)
     }
 
     /// Whether the cgroup has been removed. Its removal signals the eventfd once, which the
@@ -617,22 +624,14 @@ impl VmPressure {
     /// allocation.
     pub fn is_stale(&self) -> bool {
         let mut byte = [0u8; 1];
-        matches!(
-            self.level_file.read_at(&mut byte, 0),
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV)
-        )
-    }
-}
-
-impl AsFd for VmPressure {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.event.as_fd()
-    }
-}
-
-impl AsRawFd for VmPressure {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd()
+        match self.level_file.get() {
+            Some(fd) => matches!(
+                pread(fd, &mut byte),
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV)
+            ),
+            // Closed by the program: useless either way.
+            None => true,
+        }
     }
 }
 
@@ -642,7 +641,7 @@ impl AsRawFd for VmPressure {
 /// waiter gets to them coalesce into one.
 #[derive(Debug)]
 pub struct Waker {
-    fd: OwnedFd,
+    fd: GuestFd,
 }
 
 impl Waker {
@@ -651,40 +650,46 @@ impl Waker {
     /// # Errors
     /// The errno of eventfd(2) (EMFILE, ENFILE, ENOMEM).
     pub fn new() -> io::Result<Waker> {
-        Ok(Waker { fd: new_eventfd()? })
+        Ok(Waker {
+            fd: GuestFd::adopt(new_eventfd()?, Inherit::Private)?,
+        })
     }
 
-    /// Wakes the waiter (now, or at its next wait). Async-signal-safe: one write(2), no
-    /// allocation, no lock. Cannot fail in a way that matters: the only error, EAGAIN, means
-    /// the counter is saturated, so a wake-up is pending anyway.
-    pub fn wake(&self) {
+    /// Wakes the waiter (now, or at its next wait). Async-signal-safe: a verification of the
+    /// eventfd (see `sys::fd`) and one write(2), no allocation, no lock. Returns false if the
+    /// eventfd is no longer vrange's (the program closed it): nothing was written, and the
+    /// waiter sees the loss at its next wait. The only write error, EAGAIN, means the counter
+    /// is saturated, so a wake-up is pending anyway.
+    pub fn wake(&self) -> bool {
+        let Some(fd) = self.fd.get() else {
+            return false;
+        };
         let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of `one`, which lives across the call, to an eventfd this
-        // value owns.
+        // SAFETY: writes the 8 bytes of `one`, which lives across the call, to the eventfd this
+        // value owns, verified just now.
         unsafe {
             libc::write(
-                self.fd.as_raw_fd(),
+                fd.as_raw_fd(),
                 (&one as *const u64).cast(),
                 std::mem::size_of::<u64>(),
             )
         };
+        true
     }
 
-    /// The eventfd to poll for POLLIN; [`Poller::wait`] drains it.
+    /// The eventfd's number (unverified; for display).
     pub fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.raw()
     }
-}
 
-impl AsFd for Waker {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The eventfd's identity, to poll for POLLIN; [`Poller::wait`] drains it.
+    pub fn ident(&self) -> Ident {
+        self.fd.ident()
     }
-}
 
-impl AsRawFd for Waker {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd()
+    /// Whether its eventfd is still the one opened.
+    pub fn is_intact(&self) -> bool {
+        self.fd.is_intact()
     }
 }
 
@@ -728,11 +733,13 @@ impl std::error::Error for AddError {}
 /// A fixed-capacity poll set over up to [`POLLER_CAPACITY`] pressure sources. Nothing in it
 /// allocates. Several sources may share a signal (two cgroup triggers, say).
 ///
-/// It holds raw fds, not the sources: remove a source before dropping it, or a later fd that
-/// reuses the number would be polled in its place. (A source dropped first shows up once as
-/// broken, POLLNVAL, if the number is not reused by then.)
+/// It holds the sources' identities, not the sources: a source that fires is verified (see
+/// `sys::fd`) before it is drained, and one that no longer is what was added (dropped, or
+/// closed by the program and its number reused) is reported broken, never read. Remove a
+/// source before dropping it all the same.
 pub struct Poller {
     fds: [libc::pollfd; POLLER_CAPACITY],
+    idents: [Option<Ident>; POLLER_CAPACITY],
     signals: [Signal; POLLER_CAPACITY],
     len: usize,
 }
@@ -746,6 +753,7 @@ impl Poller {
                 events: 0,
                 revents: 0,
             }; POLLER_CAPACITY],
+            idents: [None; POLLER_CAPACITY],
             signals: [Signal::Wake; POLLER_CAPACITY],
             len: 0,
         }
@@ -756,7 +764,8 @@ impl Poller {
     ///
     /// # Errors
     /// [`AddError`]; the set is unchanged.
-    pub fn add(&mut self, fd: RawFd, signal: Signal) -> Result<(), AddError> {
+    pub fn add(&mut self, source: Ident, signal: Signal) -> Result<(), AddError> {
+        let fd = source.fd();
         if fd < 0 {
             return Err(AddError::BadFd);
         }
@@ -777,6 +786,7 @@ impl Poller {
             },
             revents: 0,
         };
+        self.idents[self.len] = Some(source);
         self.signals[self.len] = signal;
         self.len += 1;
         Ok(())
@@ -821,8 +831,26 @@ impl Poller {
     /// Keeps the order of the others, so that signals are reported the same way every time.
     fn remove_at(&mut self, i: usize) {
         self.fds.copy_within(i + 1..self.len, i);
+        self.idents.copy_within(i + 1..self.len, i);
         self.signals.copy_within(i + 1..self.len, i);
         self.len -= 1;
+    }
+
+    /// Verifies every source (see `sys::fd`): those that are no longer what was added are
+    /// removed and returned, as [`Ready::broken`] would report them. One fstat(2) per source.
+    pub fn check(&mut self) -> Signals {
+        let mut broken = Signals::empty();
+        let mut i = 0;
+        while i < self.len {
+            if self.idents[i].is_some_and(|id| id.verify()) {
+                i += 1;
+            } else {
+                super::fd::count_lost();
+                broken.insert(self.signals[i]);
+                self.remove_at(i);
+            }
+        }
+        broken
     }
 
     /// Waits up to `timeout` (`None`: forever; rounded up to whole milliseconds) for any source
@@ -866,13 +894,23 @@ impl Poller {
             let signal = self.signals[i];
             if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
                 // A removed cgroup's PSI file reports POLLERR|POLLPRI: broken, not pressure.
+                // POLLNVAL: the descriptor was closed under us.
                 ready.broken.insert(signal);
                 self.remove_at(i);
                 continue;
             }
             if p.revents & p.events != 0 {
+                // A descriptor the program put at this number (closefrom, then open) is never
+                // read: what fired is not ours.
+                if !self.idents[i].is_some_and(|id| id.verify()) {
+                    super::fd::count_lost();
+                    ready.broken.insert(signal);
+                    self.remove_at(i);
+                    continue;
+                }
                 if signal.is_eventfd() {
-                    read_eventfd(p.fd);
+                    // SAFETY: verified just above to be the eventfd that was added.
+                    read_eventfd(unsafe { BorrowedFd::borrow_raw(p.fd) });
                 }
                 ready.fired.insert(signal);
             }
@@ -898,13 +936,13 @@ impl fmt::Debug for Poller {
 
 /// Resets an eventfd's counter and returns what it was. Errors count as 0: EAGAIN means it is
 /// already drained.
-fn read_eventfd(fd: RawFd) -> u64 {
+fn read_eventfd(fd: BorrowedFd<'_>) -> u64 {
     let mut count: u64 = 0;
     // SAFETY: reads at most 8 bytes into `count`, which lives across the call; the fd is
     // non-blocking (new_eventfd), so this cannot hang the waiter.
     let n = unsafe {
         libc::read(
-            fd,
+            fd.as_raw_fd(),
             (&mut count as *mut u64).cast(),
             std::mem::size_of::<u64>(),
         )
@@ -927,9 +965,9 @@ fn read_eventfd(fd: RawFd) -> u64 {
 /// On v1, usage includes per-CPU charge caches, so it is exact only to some hundreds of KiB.
 #[derive(Debug)]
 pub struct Headroom {
-    usage: File,
-    limit: File,
-    high: Option<File>,
+    usage: GuestFd,
+    limit: GuestFd,
+    high: Option<GuestFd>,
     version: Version,
     ceiling: u64,
 }
@@ -942,8 +980,9 @@ impl Headroom {
     pub fn new(cg: &MemCgroup) -> io::Result<Option<Headroom>> {
         let open = |name: &str| {
             let path = cg.file(name);
-            File::open(&path)
-                .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))
+            let file = File::open(&path)
+                .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
+            GuestFd::adopt(file.into(), Inherit::Private)
         };
         let (usage, limit, high) = match cg.version() {
             Version::V1 => (
@@ -988,6 +1027,13 @@ impl Headroom {
         self.ceiling
     }
 
+    /// Whether its descriptors are still the ones opened.
+    pub fn is_intact(&self) -> bool {
+        self.usage.is_intact()
+            && self.limit.is_intact()
+            && self.high.as_ref().map_or(true, GuestFd::is_intact)
+    }
+
     /// Bytes charged to the cgroup now; one pread.
     ///
     /// # Errors
@@ -1007,7 +1053,7 @@ impl Headroom {
 }
 
 /// A limit file: `u64::MAX` for unlimited ("max" on v2, the huge page-rounded number on v1).
-fn read_limit(file: &File, version: Version) -> io::Result<u64> {
+fn read_limit(file: &GuestFd, version: Version) -> io::Result<u64> {
     match (read_number(file)?, version) {
         (None, _) => Ok(u64::MAX),
         (Some(v), Version::V1) if v >= super::cgroup::V1_UNLIMITED => Ok(u64::MAX),
@@ -1017,10 +1063,25 @@ fn read_limit(file: &File, version: Version) -> io::Result<u64> {
 
 /// Reads a small control file from offset 0 into a stack buffer: the number it holds, or
 /// `None` if it holds a word ("max"). Reading at offset 0 regenerates a cgroup file's content.
-fn read_number(file: &File) -> io::Result<Option<u64>> {
+/// The descriptor must still be vrange's (see `sys::fd`): EBADF otherwise, nothing read.
+fn read_number(file: &GuestFd) -> io::Result<Option<u64>> {
+    let fd = file
+        .get()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
     let mut buf = [0u8; 32];
-    let n = file.read_at(&mut buf, 0)?;
+    let n = pread(fd, &mut buf)?;
     Ok(parse_number(&buf[..n]))
+}
+
+/// One pread(2) at offset 0.
+fn pread(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: reads at most buf.len() bytes into `buf`, borrowed mutably for the call.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 fn parse_number(bytes: &[u8]) -> Option<u64> {
@@ -1132,17 +1193,20 @@ mod tests {
     #[test]
     fn poller_bookkeeping() {
         let mut p = Poller::new();
-        assert_eq!(p.add(-1, Signal::Wake), Err(AddError::BadFd));
+        assert_eq!(p.add(Ident::fake(-1), Signal::Wake), Err(AddError::BadFd));
         for fd in 100..100 + POLLER_CAPACITY as RawFd {
             let signal = if fd % 2 == 0 {
                 Signal::PsiCgroup
             } else {
                 Signal::Wake
             };
-            p.add(fd, signal).unwrap();
+            p.add(Ident::fake(fd), signal).unwrap();
         }
-        assert_eq!(p.add(100, Signal::Wake), Err(AddError::Duplicate));
-        assert_eq!(p.add(1000, Signal::Wake), Err(AddError::Full));
+        assert_eq!(
+            p.add(Ident::fake(100), Signal::Wake),
+            Err(AddError::Duplicate)
+        );
+        assert_eq!(p.add(Ident::fake(1000), Signal::Wake), Err(AddError::Full));
         assert_eq!(p.remove(Signal::PsiCgroup), POLLER_CAPACITY / 2);
         assert_eq!(p.len(), POLLER_CAPACITY / 2);
         assert!(p.fds[..p.len].iter().all(|f| f.fd % 2 == 1));

@@ -1,0 +1,455 @@
+//! Descriptors vrange holds inside a program it did not write: placed high, close-on-exec, and
+//! verified before every use.
+//!
+//! A program may close every descriptor it did not open itself (`closefrom(3)`, `close_range`,
+//! daemons closing 3–N) and open its own files in their place, or start with 0, 1 and 2 closed.
+//! A library that uses a descriptor *by number* after that writes into, reads from or closes the
+//! program's file. So every descriptor vrange keeps is a [`GuestFd`]:
+//!
+//! - **Placed above a floor** ([`floor`]): moved with `F_DUPFD_CLOEXEC` to the lowest free
+//!   number at or above `min(RLIMIT_NOFILE soft limit, 1024) - 32` (992 with the usual limit of
+//!   1024 or more; half the limit when it is below 64), the way valgrind keeps its descriptors
+//!   at the top of the range. Programs take the lowest free numbers, so they meet vrange's only
+//!   once they hold nearly a thousand descriptors; capping at 1024 keeps the descriptor table
+//!   small under huge limits and keeps vrange's numbers usable with `select(2)`. The original,
+//!   low number is closed at once. Where no number above the floor is free the source is not
+//!   opened ([`Counts::no_room`]).
+//! - **Close-on-exec**, so an exec'd program inherits nothing.
+//! - **Verified before every use** ([`Ident::verify`]): `fstat` must give the device and inode
+//!   recorded when it was placed. Eventfds all share one anonymous inode, so for them the
+//!   `eventfd-id` of `/proc/self/fdinfo/<fd>` (Linux 5.16+) is compared too; on older kernels an
+//!   eventfd is verified by device and inode alone. The kernel reuses an eventfd's id once it
+//!   is closed, so an eventfd the program creates *after* closing vrange's and then moves onto
+//!   vrange's number with `dup2` passes; one it held before does not, and nothing else does.
+//! - **Never closed unverified**: a descriptor that no longer is the object vrange opened is
+//!   forgotten, not closed, and counted ([`Counts::lost`]); its owner recovers by opening a new
+//!   one (the reclaimer reopens its sources, see `reclaim`).
+//!
+//! Private descriptors (the reclaimer's pressure sources) are listed in a small table so that a
+//! fork child, which has no reclaimer, closes its copies ([`close_private_after_fork`]).
+//!
+//! Every function here that can run in a fork child or a signal handler is async-signal-safe:
+//! system calls on stack buffers, atomics, no allocation, no lock.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicI32, AtomicU64};
+
+/// Descriptors vrange keeps at most above the floor at once, the reclaimer's sources (waker,
+/// two PSI triggers, four vmpressure files, three headroom files) and a margin; shared regions
+/// add one each.
+pub const RESERVE: RawFd = 32;
+/// The floor never goes above this much below 1024.
+const CAP: RawFd = 1024;
+
+/// The lowest number vrange places a descriptor at: `min(soft RLIMIT_NOFILE, 1024) - 32`, or
+/// half the limit when it is below 64. Read at every placement, so it follows a program that
+/// changes its limit.
+pub fn floor() -> RawFd {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into `lim`, which lives across the call.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(CAP as libc::rlim_t) as RawFd
+    } else {
+        CAP
+    };
+    if soft >= 2 * RESERVE {
+        soft - RESERVE
+    } else {
+        soft / 2
+    }
+}
+
+/// What identifies the object behind a descriptor: its number, device, inode and, for an
+/// eventfd, its `eventfd-id`. `Copy`, so a poll set can hold it without owning the descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ident {
+    fd: RawFd,
+    dev: u64,
+    ino: u64,
+    /// `eventfd-id` + 1 from fdinfo; 0 for other files or where the kernel does not show it.
+    anon_id: u64,
+}
+
+impl Ident {
+    /// Reads the identity of whatever `fd` is now.
+    fn of(fd: RawFd) -> Option<Ident> {
+        let (dev, ino, anon) = stat(fd)?;
+        Some(Ident {
+            fd,
+            dev,
+            ino,
+            anon_id: if anon { eventfd_id(fd) } else { 0 },
+        })
+    }
+
+    /// An identity no descriptor has, for poll-set bookkeeping tests.
+    #[cfg(test)]
+    pub(crate) fn fake(fd: RawFd) -> Ident {
+        Ident {
+            fd,
+            dev: u64::MAX,
+            ino: u64::MAX,
+            anon_id: 0,
+        }
+    }
+
+    /// The descriptor number (valid only while [`Ident::verify`] says so).
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Whether the descriptor still refers to the object recorded. Async-signal-safe: one
+    /// fstat(2), and for an eventfd an open/read/close of its fdinfo.
+    pub fn verify(&self) -> bool {
+        if self.fd < 0 {
+            return false;
+        }
+        match stat(self.fd) {
+            Some((dev, ino, anon)) if dev == self.dev && ino == self.ino => {
+                !anon || self.anon_id == 0 || eventfd_id(self.fd) == self.anon_id
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A descriptor vrange owns: above the floor, close-on-exec, verified before use, closed only
+/// if still verified. See the module documentation.
+#[derive(Debug)]
+pub struct GuestFd {
+    ident: Ident,
+    /// Slot in the private table (see [`close_private_after_fork`]), or `usize::MAX`.
+    slot: usize,
+}
+
+/// Whether a fork child keeps its copy of a descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inherit {
+    /// Closed in a fork child (the reclaimer's sources: the child has no reclaimer).
+    Private,
+    /// Kept (a shared region's memfd: the child maps the region too).
+    Keep,
+}
+
+impl GuestFd {
+    /// Takes a descriptor just opened by vrange (at whatever number the kernel chose), moves it
+    /// above the [`floor`] with close-on-exec and records its identity. The original number is
+    /// closed.
+    ///
+    /// # Errors
+    /// EMFILE when no number above the floor is free (counted in [`Counts::no_room`]); the
+    /// errno of fstat(2).
+    pub fn adopt(fd: OwnedFd, inherit: Inherit) -> io::Result<GuestFd> {
+        GuestFd::copy_of(fd.as_fd(), inherit)
+    }
+
+    /// A copy of `fd` above the [`floor`], close-on-exec, that vrange owns (a private copy of
+    /// stderr, say); `fd` stays open.
+    ///
+    /// # Errors
+    /// As [`GuestFd::adopt`].
+    pub fn copy_of(fd: BorrowedFd<'_>, inherit: Inherit) -> io::Result<GuestFd> {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor borrowed for the call; the result, if
+        // any, is a new descriptor nothing else refers to.
+        let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor()) };
+        if high < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::EINVAL)) {
+                NO_ROOM.fetch_add(1, Relaxed);
+                return Err(io::Error::from_raw_os_error(libc::EMFILE));
+            }
+            return Err(e);
+        }
+        let Some(ident) = Ident::of(high) else {
+            let e = io::Error::last_os_error();
+            // SAFETY: `high` was created just above and nothing else knows it.
+            unsafe { libc::close(high) };
+            return Err(e);
+        };
+        let slot = match inherit {
+            Inherit::Private => track(&ident),
+            Inherit::Keep => usize::MAX,
+        };
+        Ok(GuestFd { ident, slot })
+    }
+
+    /// The identity recorded, for a poll set.
+    pub fn ident(&self) -> Ident {
+        self.ident
+    }
+
+    /// The descriptor number, unverified: for handing to the kernel in the same breath as it
+    /// was verified (a `cgroup.event_control` line), or for display.
+    pub fn raw(&self) -> RawFd {
+        self.ident.fd
+    }
+
+    /// The descriptor, if it still is the object vrange opened; `None` if the program closed or
+    /// replaced it.
+    pub fn get(&self) -> Option<BorrowedFd<'_>> {
+        if self.ident.verify() {
+            // SAFETY: verified open and ours just now; the borrow ends with `self`.
+            Some(unsafe { BorrowedFd::borrow_raw(self.ident.fd) })
+        } else {
+            None
+        }
+    }
+
+    /// Whether the descriptor still is the object vrange opened.
+    pub fn is_intact(&self) -> bool {
+        self.ident.verify()
+    }
+}
+
+impl Drop for GuestFd {
+    fn drop(&mut self) {
+        untrack(self.slot);
+        close_ident(&self.ident);
+    }
+}
+
+/// Closes `ident`'s descriptor if it verifies; otherwise forgets it and counts it lost.
+/// Async-signal-safe.
+fn close_ident(ident: &Ident) {
+    if ident.verify() {
+        // SAFETY: verified to be the descriptor vrange opened, which vrange owns.
+        unsafe { libc::close(ident.fd) };
+    } else {
+        LOST.fetch_add(1, Relaxed);
+    }
+}
+
+// ---- Counters ----
+
+static LOST: AtomicU64 = AtomicU64::new(0);
+static NO_ROOM: AtomicU64 = AtomicU64::new(0);
+
+/// How often vrange found its descriptors gone, or could not place one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Descriptors found closed or replaced by the program before use; each was forgotten (not
+    /// closed) and its owner opened a new one where it could.
+    pub lost: u64,
+    /// Descriptors not opened because no number above the floor was free.
+    pub no_room: u64,
+    /// Private descriptors held now (the reclaimer's sources).
+    pub held: u64,
+}
+
+/// The counters since the process started.
+pub fn counts() -> Counts {
+    Counts {
+        lost: LOST.load(Relaxed),
+        no_room: NO_ROOM.load(Relaxed),
+        held: PRIVATE.iter().filter(|s| s.load(Relaxed) >= 0).count() as u64,
+    }
+}
+
+/// Counts a descriptor found broken by its user (the reclaimer's poll set).
+pub fn count_lost() {
+    LOST.fetch_add(1, Relaxed);
+}
+
+// ---- Private table, for fork children ----
+
+const SLOTS: usize = 16;
+const FREE: i32 = -1;
+const FILLING: i32 = -2;
+static PRIVATE: [AtomicI32; SLOTS] = [const { AtomicI32::new(FREE) }; SLOTS];
+/// Device, inode and anonymous id of each slot's descriptor, written before the slot's number.
+static PRIVATE_ID: [[AtomicU64; 3]; SLOTS] =
+    [const { [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)] }; SLOTS];
+
+fn track(ident: &Ident) -> usize {
+    for (i, s) in PRIVATE.iter().enumerate() {
+        if s.compare_exchange(FREE, FILLING, AcqRel, Relaxed).is_ok() {
+            let id = &PRIVATE_ID[i];
+            id[0].store(ident.dev, Relaxed);
+            id[1].store(ident.ino, Relaxed);
+            id[2].store(ident.anon_id, Relaxed);
+            s.store(ident.fd, Release);
+            return i;
+        }
+    }
+    // Full: the descriptor is still closed by its owner, only not by a fork child.
+    usize::MAX
+}
+
+fn untrack(slot: usize) {
+    if let Some(s) = PRIVATE.get(slot) {
+        s.store(FREE, Release);
+    }
+}
+
+/// In a fork child: closes the child's copies of vrange's private descriptors (the parent's
+/// reclaimer's sources; the child has no reclaimer and opens its own when it needs them). Only
+/// descriptors that still verify are closed. Async-signal-safe; call only from a fork child
+/// handler, where no other thread exists.
+pub fn close_private_after_fork() {
+    for (s, id) in PRIVATE.iter().zip(&PRIVATE_ID) {
+        let fd = s.swap(FREE, Acquire);
+        if fd >= 0 {
+            close_ident(&Ident {
+                fd,
+                dev: id[0].load(Relaxed),
+                ino: id[1].load(Relaxed),
+                anon_id: id[2].load(Relaxed),
+            });
+        }
+    }
+}
+
+// ---- System calls ----
+
+/// (device, inode, anonymous inode?) of `fd`; async-signal-safe.
+fn stat(fd: RawFd) -> Option<(u64, u64, bool)> {
+    // SAFETY: an all-zero stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one stat into `st`, which lives across the call; a bad fd is EBADF.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    // Anonymous inodes (eventfd, signalfd, timerfd, ...) carry no file type bits.
+    let anon = st.st_mode & libc::S_IFMT == 0;
+    Some((st.st_dev, st.st_ino, anon))
+}
+
+/// `eventfd-id` + 1 from `/proc/self/fdinfo/<fd>`, or 0 when absent (not an eventfd, a kernel
+/// before 5.16, no /proc, or no descriptor free for the read). Async-signal-safe: the path and
+/// the text live on the stack.
+fn eventfd_id(fd: RawFd) -> u64 {
+    let mut path = [0u8; 40];
+    let prefix = b"/proc/self/fdinfo/";
+    path[..prefix.len()].copy_from_slice(prefix);
+    let n = write_decimal(&mut path[prefix.len()..], fd as u32 as u64);
+    // path ends with the NUL left by the zeroed buffer.
+    debug_assert!(prefix.len() + n < path.len());
+    // SAFETY: `path` is NUL-terminated; the flags are constants.
+    let info = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if info < 0 {
+        return 0;
+    }
+    let mut text = [0u8; 512];
+    // SAFETY: reads at most text.len() bytes into `text`, which lives across the call.
+    let len = unsafe { libc::read(info, text.as_mut_ptr().cast(), text.len()) };
+    // SAFETY: `info` was opened just above by this function.
+    unsafe { libc::close(info) };
+    let text = &text[..len.max(0) as usize];
+    text.split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"eventfd-id:"))
+        .and_then(parse_decimal)
+        .map_or(0, |id| id.saturating_add(1))
+}
+
+/// Writes `v` in decimal at the start of `buf`; returns the digits written.
+fn write_decimal(buf: &mut [u8], mut v: u64) -> usize {
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for i in 0..n {
+        buf[i] = digits[n - 1 - i];
+    }
+    n
+}
+
+fn parse_decimal(v: &[u8]) -> Option<u64> {
+    // Not `trim_ascii`: the crate's minimum Rust predates it.
+    let start = v.iter().position(|b| !b.is_ascii_whitespace())?;
+    let end = v.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    v[start..=end].iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    fn eventfd() -> OwnedFd {
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd was just returned by eventfd.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn placed_high_and_cloexec() {
+        let g = GuestFd::adopt(eventfd(), Inherit::Private).unwrap();
+        assert!(g.raw() >= floor());
+        // SAFETY: F_GETFD on a descriptor owned by `g`.
+        let flags = unsafe { libc::fcntl(g.raw(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert!(g.get().is_some());
+    }
+
+    #[test]
+    fn an_eventfd_put_in_its_place_is_not_ours() {
+        let g = GuestFd::adopt(eventfd(), Inherit::Private).unwrap();
+        let fd = g.raw();
+        // The program closes it and puts an eventfd of its own at the same number.
+        let theirs = eventfd();
+        // SAFETY: closing by number is what the program under test does; dup2 onto the freed
+        // number then gives it a different eventfd.
+        unsafe { libc::close(fd) };
+        // SAFETY: dup2 between two descriptors of this test.
+        assert_eq!(unsafe { libc::dup2(theirs.as_raw_fd(), fd) }, fd);
+        let lost = counts().lost;
+        assert!(g.get().is_none(), "a different eventfd passed verification");
+        drop(g);
+        assert!(counts().lost > lost);
+        // The program's descriptor is still open: vrange did not close it.
+        // SAFETY: F_GETFD has no memory effects.
+        assert!(unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0);
+        // SAFETY: the test's own descriptor.
+        unsafe { libc::close(fd) };
+    }
+
+    #[test]
+    fn a_file_put_in_its_place_is_not_ours() {
+        let g = GuestFd::adopt(eventfd(), Inherit::Private).unwrap();
+        let fd = g.raw();
+        let theirs = std::fs::File::open("/proc/self/status").unwrap();
+        // SAFETY: as above.
+        unsafe { libc::close(fd) };
+        // SAFETY: dup2 between two descriptors of this test.
+        assert_eq!(unsafe { libc::dup2(theirs.as_raw_fd(), fd) }, fd);
+        assert!(!g.is_intact());
+        drop(g);
+        // SAFETY: F_GETFD has no memory effects.
+        assert!(unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0);
+        // SAFETY: the test's own descriptor.
+        unsafe { libc::close(fd) };
+    }
+
+    #[test]
+    fn decimal_round_trip() {
+        let mut buf = [0u8; 20];
+        for v in [0u64, 7, 10, 992, u64::MAX] {
+            let n = write_decimal(&mut buf, v);
+            assert_eq!(parse_decimal(&buf[..n]), Some(v));
+        }
+        assert_eq!(parse_decimal(b"\t12\n"), Some(12));
+        assert_eq!(parse_decimal(b"x"), None);
+    }
+
+    #[test]
+    fn floor_follows_the_limit() {
+        let f = floor();
+        assert!(f > 2 && f < CAP);
+    }
+}
