@@ -47,7 +47,7 @@ pub fn map_anon(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
             std::ptr::null_mut(),
             total,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
