@@ -130,7 +130,10 @@ fn locked_memory_is_refused_and_left_pinned() {
     fill(m.ptr, m.len, 20);
     // SAFETY: test-owned memory; locking our own mapping.
     if unsafe { libc::mlock(m.page(4).cast(), 4 * page) } != 0 {
-        println!("skipped: mlock failed: {}", std::io::Error::last_os_error());
+        vrange_testkit::skip(format_args!(
+            "mlock failed: {}",
+            std::io::Error::last_os_error()
+        ));
         return;
     }
     // SAFETY: test-owned memory; ours.
@@ -160,7 +163,10 @@ fn regression_refused_mark_keeps_an_earlier_purge() {
     force_purge(m.ptr, page);
     // SAFETY: test-owned memory; locking our own mapping.
     if unsafe { libc::mlock(m.page(6).cast(), page) } != 0 {
-        println!("skipped: mlock failed: {}", std::io::Error::last_os_error());
+        vrange_testkit::skip(format_args!(
+            "mlock failed: {}",
+            std::io::Error::last_os_error()
+        ));
         return;
     }
     // SAFETY: test-owned memory; ours.

@@ -537,7 +537,7 @@ impl Outcome {
 /// would leave less volatile memory than the scenario needs. Such retries are printed.
 fn run(s: Setup) -> Option<Outcome> {
     let Some(parent) = MemCgroup::current() else {
-        println!("skipped: this process has no readable memory cgroup");
+        vrange_testkit::skip("this process has no readable memory cgroup");
         return None;
     };
     let mut disturbed = Vec::new();
@@ -545,10 +545,10 @@ fn run(s: Setup) -> Option<Outcome> {
         let child = match parent.create_child(&unique_name("vrange-managed-"), LIMIT as u64) {
             Ok(child) => child,
             Err(e) if not_allowed(&e) => {
-                println!(
-                    "skipped: cannot create a memory cgroup under {}: {e}",
+                vrange_testkit::skip(format_args!(
+                    "cannot create a memory cgroup under {}: {e}",
                     parent.path().display()
-                );
+                ));
                 return None;
             }
             Err(e) => panic!("create a child of {}: {e}", parent.path().display()),

@@ -394,16 +394,16 @@ struct Outcome {
 fn run(s: Setup) -> Option<Outcome> {
     let _serial = serial();
     let Some(parent) = MemCgroup::current() else {
-        println!("skipped: this process has no readable memory cgroup");
+        vrange_testkit::skip("this process has no readable memory cgroup");
         return None;
     };
     let child = match parent.create_child(&unique_name("vrange-pressure-"), LIMIT as u64) {
         Ok(child) => child,
         Err(e) if not_allowed(&e) => {
-            println!(
-                "skipped: cannot create a memory cgroup under {}: {e}",
+            vrange_testkit::skip(format_args!(
+                "cannot create a memory cgroup under {}: {e}",
                 parent.path().display()
-            );
+            ));
             return None;
         }
         Err(e) => panic!("create a child of {}: {e}", parent.path().display()),
@@ -551,11 +551,11 @@ fn cgroup_pressure_thp() {
     let chunks = &out.worker.chunk_purged[..(BUF / mem::HUGE_PAGE / 2)];
     println!("THP chunks purged: {chunks:?}");
     if out.before.anon_huge_kb < (BUF / 1024) as u64 {
-        println!(
-            "skipped: whole-THP discard check: only {} kB of the buffer got huge pages \
+        vrange_testkit::skip(format_args!(
+            "whole-THP discard check: only {} kB of the buffer got huge pages \
              (exactness was still checked)",
             out.before.anon_huge_kb
-        );
+        ));
         return;
     }
     for (i, &n) in chunks.iter().enumerate() {

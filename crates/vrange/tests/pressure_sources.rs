@@ -274,7 +274,9 @@ fn waker_wakes_a_poller_from_another_thread() {
 fn psi_trigger_window_rule() {
     let _serial = serial();
     if !Path::new(SYSTEM_PSI_FILE).exists() {
-        println!("skipped: {SYSTEM_PSI_FILE} is absent (kernel without PSI, or psi=0)");
+        vrange_testkit::skip(format_args!(
+            "{SYSTEM_PSI_FILE} is absent (kernel without PSI, or psi=0)"
+        ));
         return;
     }
     let privileged = has_cap_sys_resource();
@@ -387,14 +389,14 @@ fn vmpressure_fires_under_cgroup_pressure() {
     let cgroup = match thrasher_cgroup() {
         Ok(c) => c,
         Err(why) => {
-            println!("skipped: {why}");
+            vrange_testkit::skip(format_args!("{why}"));
             return;
         }
     };
     if cgroup.cgroup().version() != Version::V1 {
         let e = VmPressure::register(cgroup.cgroup(), Level::Medium).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
-        println!("skipped: vmpressure needs cgroup v1; this is v2");
+        vrange_testkit::skip("vmpressure needs cgroup v1; this is v2");
         return;
     }
     let cg = cgroup.cgroup().clone();
@@ -553,13 +555,15 @@ impl Drop for V2Cgroup {
 fn psi_triggers_fire_under_pressure() {
     let _serial = serial();
     if !Path::new(SYSTEM_PSI_FILE).exists() {
-        println!("skipped: {SYSTEM_PSI_FILE} is absent (kernel without PSI, or psi=0)");
+        vrange_testkit::skip(format_args!(
+            "{SYSTEM_PSI_FILE} is absent (kernel without PSI, or psi=0)"
+        ));
         return;
     }
     let cgroup = match thrasher_cgroup() {
         Ok(c) => c,
         Err(why) => {
-            println!("skipped: {why}");
+            vrange_testkit::skip(format_args!("{why}"));
             return;
         }
     };

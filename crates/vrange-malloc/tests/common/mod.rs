@@ -6,26 +6,11 @@
 #[path = "../../support/shim.rs"]
 mod build;
 use build::target_dir;
-use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// Whether the tests run in CI (`CI` set, and not to `""`, `0` or `false`): a test that cannot
-/// run here fails there instead of skipping.
-pub fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
-}
-
-/// Says why a test does not run: prints "skipped: <reason>", or panics under CI, where every
-/// test must run.
-pub fn skip(reason: impl Display) {
-    assert!(
-        !ci(),
-        "{reason} (CI is set, so this test must run: fix the environment)"
-    );
-    println!("skipped: {reason}");
-}
+pub use vrange_testkit::skip;
 
 /// The programs in `paths` that do not exist, as a skip reason (`None`: all present).
 pub fn missing(paths: &[&str]) -> Option<String> {

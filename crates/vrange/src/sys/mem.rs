@@ -34,6 +34,10 @@ fn errno() -> i32 {
 /// Maps `len` bytes (a page multiple) of private anonymous read-write memory whose start is
 /// aligned to `align` (a power of two, at least a page). Content is zero.
 ///
+/// The mapping is accounted (no MAP_NORESERVE), like glibc's: memory handed to a program must
+/// be refused by the kernel's overcommit policy at the mmap, not OOM-kill the program on first
+/// touch. A request larger than memory and swap fails here under the default heuristic.
+///
 /// # Errors
 /// The errno of mmap(2) (ENOMEM when the address space or overcommit limit is exhausted).
 pub fn map_anon(len: usize, align: usize) -> Result<NonNull<u8>, i32> {

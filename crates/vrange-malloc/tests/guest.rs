@@ -1,0 +1,204 @@
+//! vrange-malloc as a guest in programs it did not write: it must never touch their
+//! descriptors, and must refuse an impossible request the way glibc does instead of getting the
+//! program OOM-killed later. Each case is a regression test for a defect seen with the shim:
+//!
+//! - a program that closed 3..63, opened files and kept allocating had vrange's eventfd writes
+//!   land in its first file, and its fork child closed the program's file by number;
+//! - a process started with 0 and 1 closed had vrange's descriptors become 0 and 1, so its
+//!   `write(1)` got EBUSY instead of EBADF;
+//! - one 64 KiB allocation opened six descriptors, none of them needed yet;
+//! - `malloc(more than memory and swap)` succeeded (MAP_NORESERVE), and Python's
+//!   `bytearray(1 << 40)` in a 1 GiB memory cgroup was OOM-killed instead of raising
+//!   MemoryError.
+
+mod common;
+use common::*;
+use std::process::Command;
+use std::sync::OnceLock;
+use vrange::sys::cgroup::{join_before_exec, unique_name, MemCgroup};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// The guest program, compiled once.
+fn guest() -> &'static std::path::Path {
+    static BIN: OnceLock<(Scratch, std::path::PathBuf)> = OnceLock::new();
+    &BIN.get_or_init(|| {
+        let dir = Scratch::new("guest-bin");
+        let bin = dir.join("guest");
+        compile("guest.c", &bin, &[]);
+        (dir, bin)
+    })
+    .1
+}
+
+fn assert_ok(label: &str, cmd: &Command, out: &std::process::Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "ok"),
+        "{label}: {cmd:?} ended with {}\n{}",
+        out.status,
+        show(out)
+    );
+}
+
+#[test]
+fn closed_and_reused_descriptors_are_never_written_or_closed() {
+    let dir = Scratch::new("guest-closefrom");
+    let mut cmd = Command::new(guest());
+    cmd.arg("closefrom")
+        .arg(dir.path())
+        .env("VRANGE_MALLOC_BUDGET", "1M")
+        // Short ticks: the reclaimer notices the closed sources within the churn.
+        .env("VRANGE_POLL_MS", "20");
+    let out = output(with_shim(&mut cmd, &[]));
+    assert_ok("closefrom under the shim", &cmd, &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let sums = summaries(&stderr);
+    assert!(
+        sums.len() == 2 && sums.iter().all(|s| s.allocations > 100),
+        "the shim did not serve the churn of both processes\n{}",
+        show(&out)
+    );
+    assert!(
+        sums[1].purged_mib > 0.0,
+        "the reclaimer never purged, so its descriptors were never exercised\n{}",
+        show(&out)
+    );
+    // The program closed vrange's sources twice (closefrom, close_range): it must have noticed
+    // and said so in the summary.
+    assert!(
+        stderr.contains("descriptors closed under vrange by the program"),
+        "vrange did not notice its descriptors being closed\n{}",
+        show(&out)
+    );
+    let mut plain = Command::new(guest());
+    plain.arg("closefrom").arg(dir.path());
+    let out = output(without_shim(&mut plain));
+    assert_ok("closefrom without the shim", &plain, &out);
+}
+
+#[test]
+fn no_descriptor_before_volatile_memory_and_then_only_above_the_floor() {
+    let floor = vrange::sys::fd::floor();
+    let mut cmd = Command::new(guest());
+    cmd.arg("lazyfds").arg(floor.to_string());
+    with_shim(&mut cmd, &[]).env_remove("VRANGE_MALLOC_STATS");
+    let out = output(&mut cmd);
+    assert_ok("lazyfds under the shim", &cmd, &out);
+}
+
+#[test]
+fn a_program_started_with_stdin_and_stdout_closed_keeps_them_closed() {
+    if let Some(why) = missing(&[PYTHON]) {
+        return skip(why);
+    }
+    let dir = Scratch::new("guest-closed-std");
+    let report = dir.join("report");
+    // Large buffers churned (the reclaimer starts and opens its sources), then fds 0 and 1 must
+    // still be closed: EBADF, not one of vrange's descriptors.
+    let prog = r#"
+import errno, os, sys
+keep = []
+for i in range(400):
+    b = bytearray((64 << 10) << (i % 6))
+    b[0] = 1
+    keep.append(b)
+    if len(keep) > 4:
+        keep.pop(0)
+del keep
+import time; time.sleep(0.3)
+out = []
+for fd in (0, 1):
+    try:
+        os.fstat(fd)
+        out.append(f"fd {fd} is open: {os.readlink(f'/proc/self/fd/{fd}')}")
+    except OSError as e:
+        out.append(f"fd {fd} {errno.errorcode[e.errno]}")
+try:
+    os.write(1, b"x")
+    out.append("write(1) succeeded")
+except OSError as e:
+    out.append(f"write(1) {errno.errorcode[e.errno]}")
+with open(sys.argv[1], "w") as f:
+    f.write("\n".join(out) + "\n")
+"#;
+    let script = dir.join("closed.py");
+    std::fs::write(&script, prog).unwrap();
+    let run = |shim: bool| {
+        let _ = std::fs::remove_file(&report);
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "exec {PYTHON} {} {} 0<&- 1>&-",
+                script.display(),
+                report.display()
+            ))
+            .env("VRANGE_MALLOC_BUDGET", "1M");
+        if shim {
+            with_shim(&mut cmd, &[]);
+        } else {
+            without_shim(&mut cmd);
+        }
+        let out = output(&mut cmd);
+        assert!(out.status.success(), "{cmd:?}\n{}", show(&out));
+        let text = std::fs::read_to_string(&report).unwrap_or_default();
+        (text, out)
+    };
+    let (plain, _) = run(false);
+    let (shimmed, out) = run(true);
+    assert_eq!(
+        plain, "fd 0 EBADF\nfd 1 EBADF\nwrite(1) EBADF\n",
+        "without the shim"
+    );
+    assert_eq!(shimmed, plain, "under the shim\n{}", show(&out));
+    let served: u64 = summaries(&String::from_utf8_lossy(&out.stderr))
+        .iter()
+        .map(|s| s.allocations)
+        .sum();
+    assert!(served > 0, "the shim served nothing\n{}", show(&out));
+}
+
+#[test]
+fn a_request_larger_than_memory_fails_with_enomem() {
+    let mut cmd = Command::new(guest());
+    cmd.arg("enomem");
+    let out = output(with_shim(&mut cmd, &[]));
+    assert_ok("enomem under the shim", &cmd, &out);
+    let mut plain = Command::new(guest());
+    plain.arg("enomem");
+    let out = output(without_shim(&mut plain));
+    assert_ok("enomem with glibc", &plain, &out);
+}
+
+#[test]
+fn python_raises_memory_error_in_a_small_cgroup() {
+    if let Some(why) = missing(&[PYTHON]) {
+        return skip(why);
+    }
+    let Some(parent) = MemCgroup::current() else {
+        return skip("no memory cgroup");
+    };
+    let child = match parent.create_child(&unique_name("vrange-malloc-enomem-"), 1 << 30) {
+        Ok(c) => c,
+        Err(e) => return skip(format!("cannot create a memory cgroup: {e}")),
+    };
+    let prog = "try:\n    b = bytearray(1 << 40)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')\n";
+    for shim in [false, true] {
+        let mut cmd = Command::new(PYTHON);
+        cmd.args(["-c", prog]);
+        if shim {
+            with_shim(&mut cmd, &[]);
+        } else {
+            without_shim(&mut cmd);
+        }
+        join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join");
+        let out = output(&mut cmd);
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout) == "MemoryError\n",
+            "shim {shim}: {cmd:?} ended with {}\n{}",
+            out.status,
+            show(&out)
+        );
+    }
+    assert_eq!(child.cgroup().oom_kills().unwrap_or(0), 0);
+}
