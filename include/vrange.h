@@ -48,6 +48,10 @@
  *     them can be discarded any more. If purged is not NULL, *purged is set to 1 when at
  *     least one page of the range was discarded while volatile, and to 0 otherwise. The
  *     report is exact: a page is reported intact only if its content provably survived.
+ *     purged (and purged_pages below) must be NULL or point to writable memory: vrange
+ *     writes through it without checking, as the call is async-signal-safe and a check
+ *     would cost a system call, so an invalid pointer crashes the caller (there is no
+ *     EFAULT).
  *
  *     vrange_unmark() is VRANGE_NOVOLATILE with a pointer argument and a finer report: if
  *     purged_pages is not NULL, *purged_pages is set to the number of pages of the range
@@ -55,7 +59,10 @@
  *
  *     start must be page-aligned (sysconf(_SC_PAGESIZE)). length is rounded up to a whole
  *     number of pages. A length of 0 does nothing and returns 0 (like madvise(2)); start
- *     must still be aligned, and for VRANGE_NOVOLATILE *purged is set to 0.
+ *     must still be aligned and at most 2^48 (the end of the range vrange tracks: the empty
+ *     range at 2^48 itself is accepted, vrange(1UL << 48, 0, ...) returns 0, while
+ *     vrange((1UL << 48) + 4096, 0, ...) fails with EINVAL), and for VRANGE_NOVOLATILE
+ *     *purged is set to 0.
  *
  *     Semantics of the page states (the classic volatile-range rules):
  *
@@ -210,6 +217,9 @@
  *
  *     vrange_purge() returns the bytes it freed: the sum of the lengths of the ranges it
  *     purged (0 if nothing was volatile, or with errno ENOTRECOVERABLE on an internal error).
+ *     A range whose memory could not be freed (a shared region whose hole the kernel refused
+ *     to punch, or whose descriptor the program closed) is not counted: it stays volatile
+ *     and intact, and its next unmark reports it intact.
  *
  *     vrange_source_name() returns a static string, or NULL with errno EINVAL when source is
  *     not a VRANGE_SOURCE_* value.

@@ -182,3 +182,22 @@ fn regression_refused_mark_keeps_an_earlier_purge() {
     // SAFETY: test-owned memory; ours.
     unsafe { libc::munlock(m.page(6).cast(), page) };
 }
+
+/// The zero-length rule at the end of the tracked range, as vrange.h documents it: the empty
+/// range at 2^48 is accepted (it lies within the tracked range's end), one a page above is not.
+#[test]
+fn zero_length_at_the_tracked_boundary() {
+    let top = (1usize << 48) as *mut u8;
+    // SAFETY: a zero-length call touches no memory.
+    assert_eq!(unsafe { vrange::mark_volatile(top, 0) }, Ok(0));
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { vrange::unmark(top, 0) },
+        Ok(vrange::Unmarked::default())
+    );
+    let above = top.wrapping_add(page_size());
+    // SAFETY: as above.
+    let r = unsafe { vrange::mark_volatile(above, 0) };
+    assert_eq!(r, Err(Error::OutOfReach));
+    assert_eq!(Error::OutOfReach.errno(), libc::EINVAL);
+}

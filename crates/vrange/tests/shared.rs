@@ -631,3 +631,59 @@ fn purge_by_other_process_frees_memory() {
     assert_eq!((purged, c.zero), (pages, pages), "so does the peer's");
     peer.finish();
 }
+
+/// Regression: a purge whose hole could not be punched counted the region as freed and
+/// reported it purged at the next unmark. Here the program closes the region's descriptor and
+/// puts a file of its own at that number: vrange must not punch the program's file, must not
+/// count anything as freed, and the next unmark must report the region intact.
+#[test]
+fn purge_with_the_descriptor_closed_by_the_program_frees_nothing_and_loses_nothing() {
+    const LEN: usize = 4 * MIB;
+    const SEED: u64 = 43;
+    let _serial = serial();
+    quiet_reclaimer();
+    let r = shared_region(LEN);
+    fill(r.as_ptr(), r.len(), SEED);
+    let number = r.shared_fd().unwrap().as_raw_fd();
+    // The program's own file, full of ones, as big as the region and its header.
+    let mine = tempfile_of(LEN + page_size(), 1);
+    // SAFETY: no reference into the region is held while it is volatile.
+    unsafe { r.mark() }.unwrap();
+    // SAFETY: closing by number and dup2 onto it is what the program under test does.
+    unsafe {
+        libc::close(number);
+        assert_eq!(libc::dup2(mine.as_raw_fd(), number), number);
+    }
+    let lost_before = vrange::stats().descriptors_lost;
+    let freed = vrange::purge(usize::MAX);
+    assert_eq!(freed, 0, "a purge that punched nothing freed {freed} bytes");
+    assert_eq!(
+        file_bytes(mine.as_fd()),
+        (LEN + page_size()) as u64,
+        "the program's file was punched"
+    );
+    assert!(
+        r.shared_fd().is_none(),
+        "the region still offers the program's descriptor"
+    );
+    let report = r.unmark().unwrap();
+    assert!(!report.was_purged(), "reported purged: {report:?}");
+    assert!(check(r.as_ptr(), r.len(), SEED), "the content was lost");
+    // SAFETY: the test's own descriptor at that number.
+    unsafe { libc::close(number) };
+    drop(r);
+    assert!(
+        vrange::stats().descriptors_lost > lost_before,
+        "freeing the region did not count its descriptor as lost"
+    );
+}
+
+/// A file of `len` bytes of `byte`, already unlinked.
+fn tempfile_of(len: usize, byte: u8) -> OwnedFd {
+    let path = std::env::temp_dir().join(format!("vrange-shared-mine-{}", std::process::id()));
+    let mut f = std::fs::File::create(&path).unwrap();
+    std::io::Write::write_all(&mut f, &vec![byte; len]).unwrap();
+    f.sync_all().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f.into()
+}
