@@ -191,10 +191,8 @@ fn zero_length_at_the_tracked_boundary() {
     // SAFETY: a zero-length call touches no memory.
     assert_eq!(unsafe { vrange::mark_volatile(top, 0) }, Ok(0));
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { vrange::unmark(top, 0) },
-        Ok(vrange::Unmarked::default())
-    );
+    let r = unsafe { vrange::unmark(top, 0) };
+    assert_eq!(r, Ok(vrange::Unmarked::default()));
     let above = top.wrapping_add(page_size());
     // SAFETY: as above.
     let r = unsafe { vrange::mark_volatile(above, 0) };

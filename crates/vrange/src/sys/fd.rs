@@ -98,6 +98,33 @@ impl Ident {
         }
     }
 
+    /// An identity kept in atomics by a caller that cannot hold a [`GuestFd`] (see
+    /// [`GuestFd::leak`]).
+    pub fn from_parts(fd: RawFd, dev: u64, ino: u64) -> Ident {
+        Ident {
+            fd,
+            dev,
+            ino,
+            anon_id: 0,
+        }
+    }
+
+    /// The device recorded.
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+
+    /// The inode recorded.
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// Closes the descriptor if it still verifies; otherwise forgets it and counts it lost.
+    /// Async-signal-safe. For identities from [`GuestFd::leak`] only.
+    pub fn close(&self) {
+        close_ident(self);
+    }
+
     /// The descriptor number (valid only while [`Ident::verify`] says so).
     pub fn fd(&self) -> RawFd {
         self.fd
@@ -203,6 +230,16 @@ impl GuestFd {
     /// Whether the descriptor still is the object vrange opened.
     pub fn is_intact(&self) -> bool {
         self.ident.verify()
+    }
+
+    /// Gives up ownership to a caller that keeps the identity in atomics (async-signal-safe
+    /// code cannot hold a value with a destructor in a static); it closes the descriptor with
+    /// [`Ident::close`]. Only for [`Inherit::Keep`] descriptors.
+    pub fn leak(self) -> Ident {
+        debug_assert_eq!(self.slot, usize::MAX, "private descriptors are not leaked");
+        let ident = self.ident;
+        std::mem::forget(self);
+        ident
     }
 }
 

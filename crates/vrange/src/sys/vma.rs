@@ -6,7 +6,9 @@
 //! open, read, ioctl and close are called, no allocation, no lock. It must stay that way,
 //! because unmarking from a signal handler depends on it.
 
+use super::fd::{self, GuestFd, Ident, Inherit};
 use crate::Error;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// `_IOWR('f', 17, struct procmap_query)` from `<linux/fs.h>`.
@@ -60,8 +62,12 @@ impl Vma {
 }
 
 /// Cached `/proc/self/maps` descriptor for PROCMAP_QUERY: `pid << 32 | fd`, 0 when unset. The
-/// pid guards against using a descriptor inherited across fork, which names the parent.
+/// pid guards against using a descriptor inherited across fork, which names the parent. It is
+/// a `sys::fd` descriptor (above the floor, verified before each use), kept as its identity:
+/// the number here, device and inode below (the same for every open of one process's maps).
 static MAPS_FD: AtomicU64 = AtomicU64::new(0);
+static MAPS_DEV: AtomicU64 = AtomicU64::new(0);
+static MAPS_INO: AtomicU64 = AtomicU64::new(0);
 /// Set once PROCMAP_QUERY has answered ENOTTY/EINVAL: this kernel lacks it.
 static NO_QUERY: AtomicBool = AtomicBool::new(false);
 
@@ -92,25 +98,49 @@ fn close(fd: i32) {
     unsafe { libc::close(fd) };
 }
 
-/// The cached descriptor for this process, opening it on first use (or first use after fork).
+/// The cached descriptor's identity as stored.
+fn cached_ident(packed: u64, dev: u64, ino: u64) -> Ident {
+    Ident::from_parts(packed as u32 as i32, dev, ino)
+}
+
+/// The cached descriptor for this process, opening it on first use, first use after fork, or
+/// after the program closed it. Async-signal-safe.
 fn query_fd() -> Result<i32, Error> {
     let pid = getpid();
     let cached = MAPS_FD.load(Ordering::Acquire);
-    if cached != 0 && (cached >> 32) as u32 == pid {
-        return Ok(cached as u32 as i32);
+    let (dev, ino) = (
+        MAPS_DEV.load(Ordering::Acquire),
+        MAPS_INO.load(Ordering::Acquire),
+    );
+    let mine = cached != 0 && (cached >> 32) as u32 == pid;
+    if mine {
+        let ident = cached_ident(cached, dev, ino);
+        if ident.verify() {
+            return Ok(ident.fd());
+        }
+        // Closed, or replaced by a file of the program's: forget it, never close it.
+        fd::count_lost();
     }
-    let fd = open_maps()?;
-    let packed = (u64::from(pid) << 32) | u64::from(fd as u32);
+    let raw = open_maps()?;
+    // SAFETY: open just returned this descriptor, and nothing else knows it.
+    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fresh = GuestFd::adopt(owned, Inherit::Keep)
+        .map_err(|e| Error::Os(e.raw_os_error().unwrap_or(libc::EMFILE)))?
+        .leak();
+    MAPS_DEV.store(fresh.dev(), Ordering::Release);
+    MAPS_INO.store(fresh.ino(), Ordering::Release);
+    let packed = (u64::from(pid) << 32) | u64::from(fresh.fd() as u32);
     match MAPS_FD.compare_exchange(cached, packed, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
-            // The old descriptor was inherited from the parent: nobody here uses it.
-            if cached != 0 {
-                close(cached as u32 as i32);
+            // Inherited from the parent (it names the parent's maps, whose identity was
+            // recorded before this child existed): the child's copy is closed if still it.
+            if cached != 0 && !mine {
+                cached_ident(cached, dev, ino).close();
             }
-            Ok(fd)
+            Ok(fresh.fd())
         }
         Err(winner) => {
-            close(fd);
+            fresh.close();
             if (winner >> 32) as u32 == pid {
                 Ok(winner as u32 as i32)
             } else {
