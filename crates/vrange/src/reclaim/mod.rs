@@ -422,18 +422,22 @@ fn run() {
             }
         }
         if let Some(w) = &mut watch {
-            if !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0 {
-                *w = Watch::open();
-            }
-            check_headroom(w, t);
-            if t.saturating_sub(last_check) >= 1_000_000_000 {
+            let mut reopen = !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0;
+            if !reopen && t.saturating_sub(last_check) >= 1_000_000_000 {
                 last_check = t;
-                if w.stale() {
-                    *w = Watch::open();
-                } else {
+                reopen = w.stale();
+                if !reopen {
                     w.refresh_limits();
                 }
             }
+            if reopen {
+                // Close the old sources before opening new ones.
+                drop(watch.take());
+                watch = Some(Watch::open());
+            }
+        }
+        if let Some(w) = &watch {
+            check_headroom(w, t);
         }
         check_budget(reasons & WAKE_BUDGET != 0, t);
         let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
