@@ -108,7 +108,7 @@ pub fn keep_stderr() {
 pub fn print_summary() {
     let s = vrange::stats();
     let a = s.allocator;
-    let mut buf = Buf::default();
+    let mut buf = vrange::settings::StackText::<1024>::default();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let _ = std::fmt::Write::write_fmt(
         &mut buf,
@@ -127,31 +127,7 @@ pub fn print_summary() {
             mib(s.purged_total_bytes),
         ),
     );
-    let out = &buf.bytes[..buf.len];
+    let out = buf.bytes();
     // SAFETY: writes initialised bytes of a local buffer to fd 2.
     let _ = unsafe { libc::write(SUMMARY_FD.load(Relaxed), out.as_ptr().cast(), out.len()) };
-}
-
-/// A fixed buffer that formats without allocating (silently truncating).
-struct Buf {
-    bytes: [u8; 1024],
-    len: usize,
-}
-
-impl Default for Buf {
-    fn default() -> Buf {
-        Buf {
-            bytes: [0; 1024],
-            len: 0,
-        }
-    }
-}
-
-impl std::fmt::Write for Buf {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let n = s.len().min(self.bytes.len() - self.len);
-        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
 }
