@@ -194,7 +194,8 @@
  *
  *     vrange_set_option() changes a setting at run time: name is the name of its environment
  *     variable (see ENVIRONMENT), value a string as the variable would hold. The reclaimer
- *     applies the change at its next wake-up.
+ *     applies the change at its next wake-up. An unknown name or a malformed value changes
+ *     nothing.
  *
  * RETURN VALUE
  *     vrange() and vrange_unmark() return the number of bytes processed, which is length
@@ -290,7 +291,8 @@
  *
  *   vrange_set_option()
  *     EINVAL  name or value is NULL or not UTF-8, name is not one of the variables listed in
- *             ENVIRONMENT, or value is malformed for it. Nothing changes then.
+ *             ENVIRONMENT, or value is malformed or out of range for it. Nothing
+ *             changes then.
  *
  *   All functions
  *     ENOTRECOVERABLE
@@ -363,9 +365,20 @@
  *     memory pressure (or when asked to, with MADV_PAGEOUT).
  *
  * ENVIRONMENT
- *     Read once, when libvrange first needs its settings; a malformed value is reported on
- *     standard error and the default kept. vrange_set_option() changes them later, under the
- *     same names. Sizes take an optional K, M, G or T suffix (powers of 1024).
+ *     Read once, when libvrange first needs its settings. vrange_set_option() changes them
+ *     later, under the same names, and refuses with EINVAL what the environment would report.
+ *
+ *     A malformed value is reported once per process, in one line on standard error naming
+ *     the variable, what it accepts and the value used instead (the default), and the default
+ *     is kept:
+ *
+ *         vrange: VRANGE_POLL_MS=fast is not valid (milliseconds); using 100
+ *
+ *     Sizes are decimal bytes with an optional unit, B, K, KB, KiB, M, MB, MiB, G, GB, GiB,
+ *     T, TB or TiB, in any case, whitespace allowed around the number and the unit ("64MiB",
+ *     "2 g"); every unit is a power of 1024 (KB means KiB, as in jemalloc and ulimit). No
+ *     sign, no fraction, nothing above 2^64 - 1. Milliseconds and percentages are decimal
+ *     digits. Switches are on/off, yes/no, true/false or 1/0; keywords are read in any case.
  *
  *     VRANGE_RECLAIMER       on | off (default on). off: no reclaimer thread; only
  *                            vrange_purge() purges, and hybrid ranges are never armed.
@@ -378,10 +391,12 @@
  *                            cgroup's limit minus its usage falls below it; auto is the
  *                            limit / 16, clamped to [4 MiB, 256 MiB].
  *     VRANGE_POLL_MS         Milliseconds between checks of headroom, budget and arming
- *                            (default 100).
+ *                            (default 100); 0 means 1.
  *     VRANGE_PSI             "some|full STALL_US WINDOW_US" | off (default "some 100000
  *                            2000000"): the PSI trigger on the system and cgroup v2 memory
- *                            pressure files.
+ *                            pressure files, with 0 < STALL_US <= WINDOW_US <= 10000000.
+ *                            The window is rounded up to what the kernel accepts: at least
+ *                            500 ms, and a multiple of 2 s without CAP_SYS_RESOURCE.
  *     VRANGE_VMPRESSURE      on | off (default on): cgroup v1 memory.pressure_level medium
  *                            and critical events.
  *     VRANGE_PRESSURE_SHARE  1 to 100 (default 25): percent of the volatile bytes purged per

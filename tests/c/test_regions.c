@@ -125,6 +125,23 @@ static void test_options(void)
 		{"VRANGE_ARM_DELAY_MS", "3600000"},
 		{"VRANGE_RECLAIMER", "on"},
 	};
+	/* One grammar for every size (units are powers of 1024, any case), and every malformed
+	 * value refused, whatever the option. */
+	static const char *const sizes[] = {"64MiB", " 2 gib ", "1KB", "3t", "4096", "16 M"};
+	static const char *const bad[][2] = {
+		{"VRANGE_BUDGET", "M"},
+		{"VRANGE_BUDGET", "-1"},
+		{"VRANGE_BUDGET", "1.5G"},
+		{"VRANGE_BUDGET", ""},
+		{"VRANGE_BUDGET", "99999999999T"},
+		{"VRANGE_HEADROOM", "auto-ish"},
+		{"VRANGE_POLL_MS", "10ms"},
+		{"VRANGE_ARM_DELAY_MS", "-5"},
+		{"VRANGE_RECLAIMER", "maybe"},
+		{"VRANGE_VMPRESSURE", "2"},
+		{"VRANGE_PSI", "some 3 2"},
+		{"VRANGE_PRESSURE_SHARE", "101"},
+	};
 	int ok = 1;
 	int r;
 
@@ -141,6 +158,19 @@ static void test_options(void)
 	errno = 0;
 	r = vrange_set_option("VRANGE_BUDGET", "12Q");
 	expect_errno(r == -1, errno, EINVAL, "vrange_set_option with a malformed size");
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char what[96];
+
+		snprintf(what, sizeof what, "vrange_set_option(\"%s\", \"%s\")", bad[i][0], bad[i][1]);
+		errno = 0;
+		r = vrange_set_option(bad[i][0], bad[i][1]);
+		expect_errno(r == -1, errno, EINVAL, what);
+	}
+	ok = 1;
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		ok &= vrange_set_option("VRANGE_BUDGET", sizes[i]) == 0;
+	ok &= vrange_set_option("VRANGE_BUDGET", "0") == 0;
+	check(ok, "vrange_set_option takes every size spelling (64MiB, 2 gib, 1KB, ...)");
 	errno = 0;
 	r = vrange_set_option(NULL, "1");
 	expect_errno(r == -1, errno, EINVAL, "vrange_set_option(NULL, ...)");

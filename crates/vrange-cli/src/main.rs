@@ -30,6 +30,12 @@ pub enum Mode {
     Hybrid,
 }
 
+/// A size flag in vrange's one grammar (`4096`, `64K`, `64MiB`, `2g`: powers of 1024), so that
+/// clap refuses a malformed value with a message and exit status 2.
+pub fn size_arg(s: &str) -> Result<u64, vrange::settings::ParseSizeError> {
+    vrange::settings::parse_size(s.as_bytes())
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a program with libvrange_malloc preloaded; pass its exit status through.
@@ -37,9 +43,9 @@ enum Command {
         /// How free memory is handled.
         #[arg(long, value_enum, default_value = "hybrid")]
         mode: Mode,
-        /// Free memory kept resident before the oldest is purged (e.g. 64M).
-        #[arg(long)]
-        budget: Option<String>,
+        /// Free memory kept resident before the oldest is purged (e.g. 64M, 1GiB).
+        #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+        budget: Option<u64>,
         /// Print a summary when the program ends.
         #[arg(long)]
         stats: bool,

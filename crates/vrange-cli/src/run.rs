@@ -10,7 +10,8 @@ use std::process::Command;
 
 pub struct Options {
     pub mode: Mode,
-    pub budget: Option<String>,
+    /// Bytes.
+    pub budget: Option<u64>,
     pub stats: bool,
     pub lib: Option<PathBuf>,
     pub command: Vec<OsString>,
@@ -61,8 +62,8 @@ pub fn main(o: Options) -> i32 {
             Mode::Hybrid => "hybrid",
         },
     );
-    if let Some(b) = &o.budget {
-        cmd.env("VRANGE_MALLOC_BUDGET", b);
+    if let Some(b) = o.budget {
+        cmd.env("VRANGE_MALLOC_BUDGET", b.to_string());
     }
     let stats_dir = o.stats.then(|| {
         let d = std::env::temp_dir().join(format!("vrange-run-{}", std::process::id()));

@@ -1,31 +1,14 @@
 //! The `vrange` command end to end: each subcommand runs and prints what it should, `run`
 //! passes exit codes and signals through, `stat` reads a live process.
 
-#[path = "../../vrange-malloc/support/shim.rs"]
-mod shim;
+mod common;
+use common::{lib, vrange};
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const PYTHON: &str = "/usr/bin/python3";
-
-fn vrange() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_vrange"));
-    // The tests decide the environment.
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("VRANGE_") {
-            c.env_remove(k);
-        }
-    }
-    c
-}
-
-fn lib() -> &'static std::path::Path {
-    static SO: OnceLock<std::path::PathBuf> = OnceLock::new();
-    SO.get_or_init(|| shim::build_shim(&shim::target_dir()).unwrap_or_else(|e| panic!("{e}")))
-}
 
 #[test]
 fn features_reports_the_kernel() {

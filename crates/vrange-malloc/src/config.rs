@@ -1,17 +1,25 @@
 //! The allocator's settings, read once from `VRANGE_MALLOC_*` variables with `getenv` (no
 //! allocation: the shim may be configured before anything else in the process runs).
 //!
+//! Values follow vrange's one grammar (`vrange::settings`): sizes are decimal bytes with an
+//! optional unit, `K`, `KB`, `KiB`, `M`, ... `TiB` in any case, all powers of 1024; switches are
+//! `on`/`off`, `yes`/`no`, `true`/`false`, `1`/`0`; keywords are in any case. A malformed value
+//! is reported once, in one line on stderr naming the variable, what it accepts and the value
+//! used instead, and the default is used:
+//! `vrange: VRANGE_MALLOC_MODE=bogus is not valid (hybrid, managed, lazy, off); using hybrid`.
+//!
 //! | variable                     | default  | meaning                                            |
 //! |------------------------------|----------|----------------------------------------------------|
-//! | `VRANGE_MALLOC_THRESHOLD`    | `64K`    | smallest request served (min 16K); smaller ones go to the system allocator |
+//! | `VRANGE_MALLOC_THRESHOLD`    | `64K`    | smallest request served, a size; smaller ones go to the system allocator. Below `16K` it is raised to `16K`, with the warning |
 //! | `VRANGE_MALLOC_MODE`         | `hybrid` | `hybrid`, `managed`, `lazy` (MADV_FREE at every free) or `off` |
 //! | `VRANGE_MALLOC_THP`          | `auto`   | `auto`: chunks ask for huge pages where THP allows; `never` |
 //! | `VRANGE_MALLOC_ARM_DELAY_MS` | core's   | sets `VRANGE_ARM_DELAY_MS` (hybrid: idle time before free memory goes to the kernel's lazy-free path) |
-//! | `VRANGE_MALLOC_BUDGET`       | core's   | sets `VRANGE_BUDGET` (resident free bytes kept before the oldest are purged) |
-//! | `VRANGE_MALLOC_STATS`        | `0`      | `1`: print a summary to stderr at exit             |
+//! | `VRANGE_MALLOC_BUDGET`       | core's   | sets `VRANGE_BUDGET`, a size (resident free bytes kept before the oldest are purged) |
+//! | `VRANGE_MALLOC_STATS`        | `off`    | a switch: `on` prints a summary to stderr at exit  |
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+use vrange::settings::{is_keyword, parse_size, parse_switch, var, warn, Size, SWITCH_GRAMMAR};
 
 /// How free memory is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +35,18 @@ pub enum Mode {
     Off,
 }
 
+impl Mode {
+    /// The mode's name in `VRANGE_MALLOC_MODE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Hybrid => "hybrid",
+            Mode::Managed => "managed",
+            Mode::Lazy => "lazy",
+            Mode::Off => "off",
+        }
+    }
+}
+
 /// Smallest threshold accepted. Below it the allocator could be entered by the small
 /// allocations vrange itself makes while it holds locks (thread creation, reports).
 pub const MIN_THRESHOLD: usize = 16 << 10;
@@ -40,71 +60,68 @@ static STATS: AtomicBool = AtomicBool::new(false);
 /// 0: not read, 1: reading, 2: read.
 static READ: AtomicU8 = AtomicU8::new(0);
 
+/// What `VRANGE_MALLOC_THRESHOLD` accepts.
+const THRESHOLD_GRAMMAR: &str = "a size of at least 16K, such as 64K or 1MiB";
+
 /// Reads the environment once. Safe to call from any thread at any time; a thread that races
-/// the first read sees the defaults until it is done.
+/// the first read sees the defaults until it is done. Runs inside the process's first large
+/// `malloc`: it allocates nothing, and reports a malformed variable with
+/// [`vrange::settings::warn`] (one line, written with write(2) from the stack).
 pub fn init() {
     if READ.load(Acquire) == 2 || READ.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
         return;
     }
-    if let Some(v) = var(b"VRANGE_MALLOC_THRESHOLD\0").and_then(parse_size) {
-        THRESHOLD.store(v.max(MIN_THRESHOLD), Relaxed);
+    let name = "VRANGE_MALLOC_THRESHOLD";
+    if let Some(v) = var(name) {
+        match parse_size(v) {
+            Ok(n) if n >= MIN_THRESHOLD as u64 => {
+                THRESHOLD.store(usize::try_from(n).unwrap_or(usize::MAX), Relaxed);
+            }
+            // Raised to the minimum, and said so: the program asked for blocks to be served
+            // that will not be, and nothing else would tell it.
+            Ok(_) => {
+                warn(name, v, THRESHOLD_GRAMMAR, &Size(MIN_THRESHOLD as u64));
+                THRESHOLD.store(MIN_THRESHOLD, Relaxed);
+            }
+            Err(_) => warn(name, v, THRESHOLD_GRAMMAR, &Size(threshold() as u64)),
+        }
     }
-    if let Some(v) = var(b"VRANGE_MALLOC_MODE\0") {
-        let mode = match v {
-            b"managed" => Mode::Managed,
-            b"lazy" => Mode::Lazy,
-            b"off" => Mode::Off,
-            _ => Mode::Hybrid,
-        };
-        set_mode(mode);
+    let name = "VRANGE_MALLOC_MODE";
+    if let Some(v) = var(name) {
+        match [Mode::Hybrid, Mode::Managed, Mode::Lazy, Mode::Off]
+            .into_iter()
+            .find(|m| is_keyword(v, m.name()))
+        {
+            Some(m) => set_mode(m),
+            None => warn(name, v, "hybrid, managed, lazy, off", &mode().name()),
+        }
     }
-    if var(b"VRANGE_MALLOC_THP\0") == Some(b"never") {
-        THP.store(false, Relaxed);
+    let name = "VRANGE_MALLOC_THP";
+    if let Some(v) = var(name) {
+        if is_keyword(v, "never") {
+            THP.store(false, Relaxed);
+        } else if !is_keyword(v, "auto") {
+            warn(name, v, "auto, never", &"auto");
+        }
     }
-    STATS.store(
-        matches!(var(b"VRANGE_MALLOC_STATS\0"), Some(b"1" | b"on" | b"yes")),
-        Relaxed,
-    );
+    let name = "VRANGE_MALLOC_STATS";
+    if let Some(v) = var(name) {
+        match parse_switch(v) {
+            Some(on) => STATS.store(on, Relaxed),
+            None => warn(name, v, SWITCH_GRAMMAR, &"off"),
+        }
+    }
+    // The core's own variables too, so that every warning comes now.
+    vrange::settings::read_env();
     for (ours, core) in [
-        (&b"VRANGE_MALLOC_ARM_DELAY_MS\0"[..], "VRANGE_ARM_DELAY_MS"),
-        (b"VRANGE_MALLOC_BUDGET\0", "VRANGE_BUDGET"),
+        ("VRANGE_MALLOC_ARM_DELAY_MS", "VRANGE_ARM_DELAY_MS"),
+        ("VRANGE_MALLOC_BUDGET", "VRANGE_BUDGET"),
     ] {
-        if let Some(v) = var(ours).and_then(|v| std::str::from_utf8(v).ok()) {
-            let _ = vrange::set_option(core, v);
+        if let Some(v) = var(ours) {
+            vrange::settings::set_from_env(ours, v, core);
         }
     }
     READ.store(2, Release);
-}
-
-/// The value of a variable; `name` ends with a NUL.
-fn var(name: &[u8]) -> Option<&'static [u8]> {
-    debug_assert_eq!(name.last(), Some(&0));
-    // SAFETY: getenv reads the environment; the name is NUL-terminated. The returned string
-    // stays valid unless the program changes that variable, which it has no reason to do.
-    let p = unsafe { libc::getenv(name.as_ptr().cast()) };
-    // SAFETY: getenv returned a NUL-terminated string (or null, handled).
-    (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
-}
-
-/// Parses `123`, `64K`, `2M`, `1G` (binary units).
-pub fn parse_size(v: &[u8]) -> Option<usize> {
-    let (digits, shift) = match v.last()? {
-        b'k' | b'K' => (&v[..v.len() - 1], 10),
-        b'm' | b'M' => (&v[..v.len() - 1], 20),
-        b'g' | b'G' => (&v[..v.len() - 1], 30),
-        _ => (v, 0),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    let mut n: usize = 0;
-    for d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        n = n.checked_mul(10)?.checked_add(usize::from(d - b'0'))?;
-    }
-    n.checked_mul(1 << shift)
 }
 
 /// The smallest request the allocator serves.
@@ -140,21 +157,4 @@ pub fn thp() -> bool {
 /// Whether a summary is printed at exit.
 pub fn stats_at_exit() -> bool {
     STATS.load(Relaxed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size(b"64K"), Some(64 << 10));
-        assert_eq!(parse_size(b"2m"), Some(2 << 20));
-        assert_eq!(parse_size(b"1G"), Some(1 << 30));
-        assert_eq!(parse_size(b"4096"), Some(4096));
-        assert_eq!(parse_size(b"K"), None);
-        assert_eq!(parse_size(b"12x"), None);
-        assert_eq!(parse_size(b""), None);
-        assert_eq!(parse_size(b"99999999999999999999"), None);
-    }
 }

@@ -121,7 +121,7 @@ static NO_STDERR: AtomicBool = AtomicBool::new(false);
 pub fn print_summary() {
     let s = vrange::stats();
     let a = s.allocator;
-    let mut buf = Buf::default();
+    let mut buf = vrange::settings::StackText::<1024>::default();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let _ = std::fmt::Write::write_fmt(
         &mut buf,
@@ -149,7 +149,7 @@ pub fn print_summary() {
             ),
         );
     }
-    let out = &buf.bytes[..buf.len];
+    let out = buf.bytes();
     // SAFETY: the copy is never freed once published (see keep_stderr).
     let fd = match unsafe { SUMMARY_FD.load(Acquire).as_ref() } {
         Some(copy) => match copy.get() {
@@ -162,28 +162,4 @@ pub fn print_summary() {
     };
     // SAFETY: writes initialised bytes of a local buffer to a verified copy of stderr or fd 2.
     let _ = unsafe { libc::write(fd, out.as_ptr().cast(), out.len()) };
-}
-
-/// A fixed buffer that formats without allocating (silently truncating).
-struct Buf {
-    bytes: [u8; 1024],
-    len: usize,
-}
-
-impl Default for Buf {
-    fn default() -> Buf {
-        Buf {
-            bytes: [0; 1024],
-            len: 0,
-        }
-    }
-}
-
-impl std::fmt::Write for Buf {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let n = s.len().min(self.bytes.len() - self.len);
-        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
 }

@@ -100,3 +100,43 @@ impl std::error::Error for Error {}
 
 /// Shorthand for results of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Why [`set_option`](crate::set_option) refused a setting. Nothing changed then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OptionError {
+    /// No option has this name (the names are [`OPTIONS`](crate::reclaim::OPTIONS)).
+    UnknownName,
+    /// The value does not follow the option's grammar or lies outside its range; `accepted`
+    /// says what the option takes.
+    InvalidValue {
+        /// The option's grammar, e.g. `"a percentage from 1 to 100"`.
+        accepted: &'static str,
+    },
+}
+
+impl OptionError {
+    /// The errno of the C ABI's `vrange_set_option`: always EINVAL.
+    pub fn errno(self) -> i32 {
+        libc::EINVAL
+    }
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptionError::UnknownName => f.write_str("unknown option"),
+            OptionError::InvalidValue { accepted } => {
+                write!(f, "invalid value (expected {accepted})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+impl From<OptionError> for Error {
+    fn from(_: OptionError) -> Error {
+        Error::BadFlags
+    }
+}

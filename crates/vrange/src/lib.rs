@@ -38,6 +38,8 @@ pub mod publish;
 pub mod reclaim;
 mod region;
 mod registry;
+#[doc(hidden)]
+pub mod settings;
 mod shadow;
 mod shared;
 mod span;
@@ -47,7 +49,7 @@ mod sync;
 pub mod sys;
 mod witness;
 
-pub use error::{Error, Result};
+pub use error::{Error, OptionError, Result};
 pub use handle::{region_containing, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
 pub use managed::Options;

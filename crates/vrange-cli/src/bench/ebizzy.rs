@@ -305,7 +305,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let reps = a.reps.unwrap_or(if quick { 1 } else { 5 }).max(1);
     let cores = super::machine::cores();
     let threads = a.threads.clone().unwrap_or_else(|| thread_counts(cores));
-    let chunk_size = report::parse_size(a.chunk_size.as_deref().unwrap_or("512K"))?;
+    let chunk_size = a.chunk_size.unwrap_or(512 << 10);
     let w = Workload {
         exe: proc::compile(&ctx.out, "churn", SOURCE)?,
         chunks: a.chunks.unwrap_or(10),

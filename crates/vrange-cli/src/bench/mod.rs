@@ -50,9 +50,9 @@ pub struct Args {
     /// ebizzy: number of chunks (default 10, as ebizzy 0.3).
     #[arg(long)]
     pub chunks: Option<usize>,
-    /// ebizzy: chunk size, K/M suffixes (default 512K, as ebizzy 0.3).
-    #[arg(long)]
-    pub chunk_size: Option<String>,
+    /// ebizzy: chunk size, a size such as 512K or 1MiB (default 512K, as ebizzy 0.3).
+    #[arg(long, value_name = "SIZE", value_parser = chunk_size_arg)]
+    pub chunk_size: Option<usize>,
     /// ebizzy: seconds per run (default 2; --quick 0.3).
     #[arg(long)]
     pub seconds: Option<f64>,
@@ -68,6 +68,16 @@ pub struct Args {
     /// pagetable: 2 MiB blocks touched and freed per method (default 25600 = 50 GiB).
     #[arg(long)]
     pub blocks: Option<usize>,
+}
+
+/// `--chunk-size`: a size (see [`crate::size_arg`]), positive and a multiple of 8 (the
+/// workload copies 8-byte records).
+fn chunk_size_arg(s: &str) -> Result<usize, String> {
+    let n = crate::size_arg(s).map_err(|e| e.to_string())?;
+    match usize::try_from(n) {
+        Ok(n) if n > 0 && n % 8 == 0 => Ok(n),
+        _ => Err("not a positive multiple of 8 bytes".into()),
+    }
 }
 
 /// What a suite gets: its options and a place for its files.

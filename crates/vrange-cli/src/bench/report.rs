@@ -203,24 +203,6 @@ pub fn times(x: Option<f64>) -> String {
     })
 }
 
-/// Parses "512K", "2M", "1G" or a plain number of bytes.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let (num, shift) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 10),
-        Some((i, 'm' | 'M')) => (&s[..i], 20),
-        Some((i, 'g' | 'G')) => (&s[..i], 30),
-        _ => (s, 0),
-    };
-    let n: usize = num
-        .trim_end_matches(['i', 'B'])
-        .parse()
-        .map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_shl(shift)
-        .filter(|&v| v > 0 && v >> shift == n)
-        .ok_or_else(|| format!("not a positive size: {s:?}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,11 +218,6 @@ mod tests {
         assert_eq!(size(4096), "4KiB");
         assert_eq!(size(2 << 20), "2MiB");
         assert_eq!(size(1 << 30), "1GiB");
-        assert_eq!(parse_size("512K"), Ok(512 << 10));
-        assert_eq!(parse_size("2M"), Ok(2 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("x").is_err());
-        assert!(parse_size("0").is_err());
     }
 
     #[test]

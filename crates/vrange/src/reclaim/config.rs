@@ -2,18 +2,34 @@
 //! with [`set_option`] under the same names. Stored in atomics, so the mark path (budget) and
 //! the reclaimer thread read them without locking.
 //!
+//! Values follow the grammar of [`crate::settings`] (sizes with `K`, `KiB`, ... units, all
+//! powers of 1024; switches `on`/`off`, `yes`/`no`, `true`/`false`, `1`/`0`; keywords in any
+//! case). A malformed variable is reported once, in one line on stderr naming the variable, what
+//! it accepts and the value used instead (the default), and [`set_option`] refuses it.
+//!
 //! | variable               | default              | meaning |
 //! |------------------------|----------------------|---------|
 //! | `VRANGE_RECLAIMER`     | `on`                 | `off`: no reclaimer thread (only explicit purges, and the kernel for hybrid ranges once armed; arming needs the thread) |
 //! | `VRANGE_ARM_DELAY_MS`  | `1000`               | hybrid ranges volatile this long are handed to the kernel path |
-//! | `VRANGE_BUDGET`        | `0` (none)           | resident volatile bytes allowed before the oldest are purged (`K`/`M`/`G` suffixes) |
-//! | `VRANGE_HEADROOM`      | `auto`               | purge when the cgroup's limit minus usage falls below this; `auto` = limit/16 within [4 MiB, 256 MiB]; `off` |
-//! | `VRANGE_POLL_MS`       | `100`                | how often headroom, budget and arming are checked |
-//! | `VRANGE_PSI`           | `some 100000 2000000`| PSI trigger (kind, stall µs, window µs) on the system and cgroup v2 files; `off` |
+//! | `VRANGE_BUDGET`        | `0` (none)           | resident volatile bytes allowed before the oldest are purged (a size) |
+//! | `VRANGE_HEADROOM`      | `auto`               | purge when the cgroup's limit minus usage falls below this size; `auto` = limit/16 within [4 MiB, 256 MiB]; `off` (or `0`) |
+//! | `VRANGE_POLL_MS`       | `100`                | how often headroom, budget and arming are checked; `0` means 1 |
+//! | `VRANGE_PSI`           | `some 100000 2000000`| PSI trigger (kind, stall µs, window µs; 0 < stall <= window <= 10 s) on the system and cgroup v2 files; `off`. The window is rounded up to what the kernel accepts (see below) |
 //! | `VRANGE_VMPRESSURE`    | `on`                 | cgroup v1 memory.pressure_level medium and critical events; `off` |
-//! | `VRANGE_PRESSURE_SHARE`| `25`                 | percent of volatile bytes purged per PSI or medium event (critical purges all) |
+//! | `VRANGE_PRESSURE_SHARE`| `25`                 | percent (1 to 100) of volatile bytes purged per PSI or medium event (critical purges all) |
+//!
+//! Two values are accepted and adjusted rather than refused, silently because the meaning
+//! stays: `VRANGE_POLL_MS=0` polls every millisecond (the fastest tick there is), and the PSI
+//! window is raised to the kernel's minimum (500 ms, or a multiple of 2 s without
+//! CAP_SYS_RESOURCE), which depends on the privileges of the thread that opens the trigger and
+//! is applied there (`sys::pressure::psi_window_us`). Windows above the kernel's maximum of
+//! 10 s are refused: capping them could leave the stall above the window, a trigger the kernel
+//! refuses.
 
-use crate::Error;
+use crate::settings::{self, parse_number, parse_size, parse_switch, Size};
+use crate::sys::pressure::PSI_WINDOW_MAX_US;
+use crate::OptionError;
+use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::Once;
@@ -64,17 +80,36 @@ pub const OPTIONS: [&str; 8] = [
     "VRANGE_PRESSURE_SHARE",
 ];
 
+const MILLISECONDS: &str = "milliseconds";
+const HEADROOM: &str = "auto, off or a size such as 64M";
+const PSI: &str =
+    "off, or some or full, then STALL_US WINDOW_US with 0 < STALL_US <= WINDOW_US <= 10000000";
+const PERCENT: &str = "a percentage from 1 to 100";
+
+/// What each option accepts, for messages and [`OptionError::InvalidValue`].
+fn accepted(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "VRANGE_RECLAIMER" | "VRANGE_VMPRESSURE" => settings::SWITCH_GRAMMAR,
+        "VRANGE_ARM_DELAY_MS" | "VRANGE_POLL_MS" => MILLISECONDS,
+        "VRANGE_BUDGET" => settings::SIZE_GRAMMAR,
+        "VRANGE_HEADROOM" => HEADROOM,
+        "VRANGE_PSI" => PSI,
+        "VRANGE_PRESSURE_SHARE" => PERCENT,
+        _ => return None,
+    })
+}
+
 /// The settings, with the environment applied on first use.
 pub(crate) fn get() -> &'static Config {
     static ENV: Once = Once::new();
     ENV.call_once(|| {
         for name in OPTIONS {
-            if let Some(value) = std::env::var_os(name) {
+            if let Some(value) = settings::var(name) {
                 // A malformed variable keeps the default; say so once rather than fail the
-                // program that happens to link vrange.
-                let ok = value.to_str().map(|v| apply(name, v).is_ok()) == Some(true);
-                if !ok {
-                    eprintln!("vrange: ignoring malformed {name}={value:?}");
+                // program that happens to link vrange. No allocation: vrange-malloc may get
+                // here from inside malloc.
+                if let Err(OptionError::InvalidValue { accepted }) = apply(name, value) {
+                    settings::warn(name, value, accepted, &Current(name));
                 }
             }
         }
@@ -85,129 +120,205 @@ pub(crate) fn get() -> &'static Config {
 /// Sets one option by its environment-variable name, e.g. `set_option("VRANGE_BUDGET", "64M")`.
 ///
 /// # Errors
-/// [`Error::BadFlags`] for an unknown name or a malformed value; nothing changes then.
-pub fn set_option(name: &str, value: &str) -> Result<(), Error> {
+/// [`OptionError::UnknownName`] for a name not in [`OPTIONS`], [`OptionError::InvalidValue`]
+/// for a malformed value; nothing changes then.
+pub fn set_option(name: &str, value: &str) -> Result<(), OptionError> {
     get();
-    apply(name, value)?;
+    apply(name, value.as_bytes())?;
     crate::reclaim::config_changed();
     Ok(())
 }
 
-fn apply(name: &str, value: &str) -> Result<(), Error> {
+/// Sets option `option` from a client's own environment variable `var` (vrange-malloc's
+/// `VRANGE_MALLOC_BUDGET` sets `VRANGE_BUDGET`); a malformed value is reported under `var`'s
+/// name, with the value the option keeps. No allocation.
+pub(crate) fn set_from_env(var: &str, value: &[u8], option: &str) {
+    get();
+    match apply(option, value) {
+        Ok(()) => crate::reclaim::config_changed(),
+        Err(OptionError::InvalidValue { accepted }) => {
+            settings::warn(var, value, accepted, &Current(option));
+        }
+        Err(_) => debug_assert!(false, "{option} is not an option"),
+    }
+}
+
+fn apply(name: &str, v: &[u8]) -> Result<(), OptionError> {
+    let accepted = accepted(name).ok_or(OptionError::UnknownName)?;
+    let bad = OptionError::InvalidValue { accepted };
     let c = &CONFIG;
-    let v = value.trim();
     match name {
-        "VRANGE_RECLAIMER" => c.enabled.store(parse_switch(v)?, Relaxed),
-        "VRANGE_ARM_DELAY_MS" => c.arm_delay_ms.store(parse_u64(v)?, Relaxed),
-        "VRANGE_BUDGET" => c.budget.store(parse_size(v)?, Relaxed),
+        "VRANGE_RECLAIMER" => c.enabled.store(parse_switch(v).ok_or(bad)?, Relaxed),
+        "VRANGE_ARM_DELAY_MS" => c
+            .arm_delay_ms
+            .store(parse_number(v).map_err(|_| bad)?, Relaxed),
+        "VRANGE_BUDGET" => c.budget.store(parse_size(v).map_err(|_| bad)?, Relaxed),
         "VRANGE_HEADROOM" => c.headroom.store(
-            match v {
-                "auto" => HEADROOM_AUTO,
-                "off" => 0,
-                _ => parse_size(v)?,
+            if settings::is_keyword(v, "auto") {
+                HEADROOM_AUTO
+            } else if settings::is_keyword(v, "off") {
+                0
+            } else {
+                parse_size(v).map_err(|_| bad)?
             },
             Relaxed,
         ),
-        "VRANGE_POLL_MS" => c.poll_ms.store(parse_u64(v)?.max(1), Relaxed),
+        // 0 is accepted as the fastest tick, 1 ms (documented above): a zero period would spin.
+        "VRANGE_POLL_MS" => c
+            .poll_ms
+            .store(parse_number(v).map_err(|_| bad)?.max(1), Relaxed),
         "VRANGE_PSI" => {
-            let (kind, stall, window) = parse_psi(v)?;
+            let (kind, stall, window) = parse_psi(v).ok_or(bad)?;
             c.psi_kind.store(kind, Relaxed);
             c.psi_stall_us.store(stall, Relaxed);
             c.psi_window_us.store(window, Relaxed);
         }
-        "VRANGE_VMPRESSURE" => c.vmpressure.store(parse_switch(v)?, Relaxed),
-        "VRANGE_PRESSURE_SHARE" => match parse_u64(v)? {
-            p @ 1..=100 => c.pressure_share.store(p, Relaxed),
-            _ => return Err(Error::BadFlags),
+        "VRANGE_VMPRESSURE" => c.vmpressure.store(parse_switch(v).ok_or(bad)?, Relaxed),
+        "VRANGE_PRESSURE_SHARE" => match parse_number(v) {
+            Ok(p @ 1..=100) => c.pressure_share.store(p, Relaxed),
+            _ => return Err(bad),
         },
-        _ => return Err(Error::BadFlags),
+        _ => return Err(OptionError::UnknownName),
     }
     c.version.fetch_add(1, Relaxed);
     Ok(())
 }
 
-fn parse_switch(v: &str) -> Result<bool, Error> {
-    match v {
-        "on" | "1" | "yes" | "true" => Ok(true),
-        "off" | "0" | "no" | "false" => Ok(false),
-        _ => Err(Error::BadFlags),
+/// `off`, or `some|full STALL_US WINDOW_US` with 0 < stall <= window <= the kernel's maximum.
+fn parse_psi(v: &[u8]) -> Option<(u8, u64, u64)> {
+    if settings::is_keyword(v, "off") {
+        return Some((0, 0, 0));
     }
-}
-
-fn parse_u64(v: &str) -> Result<u64, Error> {
-    v.parse().map_err(|_| Error::BadFlags)
-}
-
-/// Bytes with an optional `K`, `M`, `G` or `T` suffix (powers of 1024; `KiB` spellings too).
-pub(crate) fn parse_size(v: &str) -> Result<u64, Error> {
-    let v = v.trim();
-    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (n, unit) = v.split_at(digits);
-    let n: u64 = n.parse().map_err(|_| Error::BadFlags)?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return Err(Error::BadFlags),
+    let mut it = v
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|w| !w.is_empty());
+    let kind = match it.next()? {
+        w if settings::is_keyword(w, "some") => 1,
+        w if settings::is_keyword(w, "full") => 2,
+        _ => return None,
     };
-    n.checked_mul(1 << shift).ok_or(Error::BadFlags)
+    let stall = parse_number(it.next()?).ok()?;
+    let window = parse_number(it.next()?).ok()?;
+    let fits = stall != 0 && stall <= window && window <= PSI_WINDOW_MAX_US;
+    (it.next().is_none() && fits).then_some((kind, stall, window))
 }
 
-fn parse_psi(v: &str) -> Result<(u8, u64, u64), Error> {
-    if v == "off" {
-        return Ok((0, 0, 0));
+/// The current value of option `name`, shown in the grammar it is set with.
+struct Current<'a>(&'a str);
+
+impl fmt::Display for Current<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &CONFIG;
+        let switch = |on: bool| if on { "on" } else { "off" };
+        match self.0 {
+            "VRANGE_RECLAIMER" => f.write_str(switch(c.enabled.load(Relaxed))),
+            "VRANGE_ARM_DELAY_MS" => write!(f, "{}", c.arm_delay_ms.load(Relaxed)),
+            "VRANGE_BUDGET" => write!(f, "{}", Size(c.budget.load(Relaxed))),
+            "VRANGE_HEADROOM" => match c.headroom.load(Relaxed) {
+                HEADROOM_AUTO => f.write_str("auto"),
+                0 => f.write_str("off"),
+                n => write!(f, "{}", Size(n)),
+            },
+            "VRANGE_POLL_MS" => write!(f, "{}", c.poll_ms.load(Relaxed)),
+            "VRANGE_PSI" => match c.psi_kind.load(Relaxed) {
+                0 => f.write_str("off"),
+                kind => write!(
+                    f,
+                    "{} {} {}",
+                    if kind == 2 { "full" } else { "some" },
+                    c.psi_stall_us.load(Relaxed),
+                    c.psi_window_us.load(Relaxed)
+                ),
+            },
+            "VRANGE_VMPRESSURE" => f.write_str(switch(c.vmpressure.load(Relaxed))),
+            "VRANGE_PRESSURE_SHARE" => write!(f, "{}", c.pressure_share.load(Relaxed)),
+            _ => f.write_str("?"),
+        }
     }
-    let mut it = v.split_whitespace();
-    let kind = match it.next() {
-        Some("some") => 1,
-        Some("full") => 2,
-        _ => return Err(Error::BadFlags),
-    };
-    let stall = parse_u64(it.next().ok_or(Error::BadFlags)?)?;
-    let window = parse_u64(it.next().ok_or(Error::BadFlags)?)?;
-    if it.next().is_some() || stall == 0 || stall > window {
-        return Err(Error::BadFlags);
-    }
-    Ok((kind, stall, window))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// Held by the tests that change settings or count changes.
+    static SETTINGS: Mutex<()> = Mutex::new(());
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("0"), Ok(0));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("2 GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("3k"), Ok(3 << 10));
-        assert_eq!(parse_size("M"), Err(Error::BadFlags));
-        assert_eq!(parse_size("12Q"), Err(Error::BadFlags));
-        assert_eq!(parse_size("99999999999999T"), Err(Error::BadFlags));
+    fn every_option_says_what_it_accepts() {
+        for name in OPTIONS {
+            assert!(accepted(name).is_some(), "{name}");
+        }
+        assert_eq!(accepted("VRANGE_NOPE"), None);
     }
 
     #[test]
     fn psi_specs() {
         assert_eq!(
-            parse_psi("some 100000 2000000"),
-            Ok((1, 100_000, 2_000_000))
+            parse_psi(b"some 100000 2000000"),
+            Some((1, 100_000, 2_000_000))
         );
-        assert_eq!(parse_psi("full 5000 1000000"), Ok((2, 5000, 1_000_000)));
-        assert_eq!(parse_psi("off"), Ok((0, 0, 0)));
-        assert_eq!(parse_psi("some 3 2"), Err(Error::BadFlags));
-        assert_eq!(parse_psi("most 1 2"), Err(Error::BadFlags));
-        assert_eq!(parse_psi("some 1"), Err(Error::BadFlags));
+        assert_eq!(parse_psi(b"full 5000 1000000"), Some((2, 5000, 1_000_000)));
+        assert_eq!(
+            parse_psi(b" Full  5000\t10000000 "),
+            Some((2, 5000, 10_000_000))
+        );
+        assert_eq!(parse_psi(b"off"), Some((0, 0, 0)));
+        assert_eq!(parse_psi(b"OFF "), Some((0, 0, 0)));
+        assert_eq!(parse_psi(b"some 3 2"), None);
+        assert_eq!(parse_psi(b"some 0 2"), None);
+        assert_eq!(parse_psi(b"some 1 10000001"), None);
+        assert_eq!(parse_psi(b"most 1 2"), None);
+        assert_eq!(parse_psi(b"some 1"), None);
+        assert_eq!(parse_psi(b"some 1 2 3"), None);
+        assert_eq!(parse_psi(b"some 1K 2M"), None);
+        assert_eq!(parse_psi(b""), None);
+    }
+
+    /// Each default, shown as the warning shows it, reads back as that default: the "using"
+    /// part of a warning is a value the user can set.
+    #[test]
+    fn current_values_read_back() {
+        let _one_at_a_time = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        for name in OPTIONS {
+            let shown = Current(name).to_string();
+            let before = CONFIG.version.load(Relaxed);
+            assert_eq!(apply(name, shown.as_bytes()), Ok(()), "{name}={shown}");
+            assert_eq!(Current(name).to_string(), shown, "{name}");
+            assert_eq!(CONFIG.version.load(Relaxed), before + 1);
+        }
     }
 
     #[test]
     fn unknown_names_and_bad_values_change_nothing() {
+        let _one_at_a_time = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         let before = CONFIG.version.load(Relaxed);
-        assert_eq!(apply("VRANGE_NOPE", "1"), Err(Error::BadFlags));
-        assert_eq!(apply("VRANGE_PRESSURE_SHARE", "0"), Err(Error::BadFlags));
-        assert_eq!(apply("VRANGE_VMPRESSURE", "maybe"), Err(Error::BadFlags));
+        let shown: Vec<String> = OPTIONS.iter().map(|n| Current(n).to_string()).collect();
+        assert_eq!(apply("VRANGE_NOPE", b"1"), Err(OptionError::UnknownName));
+        for (name, value) in [
+            ("VRANGE_RECLAIMER", "maybe"),
+            ("VRANGE_ARM_DELAY_MS", "1s"),
+            ("VRANGE_ARM_DELAY_MS", "-1"),
+            ("VRANGE_BUDGET", "12Q"),
+            ("VRANGE_BUDGET", "1.5G"),
+            ("VRANGE_HEADROOM", "automatic"),
+            ("VRANGE_POLL_MS", ""),
+            ("VRANGE_PSI", "some 3 2"),
+            ("VRANGE_VMPRESSURE", "maybe"),
+            ("VRANGE_PRESSURE_SHARE", "0"),
+            ("VRANGE_PRESSURE_SHARE", "101"),
+        ] {
+            assert_eq!(
+                apply(name, value.as_bytes()),
+                Err(OptionError::InvalidValue {
+                    accepted: accepted(name).unwrap()
+                }),
+                "{name}={value}"
+            );
+        }
         assert_eq!(CONFIG.version.load(Relaxed), before);
+        let after: Vec<String> = OPTIONS.iter().map(|n| Current(n).to_string()).collect();
+        assert_eq!(after, shown);
     }
 }

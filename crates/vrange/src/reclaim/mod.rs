@@ -33,6 +33,7 @@
 mod config;
 mod victims;
 
+pub(crate) use config::{get as settings, set_from_env};
 pub use config::{set_option, OPTIONS};
 
 use crate::stats::{self, Source};
