@@ -32,10 +32,12 @@ fn report(pid: u32) -> Option<String> {
         mib(kb(&status, "VmPTE:")),
     );
     match vrange::publish::read(pid) {
-        None => out.push_str(
-            "  vrange: no statistics published (the process does not use managed vrange memory)\n",
-        ),
-        Some(v) => {
+        Err(e) if e.is_absent() => out.push_str(&format!(
+            "  vrange: {e} (the process runs no vrange reclaimer: no managed or hybrid memory, \
+             no vrange-malloc; or it publishes elsewhere, see VRANGE_STATS_DIR)\n"
+        )),
+        Err(e) => out.push_str(&format!("  vrange: {e}\n")),
+        Ok(v) => {
             let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0, |(_, x)| *x);
             let m = |b: u64| b as f64 / (1 << 20) as f64;
             out.push_str(&format!(
@@ -65,9 +67,7 @@ fn report(pid: u32) -> Option<String> {
 pub fn main(pid: u32, watch: bool, interval_ms: u64) -> i32 {
     let Some(first) = report(pid) else {
         // A process killed before its exit handler ran leaves its file behind.
-        if let Some(stale) = vrange::publish::stats_path(pid) {
-            let _ = std::fs::remove_file(stale);
-        }
+        vrange::publish::sweep();
         eprintln!("vrange stat: no process {pid}");
         return 1;
     };

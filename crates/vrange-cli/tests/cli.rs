@@ -27,6 +27,18 @@ fn lib() -> &'static std::path::Path {
     SO.get_or_init(|| shim::build_shim(&shim::target_dir()).unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// Whether the tests run in CI (`CI` set, and not to `""`, `0` or `false`): a test that cannot
+/// run here fails there instead of skipping.
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
+}
+
+/// Prints "skipped: <reason>", or panics under CI, where every test must run.
+fn skip(reason: &str) {
+    assert!(!ci(), "{reason} (CI is set, so this test must run)");
+    println!("skipped: {reason}");
+}
+
 #[test]
 fn features_reports_the_kernel() {
     let out = vrange().arg("features").output().unwrap();
@@ -153,7 +165,7 @@ fn stat_reads_a_live_process() {
         "64 MiB freed should be volatile, saw {free} MiB:\n{text}"
     );
     assert!(
-        !std::path::Path::new(&format!("/dev/shm/vrange-{pid}.stats")).exists(),
+        !own_stats_dir().join(format!("vrange-{pid}.stats")).exists(),
         "the statistics file is removed at exit"
     );
     let gone = vrange().args(["stat", &pid.to_string()]).output().unwrap();
@@ -182,25 +194,150 @@ fn bench_rejects_unknown_suites() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// This user's statistics directory, made as vrange makes it if it is missing.
+fn own_stats_dir() -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    // SAFETY: geteuid has no preconditions.
+    let dir = std::path::PathBuf::from(format!("/dev/shm/vrange-{}", unsafe { libc::geteuid() }));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    dir
+}
+
 /// A file left by a killed process whose pid now names another process is not believed (the
-/// start time differs), and is removed.
+/// start time differs), and is removed, as is the file of a process that is gone.
 #[test]
 fn stat_ignores_a_stale_statistics_file() {
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = sleeper.id();
-    let path = format!("/dev/shm/vrange-{pid}.stats");
-    std::fs::write(
-        &path,
-        format!("pid={pid}\nstart_ticks=1\nvolatile_bytes=123456789\n"),
-    )
-    .unwrap();
+    let dead = {
+        let mut c = Command::new("true").spawn().unwrap();
+        c.wait().unwrap();
+        c.id()
+    };
+    let dir = own_stats_dir();
+    let path = dir.join(format!("vrange-{pid}.stats"));
+    let dead_path = dir.join(format!("vrange-{dead}.stats"));
+    for (p, n) in [(&path, pid), (&dead_path, dead)] {
+        std::fs::write(
+            p,
+            format!("pid={n}\nstart_ticks=1\nvolatile_bytes=123456789\n"),
+        )
+        .unwrap();
+    }
     let out = vrange().args(["stat", &pid.to_string()]).output().unwrap();
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("no statistics published"), "{text}");
+    assert!(!path.exists(), "the stale file is removed");
     assert!(
-        !std::path::Path::new(&path).exists(),
-        "the stale file is removed"
+        !dead_path.exists(),
+        "the file of a process that is gone is removed"
     );
+
+    // `vrange stat` on a process that is gone clears the directory too.
+    std::fs::write(&dead_path, format!("pid={dead}\nstart_ticks=1\n")).unwrap();
+    let out = vrange().args(["stat", &dead.to_string()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!dead_path.exists(), "removed by stat on a dead pid");
+}
+
+/// `vrange run --stats` makes a fresh private directory with a name nobody can guess: links
+/// planted at the names the old `$TMPDIR/vrange-run-<pid>` scheme would use change nothing,
+/// and the directory is gone afterwards.
+#[test]
+fn run_stats_uses_a_fresh_private_directory() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !std::path::Path::new(PYTHON).exists() {
+        return skip(&format!("{PYTHON} missing"));
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("vrange-cli-tmp-")
+        .tempdir()
+        .unwrap();
+    // A stand-in for /tmp: world-writable and sticky.
+    let tmp = scratch.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victims = scratch.path().join("victims");
+    std::fs::create_dir(&victims).unwrap();
+    std::fs::write(victims.join("victim"), "victim").unwrap();
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(1);
+    let mut planted = Vec::new();
+    for p in last + 1..last + 400 {
+        let name = format!("vrange-run-{p}");
+        std::os::unix::fs::symlink(&victims, tmp.join(&name)).unwrap();
+        planted.push(format!("l {name}"));
+    }
+    let script = "b = [bytearray(1 << 20) for _ in range(8)]\nprint('done')";
+    let out = vrange()
+        .env("TMPDIR", &tmp)
+        .args(["run", "--stats", "--lib"])
+        .arg(lib())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "stat -c 'dir %a %u %n' \"$VRANGE_STATS_DIR\" && exec \"$0\" -c \"$1\"",
+        ])
+        .args([PYTHON, script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("process(es) used vrange-malloc"),
+        "{stderr}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("dir "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let mut words = line.split(' ').skip(1);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() }.to_string();
+    assert_eq!(
+        (words.next(), words.next()),
+        (Some("700"), Some(me.as_str())),
+        "{line}"
+    );
+    let used = std::path::PathBuf::from(words.next().unwrap());
+    assert_eq!(used.parent(), Some(tmp.as_path()), "{line}");
+    let name = used.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        name.starts_with("vrange-run-") && !planted.contains(&format!("l {name}")),
+        "{line}"
+    );
+    // Only the planted links are left, and the victims directory holds only its own file.
+    let mut left: Vec<String> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let kind = if e.file_type().unwrap().is_symlink() {
+                "l"
+            } else {
+                "?"
+            };
+            format!("{kind} {}", e.file_name().to_string_lossy())
+        })
+        .collect();
+    left.sort();
+    planted.sort();
+    assert_eq!(left, planted, "the statistics directory is removed");
+    let in_victims: Vec<_> = std::fs::read_dir(&victims)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(in_victims, ["victim"]);
+    assert_eq!(
+        std::fs::read_to_string(victims.join("victim")).unwrap(),
+        "victim"
+    );
+    assert_eq!(std::fs::metadata(&victims).unwrap().nlink(), 2);
 }
