@@ -39,14 +39,119 @@ fn skip(reason: &str) {
     println!("skipped: {reason}");
 }
 
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The uid the unprivileged runs use (nobody).
+const NOBODY: u32 = 65534;
+
+/// A copy of the vrange executable that any user can run (the build directory may be private
+/// to its owner), in a directory removed when the guard drops.
+fn public_vrange() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("vrange-cli-test-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.path().join("vrange");
+    std::fs::copy(env!("CARGO_BIN_EXE_vrange"), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, exe)
+}
+
+/// `exe ARGS` run as uid and gid [`NOBODY`] with no supplementary groups.
+fn as_nobody(exe: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let id = NOBODY.to_string();
+    let mut c = Command::new("setpriv");
+    c.args([
+        &format!("--reuid={id}"),
+        &format!("--regid={id}"),
+        "--clear-groups",
+        "--",
+    ])
+    .arg(exe)
+    .args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("VRANGE_") {
+            c.env_remove(k);
+        }
+    }
+    c.output().expect("run setpriv")
+}
+
+/// The value of row `name` of a `vrange features` report ("name:   value").
+fn feature<'a>(report: &'a str, name: &str) -> Option<&'a str> {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
 #[test]
-fn features_reports_the_kernel() {
+fn features_reports_the_kernel_in_words() {
     let out = vrange().arg("features").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for key in ["page size", "MADV_FREE", "THP"] {
-        assert!(text.contains(key), "features lacks {key}:\n{text}");
+    for key in [
+        "page size",
+        "MADV_FREE",
+        "MADV_PAGEOUT",
+        "THP",
+        "userfaultfd",
+        "/dev/userfaultfd",
+        "MAP_DROPPABLE",
+        "PSI triggers",
+        "memory cgroup",
+        "create memory cgroups",
+    ] {
+        assert!(
+            feature(&text, key).is_some(),
+            "features lacks {key}:\n{text}"
+        );
     }
+    // Plain words, not Rust values.
+    for debug in [
+        "Some(", "None", "true", "false", "Madvise", "Always", "V1", "V2", "[", "\"",
+    ] {
+        assert!(!text.contains(debug), "features prints {debug}:\n{text}");
+    }
+    let first_value_column = |l: &str| {
+        l.find(':')
+            .map(|c| c + 1 + l[c + 1..].find(|ch: char| ch != ' ').unwrap_or(0))
+    };
+    let columns: std::collections::BTreeSet<_> =
+        text.lines().filter_map(first_value_column).collect();
+    assert_eq!(columns.len(), 1, "the values are aligned:\n{text}");
+}
+
+/// `vrange features` answers for the credentials it runs with: root may create a memory
+/// cgroup here, nobody may not, and says why.
+#[test]
+fn features_say_what_these_privileges_allow() {
+    if !is_root() {
+        return skip("needs root to compare with an unprivileged user");
+    }
+    let root = vrange().arg("features").output().unwrap();
+    let root = String::from_utf8_lossy(&root.stdout).to_string();
+    if feature(&root, "create memory cgroups") != Some("yes") {
+        return skip(&format!(
+            "root cannot create a memory cgroup here: {:?}",
+            feature(&root, "create memory cgroups")
+        ));
+    }
+    let (_dir, exe) = public_vrange();
+    let out = as_nobody(&exe, &["features"]);
+    let nobody = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        feature(&nobody, "create memory cgroups"),
+        Some(format!("no (not permitted for uid {NOBODY})").as_str()),
+        "{nobody}"
+    );
+    assert_eq!(feature(&nobody, "MADV_FREE"), feature(&root, "MADV_FREE"));
 }
 
 #[test]
