@@ -154,6 +154,39 @@ fn features_say_what_these_privileges_allow() {
     assert_eq!(feature(&nobody, "MADV_FREE"), feature(&root, "MADV_FREE"));
 }
 
+/// `vrange stat` on a process it may not read says why, claims nothing about the process's use
+/// of vrange, and exits with 3 (1 is "no such process").
+#[test]
+fn stat_says_why_it_cannot_read_a_process() {
+    if !is_root() {
+        return skip("needs root to start a process another user may not read");
+    }
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let (_dir, exe) = public_vrange();
+    let out = as_nobody(&exe, &["stat", &pid]);
+    let gone = as_nobody(&exe, &["stat", "4000000000"]);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot read /proc/{pid}/smaps_rollup: permission denied (pid {pid} belongs to uid 0"
+        )),
+        "{stderr}"
+    );
+    assert!(stdout.contains("RSS") && !stdout.contains('?'), "{stdout}");
+    assert!(
+        !stdout.contains("does not use") && !stdout.contains("runs no vrange"),
+        "claims what it cannot know:\n{stdout}"
+    );
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+}
+
 #[test]
 fn run_passes_exit_codes_and_signals_through() {
     let out = vrange()
