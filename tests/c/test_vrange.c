@@ -598,15 +598,15 @@ static void test_signal(void)
 
 /*
  * The value column of the row `name` of the feature report, or NULL. Rows are
- * "name (padded to 20) value ...".
+ * "name: value", the values aligned.
  */
 static const char *row(const char *text, const char *name)
 {
 	size_t len = strlen(name);
 
 	for (const char *line = text; line && *line;) {
-		if (strncmp(line, name, len) == 0 && line[len] == ' ') {
-			const char *v = line + len;
+		if (strncmp(line, name, len) == 0 && line[len] == ':') {
+			const char *v = line + len + 1;
 			while (*v == ' ')
 				v++;
 			return v;
@@ -659,7 +659,7 @@ static void test_features(uint64_t flags)
 		{"MADV_PAGEOUT", VRANGE_FEATURE_MADV_PAGEOUT, starts(row(buf, "MADV_PAGEOUT"), "yes")},
 		{"MADV_POPULATE_WRITE", VRANGE_FEATURE_MADV_POPULATE_WRITE,
 		 starts(row(buf, "MADV_POPULATE_WRITE"), "yes")},
-		{"THP", VRANGE_FEATURE_THP, starts(thp, "Always") || starts(thp, "Madvise")},
+		{"THP", VRANGE_FEATURE_THP, starts(thp, "always") || starts(thp, "madvise")},
 		{"PT_RECLAIM", VRANGE_FEATURE_PT_RECLAIM, starts(row(buf, "PT_RECLAIM"), "yes")},
 		{"PROCMAP_QUERY", VRANGE_FEATURE_PROCMAP_QUERY,
 		 starts(row(buf, "PROCMAP_QUERY"), "yes")},

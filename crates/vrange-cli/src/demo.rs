@@ -25,7 +25,7 @@ fn word(chunk: usize, i: usize) -> u64 {
 pub fn main() -> i32 {
     let f = features();
     println!(
-        "vrange demo: volatile ranges on Linux {} (MADV_FREE {}, THP {:?})",
+        "vrange demo: volatile ranges on Linux {} (MADV_FREE {}, THP {})",
         kernel_release(),
         if f.madv_free { "yes" } else { "no" },
         f.thp,

@@ -57,6 +57,13 @@ enum Command {
         command: Vec<std::ffi::OsString>,
     },
     /// A process's memory: RSS, LazyFree, page tables, and its vrange statistics if it has any.
+    #[command(
+        after_help = "Exit status: 0 when everything was read; 1 when there is no such \
+        process; 2 for a usage error; 3 when the process exists but this user may not read its \
+        memory (/proc/PID/smaps_rollup needs the same user or root), after printing what could \
+        be read.\n\nStatistics are read from /dev/shm/vrange-<uid>, the directory of the \
+        process's effective uid (or from VRANGE_STATS_DIR when it is set)."
+    )]
     Stat {
         pid: u32,
         /// Print again every interval until the process ends.

@@ -1,7 +1,8 @@
 //! `vrange run`: runs a program with libvrange_malloc preloaded and passes its exit status (or
 //! the signal that ended it) through. With `--stats` every process of the program's tree
-//! publishes its statistics into a private directory (`VRANGE_STATS_DIR`), which `run` sums up
-//! at the end with the peak RSS from wait4.
+//! publishes its statistics into a fresh private directory (`VRANGE_STATS_DIR`, made by
+//! `tempfile` with a random name and mode 0700, removed at the end), which `run` sums up at the
+//! end with the peak RSS from wait4.
 
 use crate::Mode;
 use std::ffi::OsString;
@@ -65,13 +66,15 @@ pub fn main(o: Options) -> i32 {
     if let Some(b) = o.budget {
         cmd.env("VRANGE_MALLOC_BUDGET", b.to_string());
     }
-    let stats_dir = o.stats.then(|| {
-        let d = std::env::temp_dir().join(format!("vrange-run-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&d);
-        d
-    });
+    let stats_dir = if o.stats {
+        // A reader of statistics clears what killed processes left in the user's directory.
+        vrange::publish::sweep();
+        stats_dir()
+    } else {
+        None
+    };
     if let Some(d) = &stats_dir {
-        cmd.env("VRANGE_STATS_DIR", d);
+        cmd.env("VRANGE_STATS_DIR", d.path());
     }
     let child = match cmd.spawn() {
         Ok(c) => c,
@@ -97,13 +100,36 @@ pub fn main(o: Options) -> i32 {
         128 + libc::WTERMSIG(status)
     };
     if let Some(d) = stats_dir {
-        summary(&d, &usage);
-        let _ = std::fs::remove_dir_all(&d);
+        summary(d.path(), &usage);
+        if let Err(e) = d.close() {
+            eprintln!("vrange run: cannot remove the statistics directory: {e}");
+        }
     }
     if libc::WIFSIGNALED(status) {
         reraise(libc::WTERMSIG(status));
     }
     code
+}
+
+/// A fresh directory for the program's statistics files: a random name, mode 0700 (tempfile's
+/// default is 0777 less the umask), made by mkdir, which fails rather than accept a directory
+/// someone else made, in `$TMPDIR` or /tmp. `None` (said on stderr) when it cannot be made: the
+/// program runs without.
+fn stats_dir() -> Option<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let made = tempfile::Builder::new()
+        .prefix("vrange-run-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir();
+    match made {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!(
+                "vrange run: cannot create a private statistics directory: {e}; no --stats summary"
+            );
+            None
+        }
+    }
 }
 
 fn wait(pid: i32) -> (i32, libc::rusage) {

@@ -10,14 +10,154 @@ use std::time::{Duration, Instant};
 
 const PYTHON: &str = "/usr/bin/python3";
 
+use vrange_testkit::skip;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The uid the unprivileged runs use (nobody).
+const NOBODY: u32 = 65534;
+
+/// A copy of the vrange executable that any user can run (the build directory may be private
+/// to its owner), in a directory removed when the guard drops.
+fn public_vrange() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("vrange-cli-test-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.path().join("vrange");
+    std::fs::copy(env!("CARGO_BIN_EXE_vrange"), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, exe)
+}
+
+/// `exe ARGS` run as uid and gid [`NOBODY`] with no supplementary groups.
+fn as_nobody(exe: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let id = NOBODY.to_string();
+    let mut c = Command::new("setpriv");
+    c.args([
+        &format!("--reuid={id}"),
+        &format!("--regid={id}"),
+        "--clear-groups",
+        "--",
+    ])
+    .arg(exe)
+    .args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("VRANGE_") {
+            c.env_remove(k);
+        }
+    }
+    c.output().expect("run setpriv")
+}
+
+/// The value of row `name` of a `vrange features` report ("name:   value").
+fn feature<'a>(report: &'a str, name: &str) -> Option<&'a str> {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
 #[test]
-fn features_reports_the_kernel() {
+fn features_reports_the_kernel_in_words() {
     let out = vrange().arg("features").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for key in ["page size", "MADV_FREE", "THP"] {
-        assert!(text.contains(key), "features lacks {key}:\n{text}");
+    for key in [
+        "page size",
+        "MADV_FREE",
+        "MADV_PAGEOUT",
+        "THP",
+        "userfaultfd",
+        "/dev/userfaultfd",
+        "MAP_DROPPABLE",
+        "PSI triggers",
+        "memory cgroup",
+        "create memory cgroups",
+    ] {
+        assert!(
+            feature(&text, key).is_some(),
+            "features lacks {key}:\n{text}"
+        );
     }
+    // Plain words, not Rust values.
+    for debug in [
+        "Some(", "None", "true", "false", "Madvise", "Always", "V1", "V2", "[", "\"",
+    ] {
+        assert!(!text.contains(debug), "features prints {debug}:\n{text}");
+    }
+    let first_value_column = |l: &str| {
+        l.find(':')
+            .map(|c| c + 1 + l[c + 1..].find(|ch: char| ch != ' ').unwrap_or(0))
+    };
+    let columns: std::collections::BTreeSet<_> =
+        text.lines().filter_map(first_value_column).collect();
+    assert_eq!(columns.len(), 1, "the values are aligned:\n{text}");
+}
+
+/// `vrange features` answers for the credentials it runs with: root may create a memory
+/// cgroup here, nobody may not, and says why.
+#[test]
+fn features_say_what_these_privileges_allow() {
+    if !is_root() {
+        return skip("needs root to compare with an unprivileged user");
+    }
+    let root = vrange().arg("features").output().unwrap();
+    let root = String::from_utf8_lossy(&root.stdout).to_string();
+    if feature(&root, "create memory cgroups") != Some("yes") {
+        return skip(format!(
+            "root cannot create a memory cgroup here: {:?}",
+            feature(&root, "create memory cgroups")
+        ));
+    }
+    let (_dir, exe) = public_vrange();
+    let out = as_nobody(&exe, &["features"]);
+    let nobody = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        feature(&nobody, "create memory cgroups"),
+        Some(format!("no (not permitted for uid {NOBODY})").as_str()),
+        "{nobody}"
+    );
+    assert_eq!(feature(&nobody, "MADV_FREE"), feature(&root, "MADV_FREE"));
+}
+
+/// `vrange stat` on a process it may not read says why, claims nothing about the process's use
+/// of vrange, and exits with 3 (1 is "no such process").
+#[test]
+fn stat_says_why_it_cannot_read_a_process() {
+    if !is_root() {
+        return skip("needs root to start a process another user may not read");
+    }
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let (_dir, exe) = public_vrange();
+    let out = as_nobody(&exe, &["stat", &pid]);
+    let gone = as_nobody(&exe, &["stat", "4000000000"]);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot read /proc/{pid}/smaps_rollup: permission denied (pid {pid} belongs to uid 0"
+        )),
+        "{stderr}"
+    );
+    assert!(stdout.contains("RSS") && !stdout.contains('?'), "{stdout}");
+    assert!(
+        !stdout.contains("does not use") && !stdout.contains("runs no vrange"),
+        "claims what it cannot know:\n{stdout}"
+    );
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
 }
 
 #[test]
@@ -134,7 +274,7 @@ fn stat_reads_a_live_process() {
         "64 MiB freed should be volatile, saw {free} MiB:\n{text}"
     );
     assert!(
-        !std::path::Path::new(&format!("/dev/shm/vrange-{pid}.stats")).exists(),
+        !own_stats_dir().join(format!("vrange-{pid}.stats")).exists(),
         "the statistics file is removed at exit"
     );
     let gone = vrange().args(["stat", &pid.to_string()]).output().unwrap();
@@ -163,25 +303,150 @@ fn bench_rejects_unknown_suites() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// This user's statistics directory, made as vrange makes it if it is missing.
+fn own_stats_dir() -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    // SAFETY: geteuid has no preconditions.
+    let dir = std::path::PathBuf::from(format!("/dev/shm/vrange-{}", unsafe { libc::geteuid() }));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    dir
+}
+
 /// A file left by a killed process whose pid now names another process is not believed (the
-/// start time differs), and is removed.
+/// start time differs), and is removed, as is the file of a process that is gone.
 #[test]
 fn stat_ignores_a_stale_statistics_file() {
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = sleeper.id();
-    let path = format!("/dev/shm/vrange-{pid}.stats");
-    std::fs::write(
-        &path,
-        format!("pid={pid}\nstart_ticks=1\nvolatile_bytes=123456789\n"),
-    )
-    .unwrap();
+    let dead = {
+        let mut c = Command::new("true").spawn().unwrap();
+        c.wait().unwrap();
+        c.id()
+    };
+    let dir = own_stats_dir();
+    let path = dir.join(format!("vrange-{pid}.stats"));
+    let dead_path = dir.join(format!("vrange-{dead}.stats"));
+    for (p, n) in [(&path, pid), (&dead_path, dead)] {
+        std::fs::write(
+            p,
+            format!("pid={n}\nstart_ticks=1\nvolatile_bytes=123456789\n"),
+        )
+        .unwrap();
+    }
     let out = vrange().args(["stat", &pid.to_string()]).output().unwrap();
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("no statistics published"), "{text}");
+    assert!(!path.exists(), "the stale file is removed");
     assert!(
-        !std::path::Path::new(&path).exists(),
-        "the stale file is removed"
+        !dead_path.exists(),
+        "the file of a process that is gone is removed"
     );
+
+    // `vrange stat` on a process that is gone clears the directory too.
+    std::fs::write(&dead_path, format!("pid={dead}\nstart_ticks=1\n")).unwrap();
+    let out = vrange().args(["stat", &dead.to_string()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!dead_path.exists(), "removed by stat on a dead pid");
+}
+
+/// `vrange run --stats` makes a fresh private directory with a name nobody can guess: links
+/// planted at the names the old `$TMPDIR/vrange-run-<pid>` scheme would use change nothing,
+/// and the directory is gone afterwards.
+#[test]
+fn run_stats_uses_a_fresh_private_directory() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !std::path::Path::new(PYTHON).exists() {
+        return skip(format!("{PYTHON} missing"));
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix("vrange-cli-tmp-")
+        .tempdir()
+        .unwrap();
+    // A stand-in for /tmp: world-writable and sticky.
+    let tmp = scratch.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victims = scratch.path().join("victims");
+    std::fs::create_dir(&victims).unwrap();
+    std::fs::write(victims.join("victim"), "victim").unwrap();
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(1);
+    let mut planted = Vec::new();
+    for p in last + 1..last + 400 {
+        let name = format!("vrange-run-{p}");
+        std::os::unix::fs::symlink(&victims, tmp.join(&name)).unwrap();
+        planted.push(format!("l {name}"));
+    }
+    let script = "b = [bytearray(1 << 20) for _ in range(8)]\nprint('done')";
+    let out = vrange()
+        .env("TMPDIR", &tmp)
+        .args(["run", "--stats", "--lib"])
+        .arg(lib())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "stat -c 'dir %a %u %n' \"$VRANGE_STATS_DIR\" && exec \"$0\" -c \"$1\"",
+        ])
+        .args([PYTHON, script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("process(es) used vrange-malloc"),
+        "{stderr}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("dir "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let mut words = line.split(' ').skip(1);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() }.to_string();
+    assert_eq!(
+        (words.next(), words.next()),
+        (Some("700"), Some(me.as_str())),
+        "{line}"
+    );
+    let used = std::path::PathBuf::from(words.next().unwrap());
+    assert_eq!(used.parent(), Some(tmp.as_path()), "{line}");
+    let name = used.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        name.starts_with("vrange-run-") && !planted.contains(&format!("l {name}")),
+        "{line}"
+    );
+    // Only the planted links are left, and the victims directory holds only its own file.
+    let mut left: Vec<String> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let kind = if e.file_type().unwrap().is_symlink() {
+                "l"
+            } else {
+                "?"
+            };
+            format!("{kind} {}", e.file_name().to_string_lossy())
+        })
+        .collect();
+    left.sort();
+    planted.sort();
+    assert_eq!(left, planted, "the statistics directory is removed");
+    let in_victims: Vec<_> = std::fs::read_dir(&victims)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(in_victims, ["victim"]);
+    assert_eq!(
+        std::fs::read_to_string(victims.join("victim")).unwrap(),
+        "victim"
+    );
+    assert_eq!(std::fs::metadata(&victims).unwrap().nlink(), 2);
 }

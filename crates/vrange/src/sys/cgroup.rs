@@ -129,6 +129,52 @@ impl MemCgroup {
         }
     }
 
+    /// Whether these credentials may create a child of this cgroup that has memory files of its
+    /// own (what [`MemCgroup::create_child`] needs), and if not, why, in words.
+    ///
+    /// Judged with `faccessat(AT_EACCESS)` (effective ids and capabilities, read-only mounts) on
+    /// the directory and, on v2, on `cgroup.subtree_control`, plus the v2 rules for enabling a
+    /// controller, rather than by creating and removing a child: this runs inside other
+    /// people's programs (`vrange::features()`, `vrange_features()`), where even a short-lived
+    /// cgroup is a visible side effect (service managers see a foreign cgroup) and enabling a
+    /// controller for the parent would outlive the probe.
+    pub fn may_create_child(&self) -> Result<(), String> {
+        let denied = |path: &Path, e: io::Error| match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM) => {
+                format!("not permitted for uid {}", super::statsdir::effective_uid())
+            }
+            _ => format!("{}: {}", path.display(), super::statsdir::plain(&e)),
+        };
+        access(&self.path, libc::W_OK | libc::X_OK).map_err(|e| denied(&self.path, e))?;
+        if self.version == Version::V1 {
+            return Ok(());
+        }
+        let has_memory = |file: &str| {
+            fs::read_to_string(self.file(file))
+                .is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"))
+        };
+        if has_memory("cgroup.subtree_control") {
+            return Ok(());
+        }
+        if !has_memory("cgroup.controllers") {
+            return Err(format!(
+                "the memory controller is not available in {}",
+                self.path.display()
+            ));
+        }
+        let control = self.file("cgroup.subtree_control");
+        access(&control, libc::W_OK).map_err(|e| denied(&control, e))?;
+        // The v2 "no internal processes" rule: a cgroup with member processes cannot enable a
+        // controller for its children.
+        if fs::read_to_string(self.file("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty()) {
+            return Err(format!(
+                "{} has member processes, so cgroup v2 cannot enable memory for its children",
+                self.path.display()
+            ));
+        }
+        Ok(())
+    }
+
     /// Creates the child cgroup `name` with a hard limit of `limit` bytes and swap kept out of
     /// the picture as far as the hierarchy allows.
     ///
@@ -283,6 +329,20 @@ pub fn join_before_exec(cmd: &mut std::process::Command, procs: &Path) -> io::Re
         });
     }
     Ok(())
+}
+
+/// `faccessat(2)` with the effective ids (`AT_EACCESS`).
+fn access(path: &Path, mode: libc::c_int) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c is a NUL-terminated path; faccessat only reads it.
+    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), mode, libc::AT_EACCESS) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A cgroup name no other call in this process returns: `prefix`, the pid, and a counter.

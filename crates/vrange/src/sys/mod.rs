@@ -36,4 +36,5 @@ pub mod pressure;
 pub mod probe;
 pub mod procfs;
 pub mod shm;
+pub mod statsdir;
 pub mod vma;

@@ -4,6 +4,8 @@
 //! than trusting version numbers, and each feature records what vrange does without it.
 
 use super::cgroup::{MemCgroup, Version};
+use super::pressure::has_cap_sys_resource;
+use super::statsdir::{effective_uid, plain};
 use super::{mem, procfs, vma};
 use std::fmt;
 use std::io::Read;
@@ -49,22 +51,31 @@ pub struct Features {
     pub pt_reclaim: Option<bool>,
     /// PROCMAP_QUERY (6.11): range checks by ioctl. Without it, `/proc/self/maps` is parsed.
     pub procmap_query: bool,
-    /// userfaultfd(2) usable by this process (user-mode faults only).
+    /// userfaultfd(2) usable by this process for faults in user mode (UFFD_USER_MODE_ONLY).
     pub userfaultfd: bool,
-    /// `/dev/userfaultfd` present.
-    pub userfaultfd_dev: bool,
+    /// userfaultfd(2) for all faults, kernel-mode ones included (needs CAP_SYS_PTRACE or
+    /// `vm.unprivileged_userfaultfd=1`); otherwise why not, in words.
+    pub userfaultfd_kernel: Result<(), String>,
+    /// `/dev/userfaultfd` can be opened by this process; otherwise why not.
+    pub userfaultfd_dev: Result<(), String>,
     /// MAP_DROPPABLE (6.11) mappings can be created.
     pub map_droppable: bool,
     /// process_madvise(2) on our own pidfd (5.10) works.
     pub process_madvise: bool,
     /// `/proc/pressure/memory` readable (PSI).
     pub psi: bool,
-    /// A PSI trigger with a 2 s window could be armed on `/proc/pressure/memory`.
-    pub psi_trigger: bool,
+    /// A PSI trigger with a 2 s window could be armed on `/proc/pressure/memory`; otherwise why
+    /// not.
+    pub psi_trigger: Result<(), String>,
+    /// CAP_SYS_RESOURCE is effective: PSI windows from 500 ms rather than in 2 s steps.
+    pub cap_sys_resource: bool,
     /// This process's memory cgroup, if any: version and directory.
     pub cgroup: Option<(Version, PathBuf)>,
     /// That cgroup's memory limit in bytes, if set.
     pub cgroup_limit: Option<u64>,
+    /// These credentials may create a child memory cgroup of that cgroup (see
+    /// [`MemCgroup::may_create_child`]); otherwise why not.
+    pub cgroup_create: Result<(), String>,
 }
 
 /// The features of this kernel, probed on first call and cached for the process.
@@ -87,14 +98,31 @@ fn probe() -> Features {
         mthp_sizes: mthp_sizes(),
         pt_reclaim: pt_reclaim(),
         procmap_query: vma::has_procmap_query(),
-        userfaultfd: userfaultfd_works(),
-        userfaultfd_dev: std::path::Path::new("/dev/userfaultfd").exists(),
+        userfaultfd: userfaultfd(UFFD_USER_MODE_ONLY).is_ok(),
+        userfaultfd_kernel: userfaultfd(0).map_err(|e| match e.raw_os_error() {
+            Some(libc::EPERM) => "needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1".into(),
+            _ => plain(&e),
+        }),
+        userfaultfd_dev: userfaultfd_dev(),
         map_droppable: map_droppable_works(),
         process_madvise: process_madvise_works(),
         psi: std::fs::read_to_string("/proc/pressure/memory").is_ok(),
         psi_trigger: psi_trigger_works(),
+        cap_sys_resource: has_cap_sys_resource(),
         cgroup_limit: cg.as_ref().and_then(|c| c.limit()),
+        cgroup_create: match &cg {
+            Some(c) => c.may_create_child(),
+            None => Err("this process has no memory cgroup".into()),
+        },
         cgroup: cg.map(|c| (c.version(), c.path().to_path_buf())),
+    }
+}
+
+/// "not permitted for uid N" for permission errors, the error in words otherwise.
+fn denied(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => format!("not permitted for uid {}", effective_uid()),
+        _ => plain(e),
     }
 }
 
@@ -204,21 +232,37 @@ fn pt_reclaim() -> Option<bool> {
     Some(touched.saturating_sub(dropped) >= grown * 3 / 4)
 }
 
-fn userfaultfd_works() -> bool {
-    const UFFD_USER_MODE_ONLY: libc::c_long = 1;
+const UFFD_USER_MODE_ONLY: libc::c_long = 1;
+
+/// Creates and closes a userfaultfd with `flags`.
+fn userfaultfd(flags: libc::c_long) -> std::io::Result<()> {
     // SAFETY: userfaultfd takes flags only and returns a new descriptor or -1.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_userfaultfd,
-            libc::O_CLOEXEC as libc::c_long | UFFD_USER_MODE_ONLY,
+            libc::O_CLOEXEC as libc::c_long | flags,
         )
     };
     if fd < 0 {
-        return false;
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd was just returned to us.
     unsafe { libc::close(fd as i32) };
-    true
+    Ok(())
+}
+
+/// Opens and closes `/dev/userfaultfd` (opening creates nothing; the USERFAULTFD_IOC_NEW
+/// ioctl would).
+fn userfaultfd_dev() -> Result<(), String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("not present".into()),
+        Err(e) => Err(denied(&e)),
+    }
 }
 
 fn map_droppable_works() -> bool {
@@ -275,98 +319,126 @@ fn process_madvise_works() -> bool {
     ok
 }
 
-fn psi_trigger_works() -> bool {
+fn psi_trigger_works() -> Result<(), String> {
     use std::io::Write;
-    let Ok(mut f) = std::fs::OpenOptions::new()
+    let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/proc/pressure/memory")
-    else {
-        return false;
-    };
+        .map_err(|e| format!("cannot open /proc/pressure/memory: {}", denied(&e)))?;
     // The trigger string must include its NUL; unprivileged windows are multiples of 2 s.
-    f.write_all(b"some 150000 2000000\0").is_ok()
+    // Kernels before 6.5 refuse every trigger without CAP_SYS_RESOURCE.
+    f.write_all(b"some 150000 2000000\0")
+        .map_err(|e| denied(&e))
 }
 
+impl fmt::Display for ThpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ThpMode::Always => "always",
+            ThpMode::Madvise => "madvise",
+            ThpMode::Never => "never",
+            ThpMode::Unavailable => "not available",
+        })
+    }
+}
+
+/// One line of the report per feature: the name, a colon, and the answer in words, aligned.
+/// A missing feature says what vrange does without it; a refused permission says why.
 impl fmt::Display for Features {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let yes = |b: bool| if b { "yes" } else { "no" };
-        let rows: [(&str, String, &str); 13] = [
-            ("page size", format!("{} bytes", self.page_size), ""),
-            (
-                "MADV_FREE",
-                yes(self.madv_free).into(),
-                "without: marking keeps every page",
+        let yes = |b: bool, without: &str| -> String {
+            match (b, without) {
+                (true, _) => "yes".into(),
+                (false, "") => "no".into(),
+                (false, w) => format!("no; without it {w}"),
+            }
+        };
+        let allowed = |r: &Result<(), String>| match r {
+            Ok(()) => "yes".to_string(),
+            Err(why) => format!("no ({why})"),
+        };
+        let kib = |sizes: &[usize]| {
+            let list: Vec<String> = sizes.iter().map(|s| (s >> 10).to_string()).collect();
+            if list.is_empty() {
+                "none".to_string()
+            } else {
+                format!("{} KiB", list.join(", "))
+            }
+        };
+        let thp = match self.thp {
+            ThpMode::Always => "always (every large enough anonymous mapping)",
+            ThpMode::Madvise => {
+                "madvise (ranges advised huge; vrange advises 2 MiB-aligned regions)"
+            }
+            ThpMode::Never => "never; without it 4 KiB pages",
+            ThpMode::Unavailable => "not available; without it 4 KiB pages",
+        };
+        let psi_trigger = match &self.psi_trigger {
+            Ok(()) if self.cap_sys_resource => {
+                "yes, windows from 500 ms to 10 s (CAP_SYS_RESOURCE)".to_string()
+            }
+            Ok(()) => "yes, windows of 2, 4, 6, 8 or 10 s (no CAP_SYS_RESOURCE)".to_string(),
+            Err(why) => format!("no ({why})"),
+        };
+        let cgroup = match &self.cgroup {
+            Some((v, p)) => format!(
+                "{}, {}, {}",
+                match v {
+                    Version::V1 => "v1",
+                    Version::V2 => "v2",
+                },
+                p.display(),
+                self.cgroup_limit
+                    .map_or("no limit".into(), |l| format!("limit {} MiB", l >> 20))
             ),
+            None => "none".into(),
+        };
+        let rows: [(&str, String); 17] = [
+            ("page size", format!("{} bytes", self.page_size)),
+            ("MADV_FREE", yes(self.madv_free, "marking keeps every page")),
             (
                 "MADV_PAGEOUT",
-                yes(self.madv_pageout).into(),
-                "without: purges wait for real pressure",
+                yes(self.madv_pageout, "purges wait for real pressure"),
             ),
             (
                 "MADV_POPULATE_WRITE",
-                yes(self.madv_populate_write).into(),
-                "without: pages are touched",
+                yes(self.madv_populate_write, "pages are touched"),
             ),
             (
                 "THP",
-                format!("{:?}, PMD {} KiB", self.thp, self.thp_pmd_size >> 10),
-                "vrange advises 2 MiB-aligned regions",
+                format!("{thp}; PMD size {} KiB", self.thp_pmd_size >> 10),
             ),
-            (
-                "mTHP sizes",
-                format!(
-                    "{:?} KiB",
-                    self.mthp_sizes.iter().map(|s| s >> 10).collect::<Vec<_>>()
-                ),
-                "",
-            ),
+            ("mTHP sizes", kib(&self.mthp_sizes)),
             (
                 "PT_RECLAIM",
-                self.pt_reclaim.map_or("unknown".into(), |b| yes(b).into()),
-                "without: page tables stay after purges",
+                self.pt_reclaim.map_or("not measured".into(), |b| {
+                    yes(b, "page tables stay after purges")
+                }),
             ),
             (
                 "PROCMAP_QUERY",
-                yes(self.procmap_query).into(),
-                "without: /proc/self/maps is parsed",
+                yes(self.procmap_query, "/proc/self/maps is parsed"),
             ),
+            ("userfaultfd", yes(self.userfaultfd, "")),
             (
-                "userfaultfd",
-                format!(
-                    "{} (/dev/userfaultfd: {})",
-                    yes(self.userfaultfd),
-                    yes(self.userfaultfd_dev)
-                ),
-                "",
+                "userfaultfd, kernel faults",
+                allowed(&self.userfaultfd_kernel),
             ),
-            ("MAP_DROPPABLE", yes(self.map_droppable).into(), ""),
+            ("/dev/userfaultfd", allowed(&self.userfaultfd_dev)),
+            ("MAP_DROPPABLE", yes(self.map_droppable, "")),
             (
                 "process_madvise",
-                yes(self.process_madvise).into(),
-                "without: one madvise per range",
+                yes(self.process_madvise, "one madvise per range"),
             ),
-            (
-                "PSI",
-                format!("{} (trigger: {})", yes(self.psi), yes(self.psi_trigger)),
-                "without: cgroup and budget sources only",
-            ),
-            (
-                "memory cgroup",
-                match &self.cgroup {
-                    Some((v, p)) => format!(
-                        "{v:?} {} limit {}",
-                        p.display(),
-                        self.cgroup_limit
-                            .map_or("none".into(), |l| format!("{} MiB", l >> 20))
-                    ),
-                    None => "none".into(),
-                },
-                "",
-            ),
+            ("PSI", yes(self.psi, "cgroup and budget sources only")),
+            ("PSI triggers", psi_trigger),
+            ("memory cgroup", cgroup),
+            ("create memory cgroups", allowed(&self.cgroup_create)),
         ];
-        for (name, value, fallback) in rows {
-            writeln!(f, "{name:<20} {value:<28} {fallback}")?;
+        let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+        for (name, value) in rows {
+            writeln!(f, "{:<width$} {value}", format!("{name}:"))?;
         }
         Ok(())
     }

@@ -94,8 +94,14 @@ pub fn status(pid: Option<i32>) -> io::Result<Status> {
     Ok(parse_status(&fs::read_to_string(proc_path(pid, "status"))?))
 }
 
-/// The value of line `field` (without its colon, e.g. "MemAvailable") of /proc/meminfo, or
-/// `None` if the kernel has no such line. The unit is KiB except for the `HugePages_` counts.
+/// The effective user id of process `pid` (the second number of the `Uid:` line of
+/// /proc/PID/status), or `None` if there is no such process.
+pub fn effective_uid(pid: u32) -> Option<u32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    ids.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// When process `pid` (this process for `None`) started, in clock ticks after boot (field 22
 /// of /proc/PID/stat): with the pid, it names one process even after pids are reused.
 pub fn start_ticks(pid: Option<u32>) -> Option<u64> {
@@ -109,6 +115,8 @@ pub fn start_ticks(pid: Option<u32>) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The value of line `field` (without its colon, e.g. "MemAvailable") of /proc/meminfo, or
+/// `None` if the kernel has no such line. The unit is KiB except for the `HugePages_` counts.
 pub fn meminfo_kb(field: &str) -> io::Result<Option<u64>> {
     let text = fs::read_to_string("/proc/meminfo")?;
     Ok(text
