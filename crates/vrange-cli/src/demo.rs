@@ -7,9 +7,9 @@
 //! Without one, it forces the purge with MADV_PAGEOUT instead and says so.
 
 use std::time::Instant;
-use vrange::sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
-use vrange::sys::mem;
 use vrange::{features, page_size, Region};
+use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
+use vrange_sys::mem;
 
 const MIB: usize = 1 << 20;
 const CHUNK: usize = 4 * MIB;

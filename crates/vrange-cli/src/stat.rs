@@ -35,12 +35,12 @@ fn proc_file(pid: u32, file: &str) -> Result<Option<String>, String> {
             Ok(None)
         }
         Err(e) => {
-            let owner = vrange::sys::procfs::effective_uid(pid).map_or(String::new(), |uid| {
+            let owner = vrange_sys::procfs::effective_uid(pid).map_or(String::new(), |uid| {
                 format!(" (pid {pid} belongs to uid {uid}; run as that user or as root)")
             });
             Err(format!(
                 "cannot read {path}: {}{owner}",
-                vrange::sys::statsdir::plain(&e)
+                vrange_sys::statsdir::plain(&e)
             ))
         }
     }

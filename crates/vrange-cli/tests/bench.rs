@@ -149,7 +149,7 @@ fn needs_cgroups() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
     }
-    if vrange::sys::cgroup::MemCgroup::current().is_none() {
+    if vrange_sys::cgroup::MemCgroup::current().is_none() {
         return Some("no memory cgroup".into());
     }
     None

@@ -13,8 +13,8 @@ use std::cell::UnsafeCell;
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use vrange::sys::mem;
 use vrange::{SpinLock, Taken};
+use vrange_sys::mem;
 
 /// Most arenas (more CPUs share them).
 pub const MAX_ARENAS: usize = 256;
@@ -109,9 +109,8 @@ fn class(pages: u32) -> usize {
 /// Locks the arena of the current CPU, or another free one. Returns its index.
 fn lock_some() -> usize {
     let n = count();
-    // SAFETY: sched_getcpu has no preconditions; -1 (unsupported) maps to arena 0.
-    let cpu = unsafe { libc::sched_getcpu() };
-    let home = if cpu < 0 { 0 } else { cpu as usize % n };
+    // Unsupported maps to arena 0.
+    let home = vrange_sys::process::current_cpu().map_or(0, |cpu| cpu % n);
     for i in 0..n {
         let a = (home + i) % n;
         if ARENAS[a].lock.try_lock() {

@@ -7,7 +7,7 @@
 use crate::chunk::CHUNK;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicPtr, AtomicUsize};
-use vrange::sys::mem;
+use vrange_sys::mem;
 
 const ADDR_BITS: u32 = 47;
 const KEY_BITS: u32 = ADDR_BITS - CHUNK.trailing_zeros();

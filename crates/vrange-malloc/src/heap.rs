@@ -10,6 +10,7 @@ use crate::{arena, stats};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use vrange_sys::process;
 
 /// A block handed out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +38,12 @@ pub fn init() {
     // vrange's handlers first: fork runs prepare handlers in reverse order of registration, so
     // ours (the arenas, taken on paths that then call into vrange) are taken before vrange's.
     vrange::reclaim::register_fork_handlers();
-    // SAFETY: the handlers are plain functions valid for the program's life.
-    unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    // Without room for the handlers, a fork child could inherit an arena locked: nothing to
+    // do about it but what glibc does (it aborts); ENOMEM here means the process is dying.
+    let _ = process::at_fork(before_fork, after_fork, after_fork);
     if config::stats_at_exit() {
         stats::keep_stderr();
-        // SAFETY: a plain function valid for the program's life.
-        unsafe { libc::atexit(at_exit) };
+        let _ = process::at_exit(at_exit);
     }
     READY.store(2, Release);
 }

@@ -9,8 +9,8 @@ use crate::config::{self, Mode};
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use vrange::sys::mem;
 use vrange::{Content, OwnedRange, Policy, Priority, SpinLock, Taken};
+use vrange_sys::mem;
 
 /// Freed large blocks kept for reuse.
 const CACHE_MAX: usize = 16;

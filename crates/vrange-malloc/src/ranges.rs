@@ -93,7 +93,7 @@ impl Ranges for Volatile {
     fn freed(&mut self, start: usize, len: usize) {
         if self.mode == Mode::Lazy {
             // SAFETY: the block was just freed: its owner gave up the content.
-            let _ = unsafe { vrange::sys::mem::purge_lazy(start as *mut u8, len) };
+            let _ = unsafe { vrange_sys::mem::purge_lazy(start as *mut u8, len) };
         }
     }
 

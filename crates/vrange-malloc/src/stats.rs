@@ -5,8 +5,8 @@
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
-use vrange::sys::fd::{GuestFd, Inherit};
 use vrange::{AllocatorStats, Taken};
+use vrange_sys::fd::{GuestFd, Inherit};
 
 /// Counters of one arena (or of large blocks).
 pub struct Counters {

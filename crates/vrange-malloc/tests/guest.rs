@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use std::process::Command;
 use std::sync::OnceLock;
-use vrange::sys::cgroup::{join_before_exec, unique_name, MemCgroup};
+use vrange_sys::cgroup::{join_before_exec, unique_name, MemCgroup};
 
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -79,7 +79,7 @@ fn closed_and_reused_descriptors_are_never_written_or_closed() {
 
 #[test]
 fn no_descriptor_before_volatile_memory_and_then_only_above_the_floor() {
-    let floor = vrange::sys::fd::floor();
+    let floor = vrange_sys::fd::floor();
     let mut cmd = Command::new(guest());
     cmd.arg("lazyfds").arg(floor.to_string());
     with_shim(&mut cmd, &[]).env_remove("VRANGE_MALLOC_STATS");

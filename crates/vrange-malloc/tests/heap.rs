@@ -46,7 +46,7 @@ fn all(p: *const u8, len: usize, byte: u8) -> bool {
 fn freed_block_is_reused_intact_without_a_fault() {
     let _serial = serial();
     // Arenas are per CPU: stay on one so the allocation after the free uses the same arena.
-    vrange::sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
+    vrange_sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
     let len = 512 * KIB;
     let a = heap::alloc(len, 16).expect("served").ptr.as_ptr();
     fill(a, len, 0x5a);
@@ -85,7 +85,7 @@ fn purged_free_memory_comes_back_zero_without_clearing() {
         "purged memory is known zero: calloc need not clear it"
     );
     let resident =
-        vrange::sys::mem::resident_pages(b.ptr.as_ptr(), len).expect("mincore of a live block");
+        vrange_sys::mem::resident_pages(b.ptr.as_ptr(), len).expect("mincore of a live block");
     assert_eq!(resident, 0, "purged pages hold no memory until touched");
     assert!(all(b.ptr.as_ptr(), len, 0));
     // SAFETY: live, freed once.

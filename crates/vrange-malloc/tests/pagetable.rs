@@ -13,8 +13,8 @@
 mod common;
 
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::{unique_name, MemCgroup, Version};
 use vrange_malloc::heap;
+use vrange_sys::cgroup::{unique_name, MemCgroup, Version};
 
 const BLOCK: usize = 2 << 20;
 const BLOCKS: usize = 25_600;

@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::{unique_name, MemCgroup, Version};
+use vrange_sys::cgroup::{unique_name, MemCgroup, Version};
 
 const MIB: u64 = 1 << 20;
 /// The child cgroup's hard limit.
@@ -410,7 +410,7 @@ fn vmstat(name: &str) -> Option<u64> {
 
 /// The Rss and LazyFree KiB of a process (zeros once it is gone).
 fn smaps(pid: u32) -> (u64, u64) {
-    vrange::sys::procfs::smaps_rollup(Some(pid as i32))
+    vrange_sys::procfs::smaps_rollup(Some(pid as i32))
         .map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
 }
 

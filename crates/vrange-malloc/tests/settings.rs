@@ -7,6 +7,10 @@
 //! The program is `tests/c/big_blocks.c` (large blocks through every entry point, threads and
 //! fork children, a checksum on stdout), compiled with gcc.
 
+// Plays the program vrange is a guest in: closes, duplicates and inspects descriptors by
+// number, which vrange's own code may only do through vrange_sys (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 use common::*;
 use std::os::unix::process::CommandExt;

@@ -56,7 +56,7 @@ fn freeing_never_splits_a_huge_page() {
     }
     // MADV_PAGEOUT below discards lazy folios only if they were advised on its CPU: pin this
     // thread before the first allocation starts the reclaimer, which inherits the affinity.
-    vrange::sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
+    vrange_sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
     vrange::set_option("VRANGE_ARM_DELAY_MS", "0").unwrap();
     // Only this test purges: pressure other tests left on the machine (PSI's window is
     // system-wide) must not.
@@ -111,7 +111,7 @@ fn freeing_never_splits_a_huge_page() {
         "arming a whole chunk split its huge page"
     );
     // The kernel may now drop it whole; reuse reports it purged, and zero.
-    vrange::sys::mem::reclaim_now(base as *mut u8, CHUNK).expect("MADV_PAGEOUT");
+    vrange_sys::mem::reclaim_now(base as *mut u8, CHUNK).expect("MADV_PAGEOUT");
     let again = heap::alloc(CHUNK, 16).expect("served");
     assert_eq!(again.ptr.as_ptr() as usize, base);
     assert!(
@@ -128,7 +128,7 @@ fn freeing_never_splits_a_huge_page() {
     unsafe { probe.write_bytes(3, 2 * CHUNK) };
     let whole = huge_kb(probe as usize);
     // SAFETY: part of a live block this test owns and no longer reads.
-    let _ = unsafe { vrange::sys::mem::purge_lazy(probe.add(CHUNK / 2), 64 << 10) };
+    let _ = unsafe { vrange_sys::mem::purge_lazy(probe.add(CHUNK / 2), 64 << 10) };
     assert!(
         huge_kb(probe as usize) < whole,
         "a partial MADV_FREE must split the huge page ({whole} kB before)"

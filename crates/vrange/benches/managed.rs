@@ -17,8 +17,8 @@ use support::{criterion_dir, format_ns, fresh_median, size_label};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use std::time::{Duration, SystemTime};
-use vrange::sys::mem;
 use vrange::{Huge, Options, Policy, VolatileRegion};
+use vrange_sys::mem;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -24,8 +24,8 @@ use criterion::{black_box, BenchmarkId, Criterion, SamplingMode, Throughput};
 use std::fmt::Write as _;
 use std::ptr::NonNull;
 use std::time::{Duration, SystemTime};
-use vrange::sys::{mem, procfs};
 use vrange::{Huge, Region};
+use vrange_sys::{mem, procfs};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -17,8 +17,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::{unique_name, MemCgroup};
 use vrange::{Options, Policy, Source, VolatileRegion};
+use vrange_sys::cgroup::{unique_name, MemCgroup};
 
 const MIB: usize = 1 << 20;
 

@@ -59,18 +59,23 @@ impl Error {
         }
     }
 
-    /// The error for an OS-layer `io::Error`: its errno, as it is.
-    pub(crate) fn from_io(e: std::io::Error) -> Error {
-        Error::Os(e.raw_os_error().unwrap_or(libc::EIO))
-    }
-
-    /// The error for a raw errno returned by the kernel.
-    pub(crate) fn from_errno(e: i32) -> Error {
-        match e {
-            libc::ENOMEM => Error::NotMapped,
-            libc::EINVAL => Error::Refused,
-            e => Error::Os(e),
+    /// The error for a purge hint the kernel refused (madvise(2)'s errno in context): a hole
+    /// is [`Error::NotMapped`], EINVAL (locked or otherwise unadvisable memory) is
+    /// [`Error::Refused`].
+    pub(crate) fn from_advice(e: std::io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(libc::ENOMEM) => Error::NotMapped,
+            Some(libc::EINVAL) => Error::Refused,
+            _ => Error::from(e),
         }
+    }
+}
+
+/// The one edge where the OS layer's errors become vrange's: the errno, as it is. Callers that
+/// know the context map particular errnos first (see [`Error::from_advice`]).
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Os(e.raw_os_error().unwrap_or(libc::EIO))
     }
 }
 

@@ -7,9 +7,9 @@
 
 use crate::shadow::{self, PINNED, PURGED, WITNESS, ZERO};
 use crate::span::Span;
-use crate::sys::{mem, vma};
 use crate::{witness, Error, Unmarked};
 use std::sync::atomic::{AtomicU16, Ordering};
+use vrange_sys::{mem, vma};
 
 /// Marks a validated span of arbitrary memory (the public entry is [`crate::mark_volatile`]),
 /// after checking that it is private anonymous read-write memory.
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 /// # Safety
 /// As [`crate::mark_volatile`].
 pub(crate) unsafe fn mark_volatile(span: Span) -> Result<usize, Error> {
-    vma::check_private_anon(span.start, span.end)?;
+    check_mapping(span)?;
     // SAFETY: the range was just checked to be private anonymous read-write memory, and the
     // caller owns it.
     unsafe { mark_span(span)? };
@@ -30,9 +30,20 @@ pub(crate) unsafe fn mark_volatile(span: Span) -> Result<usize, Error> {
 /// # Safety
 /// As [`crate::unmark`].
 pub(crate) unsafe fn unmark(span: Span) -> Result<Unmarked, Error> {
-    vma::check_private_anon(span.start, span.end)?;
+    check_mapping(span)?;
     // SAFETY: the range was just checked to be mapped private anonymous read-write memory.
     Ok(unsafe { unmark_span(span) })
+}
+
+/// Whether the kernel path can serve `span`: [`Error::NotMapped`] for a hole,
+/// [`Error::Unsupported`] for shared, file-backed, read-only or inaccessible memory.
+/// Async-signal-safe.
+fn check_mapping(span: Span) -> Result<(), Error> {
+    match vma::check_private_anon(span.start, span.end)? {
+        vma::Coverage::PrivateAnon => Ok(()),
+        vma::Coverage::Hole => Err(Error::NotMapped),
+        vma::Coverage::Other => Err(Error::Unsupported),
+    }
 }
 
 /// Marks a span the caller has already validated.
@@ -54,7 +65,7 @@ pub(crate) unsafe fn mark_span(span: Span) -> Result<(), Error> {
     if let Err(e) = unsafe { mem::purge_lazy(span.start as *mut u8, span.len()) } {
         // SAFETY: the span is the caller's validated memory.
         unsafe { repin_span(span) };
-        return Err(Error::from_errno(e));
+        return Err(Error::from_advice(e));
     }
     Ok(())
 }

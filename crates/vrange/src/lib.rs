@@ -46,7 +46,7 @@ mod span;
 mod state;
 mod stats;
 mod sync;
-pub mod sys;
+
 mod witness;
 
 pub use error::{Error, OptionError, Result};
@@ -59,8 +59,8 @@ pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
 pub use sync::SpinLock;
-pub use sys::mem::page_size;
-pub use sys::probe::{features, Features, ThpMode};
+pub use vrange_sys::mem::page_size;
+pub use vrange_sys::probe::{features, Features, ThpMode};
 
 /// What an unmark found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -13,10 +13,10 @@ use crate::shared;
 use crate::span::Span;
 use crate::state::{self, Found, Marked};
 use crate::stats;
-use crate::sys::{clock, mem};
 use crate::{reclaim, Error, Huge, Unmarked};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use vrange_sys::{clock, mem};
 
 /// How a new region is made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -18,9 +18,9 @@ use crate::shadow;
 use crate::span::Span;
 use crate::state::{self, Found};
 use crate::stats;
-use crate::sys::{clock, mem};
 use crate::{reclaim, Error};
 use std::sync::atomic::Ordering::{Relaxed, Release};
+use vrange_sys::{clock, mem};
 
 /// What the bytes of a new range hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

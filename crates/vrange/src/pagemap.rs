@@ -5,10 +5,10 @@
 //! (`registry`) are both instances.
 
 use crate::shadow::ADDR_LIMIT;
-use crate::sys::mem;
 use crate::Error;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicU32, Ordering};
+use vrange_sys::mem;
 
 /// Atomic integers whose all-zero bit pattern is a valid value (so a fresh anonymous mapping
 /// is a valid leaf of them).
@@ -99,7 +99,7 @@ impl<E: ZeroAtomic> PageMap<E> {
 
 fn install_leaf<E>(slot: &AtomicPtr<E>) -> Result<*mut E, Error> {
     let bytes = LEAF_PAGES * std::mem::size_of::<E>();
-    let fresh = mem::map_anon(bytes, mem::page_size()).map_err(Error::Os)?;
+    let fresh = mem::map_anon(bytes, mem::page_size()).map_err(Error::from)?;
     let fresh_ptr = fresh.as_ptr().cast::<E>();
     match slot.compare_exchange(null_mut(), fresh_ptr, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Ok(fresh_ptr),

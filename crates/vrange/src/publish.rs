@@ -44,13 +44,13 @@
 //! the child's own pid.
 
 use crate::stats::Stats;
-use crate::sys::procfs;
-use crate::sys::statsdir::{self, PrivateDir, Refusal};
 use std::fmt::{self, Write as _};
 use std::io::{self, Write as _};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use vrange_sys::procfs;
+use vrange_sys::statsdir::{self, PrivateDir, Refusal};
 
 const INTERVAL_NS: u64 = 250_000_000;
 /// A temporary file this old was left by a writer that died between create and rename.
@@ -174,7 +174,7 @@ pub fn render(pid: u32, s: &Stats) -> String {
         ("pid", u64::from(pid)),
         (
             "start_ticks",
-            crate::sys::procfs::start_ticks(Some(pid)).unwrap_or(0),
+            vrange_sys::procfs::start_ticks(Some(pid)).unwrap_or(0),
         ),
         ("volatile_ranges", s.volatile_ranges),
         ("volatile_bytes", s.volatile_bytes),
@@ -197,7 +197,7 @@ pub fn render(pid: u32, s: &Stats) -> String {
             s.sources.iter().map(|x| x.purging_events).sum(),
         ),
         ("page_size", crate::page_size() as u64),
-        ("time_ns", crate::sys::clock::now_ns()),
+        ("time_ns", vrange_sys::clock::now_ns()),
     ];
     for (k, v) in fields {
         let _ = writeln!(out, "{k}={v}");
@@ -357,8 +357,7 @@ fn write_now() -> Option<()> {
 /// that ends before the first tick leaves its final snapshot.
 pub(crate) fn started() {
     if location(statsdir::effective_uid()).is_some() && !EXIT_HOOK.swap(true, Relaxed) {
-        // SAFETY: a plain function valid for the program's life.
-        unsafe { libc::atexit(at_exit) };
+        let _ = vrange_sys::process::at_exit(at_exit);
     }
 }
 

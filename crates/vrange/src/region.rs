@@ -6,10 +6,10 @@
 
 use crate::lazy;
 use crate::span::Span;
-use crate::sys::mem::{self, HUGE_PAGE};
-use crate::sys::probe::{thp_mode, ThpMode};
 use crate::{Error, Unmarked};
 use std::ptr::NonNull;
+use vrange_sys::mem::{self, HUGE_PAGE};
+use vrange_sys::probe::{thp_mode, ThpMode};
 
 /// Whether a region asks for transparent huge pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -142,7 +142,7 @@ pub(crate) fn map_owned(len: usize, huge: Huge) -> Result<(NonNull<u8>, bool), E
         Huge::Auto => thp_allowed && len >= HUGE_PAGE,
     };
     let align = if huge { HUGE_PAGE } else { mem::page_size() };
-    let base = mem::map_anon(len, align).map_err(Error::Os)?;
+    let base = mem::map_anon(len, align).map_err(Error::from)?;
     // Advice failure only costs performance (no THP built in): ignore it.
     let _ = mem::advise_huge(base.as_ptr(), len, huge);
     Ok((base, huge))

@@ -10,12 +10,12 @@ use crate::pagemap::PageMap;
 use crate::shared::Header;
 use crate::state::RangeState;
 use crate::sync::SpinLock;
-use crate::sys::fd::GuestFd;
-use crate::sys::mem;
 use crate::Error;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use vrange_sys::fd::GuestFd;
+use vrange_sys::mem;
 
 /// How a region's volatile ranges are purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -245,7 +245,7 @@ fn alloc_locked() -> Result<u32, Error> {
     if CHUNKS[chunk].load(Relaxed).is_null() {
         let bytes = CHUNK_SLOTS * std::mem::size_of::<Slot>();
         let page = mem::page_size();
-        let fresh = mem::map_anon(bytes.div_ceil(page) * page, page).map_err(Error::Os)?;
+        let fresh = mem::map_anon(bytes.div_ceil(page) * page, page).map_err(Error::from)?;
         CHUNKS[chunk].store(fresh.as_ptr().cast(), Release);
     }
     HIGH.store(idx + 1, Release);

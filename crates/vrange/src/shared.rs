@@ -16,13 +16,13 @@
 //! Shared regions are always managed: MADV_FREE does not apply to shared memory.
 
 use crate::state::RangeState;
-use crate::sys::fd::{GuestFd, Inherit};
-use crate::sys::{mem, shm};
 use crate::Error;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Release};
+use vrange_sys::fd::{GuestFd, Inherit};
+use vrange_sys::{mem, shm};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"VRANGESH");
 const VERSION: u32 = 1;
@@ -79,8 +79,8 @@ impl Mapping {
 pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
     let page = mem::page_size();
     let total = len.checked_add(page).ok_or(Error::Overflow)?;
-    let fd = shm::create(NAME, total).map_err(Error::Os)?;
-    let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from_io)?;
+    let fd = shm::create(NAME, total).map_err(Error::from)?;
+    let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from)?;
     let base = map(&fd, total)?;
     let m = Mapping { base, len, fd };
     let h = m.header();
@@ -95,12 +95,12 @@ pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
 /// The descriptor is duplicated; the caller keeps its own.
 pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
     let page = mem::page_size();
-    let total = shm::size(fd).map_err(Error::Os)?;
+    let total = shm::size(fd).map_err(Error::from)?;
     if total < 2 * page || total % page != 0 {
         return Err(Error::Unsupported);
     }
-    let fd = shm::dup(fd).map_err(Error::Os)?;
-    let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from_io)?;
+    let fd = shm::dup(fd).map_err(Error::from)?;
+    let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from)?;
     let base = map(&fd, total)?;
     let m = Mapping {
         base,
@@ -121,7 +121,7 @@ pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
 
 fn map(fd: &GuestFd, total: usize) -> Result<NonNull<u8>, Error> {
     let fd = fd.get().ok_or(Error::Os(libc::EBADF))?;
-    shm::map(fd, total).map_err(Error::Os)
+    shm::map(fd, total).map_err(Error::from)
 }
 
 /// Frees the data of a region being purged, for every process.
@@ -136,5 +136,5 @@ pub(crate) unsafe fn punch(fd: &GuestFd, len: usize) -> Result<(), Error> {
     let fd = fd.get().ok_or(Error::Os(libc::EBADF))?;
     // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until the
     // purge finishes.
-    unsafe { shm::punch_hole(fd, mem::page_size(), len) }.map_err(Error::Os)
+    unsafe { shm::punch_hole(fd, mem::page_size(), len) }.map_err(Error::from)
 }

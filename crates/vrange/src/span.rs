@@ -1,8 +1,8 @@
 //! Validation of caller-supplied ranges, shared by every entry point.
 
 use crate::shadow::ADDR_LIMIT;
-use crate::sys::mem::page_size;
 use crate::Error;
+use vrange_sys::mem::page_size;
 
 /// A page-aligned, non-overflowing address range `[start, end)` within the tracked space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

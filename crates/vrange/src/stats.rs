@@ -272,7 +272,7 @@ pub fn stats() -> Stats {
     s.purged_total_bytes = PURGED_TOTAL.load(Relaxed);
     s.armed_total_bytes = ARMED_TOTAL.load(Relaxed);
     s.losses_reported = LOSSES.load(Relaxed);
-    let fds = crate::sys::fd::counts();
+    let fds = vrange_sys::fd::counts();
     s.descriptors_held = fds.held;
     s.descriptors_lost = fds.lost;
     s.descriptors_no_room = fds.no_room;

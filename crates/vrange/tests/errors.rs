@@ -2,8 +2,8 @@
 
 mod common;
 use common::*;
-use vrange::sys::mem;
 use vrange::{mark_volatile, page_size, unmark, volatile_pages, Error};
+use vrange_sys::mem;
 
 fn both(ptr: *mut u8, len: usize) -> (Result<usize, Error>, Result<vrange::Unmarked, Error>) {
     // SAFETY: test-owned memory; the calls must fail before touching anything.

@@ -3,8 +3,8 @@
 
 mod common;
 use common::*;
-use vrange::sys::vma::force_parsing_fallback;
 use vrange::{mark_volatile, page_size, unmark, Error};
+use vrange_sys::vma::force_parsing_fallback;
 
 #[test]
 fn parsing_fallback_gives_the_same_answers() {
@@ -22,7 +22,7 @@ fn parsing_fallback_gives_the_same_answers() {
 
     let tail = Mapping::new(2 * page);
     // SAFETY: test-owned memory; leaves a hole after the first page.
-    unsafe { vrange::sys::mem::unmap(std::ptr::NonNull::new(tail.page(1)).unwrap(), page) };
+    unsafe { vrange_sys::mem::unmap(std::ptr::NonNull::new(tail.page(1)).unwrap(), page) };
     // SAFETY: each call must fail before touching anything.
     let (hole, null, text) = unsafe {
         let text = parsing_fallback_gives_the_same_answers as *const () as usize & !(page - 1);

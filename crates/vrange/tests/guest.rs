@@ -4,6 +4,10 @@
 //!
 //! The tests of this binary run one at a time: they close descriptors by number.
 
+// Plays the program vrange is a guest in: closes, duplicates and inspects descriptors by
+// number, which vrange's own code may only do through vrange_sys (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 use common::*;
 use std::os::fd::AsRawFd;
@@ -42,7 +46,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 #[test]
 fn the_reclaimer_reopens_sources_the_program_closed() {
     let _serial = serial();
-    let floor = vrange::sys::fd::floor();
+    let floor = vrange_sys::fd::floor();
     vrange::set_option("VRANGE_POLL_MS", "20").unwrap();
     let region = VolatileRegion::new(
         8 << 20,
@@ -105,7 +109,7 @@ fn the_reclaimer_reopens_sources_the_program_closed() {
 #[test]
 fn the_range_check_survives_its_maps_descriptor_being_replaced() {
     let _serial = serial();
-    let floor = vrange::sys::fd::floor();
+    let floor = vrange_sys::fd::floor();
     let m = Mapping::new(16 * vrange::page_size());
     fill(m.ptr, m.len, 9);
     // SAFETY: test-owned memory, no references into it.
@@ -115,7 +119,7 @@ fn the_range_check_survives_its_maps_descriptor_being_replaced() {
         .filter(|(_, t)| t.ends_with("/maps"))
         .map(|(fd, _)| fd)
         .collect();
-    if !vrange::sys::vma::has_procmap_query() {
+    if !vrange_sys::vma::has_procmap_query() {
         return vrange_testkit::skip("no PROCMAP_QUERY: the range check keeps no descriptor");
     }
     assert_eq!(
@@ -134,7 +138,7 @@ fn the_range_check_survives_its_maps_descriptor_being_replaced() {
     assert_eq!(r.purged, 0);
     assert!(check(m.ptr, m.len, 9));
     assert!(
-        vrange::sys::vma::has_procmap_query(),
+        vrange_sys::vma::has_procmap_query(),
         "a replaced descriptor made vrange give up PROCMAP_QUERY"
     );
     // The program's file is still open at that number.

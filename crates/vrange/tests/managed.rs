@@ -371,7 +371,7 @@ fn hybrid_ranges_are_armed_after_the_delay_and_proved_per_page() {
     );
     // The reclaimer armed them on its own CPU: a forced reclaim must run there to be
     // deterministic, so this only checks exactness, whatever the kernel dropped.
-    let _ = vrange::sys::mem::reclaim_now(r.as_ptr(), 2 * MIB);
+    let _ = vrange_sys::mem::reclaim_now(r.as_ptr(), 2 * MIB);
     let u = r.unmark().unwrap();
     let p = page_size();
     let zero = (0..r.len() / p)

@@ -41,9 +41,9 @@ use common::*;
 use std::fmt::Write as _;
 use std::io;
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
-use vrange::sys::{mem, procfs};
 use vrange::{page_size, Huge, Options, Policy, Priority, Source, Stats, VolatileRegion};
+use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
+use vrange_sys::{mem, procfs};
 
 const MIB: usize = 1 << 20;
 /// The child cgroup's hard limit.

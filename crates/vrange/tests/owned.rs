@@ -3,8 +3,8 @@
 //! tail with exact reports, grown and merged with the volatile gauge kept right.
 
 use std::time::{Duration, Instant};
-use vrange::sys::mem;
 use vrange::{Content, OwnedRange, Policy, Priority};
+use vrange_sys::mem;
 
 mod common;
 use common::{check, check_at, fill, is_zero, serial, Mapping};

@@ -1,4 +1,4 @@
-//! The pressure sources of `vrange::sys::pressure` against the real kernel: the waker, PSI
+//! The pressure sources of `vrange_sys::pressure` against the real kernel: the waker, PSI
 //! triggers (the window rule, and firing under real pressure), cgroup v1 vmpressure listeners,
 //! and the poller's reporting of a source whose cgroup went away.
 //!
@@ -22,9 +22,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
-use vrange::sys::mem;
-use vrange::sys::pressure::{
+use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
+use vrange_sys::mem;
+use vrange_sys::pressure::{
     has_cap_sys_resource, psi_window_us, Headroom, Level, Poller, Propagation, PsiTrigger, Signal,
     VmPressure, Waker, PSI_UNPRIVILEGED_STEP_US, SYSTEM_PSI_FILE,
 };
@@ -333,7 +333,7 @@ fn psi_trigger_window_rule() {
         }
     }
     // The kernel itself, without the module's checks in front: the rule documented in
-    // vrange::sys::pressure, and the trailing NUL it needs.
+    // vrange_sys::pressure, and the trailing NUL it needs.
     let raw = |text: &[u8]| -> Result<(), i32> {
         use std::io::Write;
         let mut f = fs::OpenOptions::new()

@@ -433,7 +433,7 @@ fn litter(dir: &Path, dead: u32, reused: u32, live: u32) -> (Vec<String>, Vec<St
         std::fs::write(&path, text).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     };
-    let live_start = vrange::sys::procfs::start_ticks(Some(live)).unwrap();
+    let live_start = vrange_sys::procfs::start_ticks(Some(live)).unwrap();
     write(
         &format!("vrange-{dead}.stats"),
         format!("pid={dead}\nstart_ticks=5\n"),

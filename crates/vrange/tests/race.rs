@@ -77,7 +77,7 @@ fn run(huge: Huge, label: &str) {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 // Plain MADV_PAGEOUT: which pages it catches does not matter here.
-                let _ = vrange::sys::mem::reclaim_now(region.as_ptr(), region.len());
+                let _ = vrange_sys::mem::reclaim_now(region.as_ptr(), region.len());
                 passes.fetch_add(1, Ordering::Relaxed);
             }
         })

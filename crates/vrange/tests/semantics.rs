@@ -174,7 +174,7 @@ fn regression_reused_address_inherits_no_stale_purge_after_forget() {
     mark(&first, 0, 4);
     let addr = first.ptr;
     drop(first); // Mapping's drop calls vrange::forget before munmap
-    let again = vrange::sys::mem::map_anon(4 * page, page).unwrap();
+    let again = vrange_sys::mem::map_anon(4 * page, page).unwrap();
     if again.as_ptr() == addr {
         // SAFETY: test-owned memory; fresh memory of ours.
         let r = unsafe { unmark(again.as_ptr(), 4 * page).unwrap() };
@@ -182,5 +182,5 @@ fn regression_reused_address_inherits_no_stale_purge_after_forget() {
     }
     assert_eq!(volatile_pages(addr, 4 * page).unwrap(), 0);
     // SAFETY: test-owned memory; ours.
-    unsafe { vrange::sys::mem::unmap(again, 4 * page) };
+    unsafe { vrange_sys::mem::unmap(again, 4 * page) };
 }

@@ -28,7 +28,7 @@ use super::Ctx;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::ChildCgroup;
+use vrange_sys::cgroup::ChildCgroup;
 
 const SOURCE: &str = include_str!("churn.c");
 const PRESSURE_LIMIT: u64 = 256 << 20;
@@ -260,7 +260,7 @@ pub fn hog_role(args: &[String]) -> i32 {
     };
     let page = vrange::page_size();
     let bytes = bytes / page * page;
-    let Ok(p) = vrange::sys::mem::map_anon(bytes, page) else {
+    let Ok(p) = vrange_sys::mem::map_anon(bytes, page) else {
         eprintln!("hog: cannot map {bytes} bytes");
         return 1;
     };

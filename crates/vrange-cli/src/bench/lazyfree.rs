@@ -24,7 +24,7 @@ use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use vrange::sys::mem;
+use vrange_sys::mem;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 const KIB: usize = 1 << 10;

@@ -43,7 +43,7 @@ impl Machine {
             .and_then(|l| l.split_once(':'))
             .map_or("?".into(), |(_, v)| v.trim().to_string());
         let mem = |k| {
-            vrange::sys::procfs::meminfo_kb(k)
+            vrange_sys::procfs::meminfo_kb(k)
                 .ok()
                 .flatten()
                 .unwrap_or(0)

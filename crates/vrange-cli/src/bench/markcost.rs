@@ -21,8 +21,8 @@ use super::plot::{self, Axis, Series};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
-use vrange::sys::mem;
 use vrange::{Huge, Options, Policy, VolatileRegion};
+use vrange_sys::mem;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

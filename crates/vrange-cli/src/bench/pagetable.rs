@@ -22,7 +22,7 @@ use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
-use vrange::sys::mem;
+use vrange_sys::mem;
 
 const BLOCK: usize = 2 << 20;
 const BLOCKS: usize = 25_600;
@@ -38,8 +38,8 @@ const METHODS: [(&str, &str); 4] = [
 const PUBLISHED_BEFORE_KB: u64 = 102_640;
 const PUBLISHED_AFTER_KB: u64 = 248;
 
-fn status() -> vrange::sys::procfs::Status {
-    vrange::sys::procfs::status(None).unwrap_or_default()
+fn status() -> vrange_sys::procfs::Status {
+    vrange_sys::procfs::status(None).unwrap_or_default()
 }
 
 /// The loop, in the role process: prints `done vmpte_kb=... max_vmpte_kb=... rss_kb=...

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
-use vrange::sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
+use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
 
 /// Builds libvrange_malloc.so with cargo (only works from a source tree): into the target
 /// directory this executable lives in when it is one, else the workspace's.
@@ -81,7 +81,7 @@ pub fn child_cgroup(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
 /// Makes the child of `cmd` join the cgroup whose `cgroup.procs` is `procs` before it execs,
 /// so everything it faults in is charged there.
 pub fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) -> Result<(), String> {
-    vrange::sys::cgroup::join_before_exec(cmd, procs)
+    vrange_sys::cgroup::join_before_exec(cmd, procs)
         .map_err(|e| format!("open {}: {e}", procs.display()))
 }
 
@@ -251,6 +251,6 @@ pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
 
 /// The Rss and LazyFree KiB of a process (zeros once it is gone).
 pub fn rss_lazy_kb(pid: u32) -> (u64, u64) {
-    vrange::sys::procfs::smaps_rollup(Some(pid as i32))
+    vrange_sys::procfs::smaps_rollup(Some(pid as i32))
         .map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
 }

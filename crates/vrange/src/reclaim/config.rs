@@ -27,12 +27,12 @@
 //! refuses.
 
 use crate::settings::{self, parse_number, parse_size, parse_switch, Size};
-use crate::sys::pressure::PSI_WINDOW_MAX_US;
 use crate::OptionError;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::Once;
+use vrange_sys::pressure::PSI_WINDOW_MAX_US;
 
 /// `VRANGE_HEADROOM=auto`.
 pub(crate) const HEADROOM_AUTO: u64 = u64::MAX;

@@ -38,16 +38,16 @@ pub use config::{set_option, OPTIONS};
 
 use crate::stats::{self, Source};
 use crate::sync::SpinLock;
-use crate::sys::cgroup;
-use crate::sys::cgroup::MemCgroup;
-use crate::sys::clock::now_ns;
-use crate::sys::fd::{self, Ident};
-use crate::sys::futex;
-use crate::sys::pressure::{Headroom, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 use std::sync::Mutex;
 use std::time::Duration;
+use vrange_sys::cgroup;
+use vrange_sys::cgroup::MemCgroup;
+use vrange_sys::clock::now_ns;
+use vrange_sys::fd::{self, Ident};
+use vrange_sys::futex;
+use vrange_sys::pressure::{Headroom, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker};
 
 const IDLE: u8 = 0;
 const RUNNING: u8 = 1;
@@ -286,7 +286,7 @@ impl Watch {
         if kind != 0 {
             let (stall, window) = (
                 cfg.psi_stall_us.load(Relaxed),
-                crate::sys::pressure::psi_window_us(cfg.psi_window_us.load(Relaxed)),
+                vrange_sys::pressure::psi_window_us(cfg.psi_window_us.load(Relaxed)),
             );
             if let Ok(t) = PsiTrigger::system(stall, window, kind == 2) {
                 if poller.add(t.ident(), Signal::PsiSystem).is_ok() {
@@ -499,14 +499,7 @@ pub fn register_fork_handlers() {
 fn register_atfork() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
-        // SAFETY: the handlers are plain extern "C" functions valid for the program's life.
-        unsafe {
-            libc::pthread_atfork(
-                Some(before_fork),
-                Some(after_fork_parent),
-                Some(after_fork_child),
-            )
-        };
+        let _ = vrange_sys::process::at_fork(before_fork, after_fork_parent, after_fork_child);
     });
 }
 

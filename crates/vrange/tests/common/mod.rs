@@ -1,7 +1,11 @@
 //! Helpers shared by the integration tests: deterministic content and forced purges.
+
+// Plays the program vrange is a guest in: closes, duplicates and inspects descriptors by
+// number, which vrange's own code may only do through vrange_sys (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 #![allow(dead_code)]
 
-use vrange::sys::{mem, procfs};
+use vrange_sys::{mem, procfs};
 
 /// The word `fill` writes at word index `i`: never zero, distinct per seed and position, so
 /// that lost pages (zero) and misplaced pages are both visible.
@@ -45,7 +49,7 @@ pub fn force_purge(ptr: *mut u8, len: usize) {
 
 /// Pins the calling thread to the CPU it runs on (once per thread), so that MADV_FREE and
 /// MADV_PAGEOUT share a CPU and forced purges are deterministic (see
-/// `vrange::sys::mem::reclaim_now`). Mappings made by the helpers below call it first.
+/// `vrange_sys::mem::reclaim_now`). Mappings made by the helpers below call it first.
 pub fn pin_cpu() {
     thread_local!(static PINNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
     if PINNED.with(|p| p.replace(true)) {
@@ -387,7 +391,7 @@ pub fn join_cgroup_before_exec(
     cmd: &mut std::process::Command,
     procs: &std::path::Path,
 ) -> std::io::Result<()> {
-    vrange::sys::cgroup::join_before_exec(cmd, procs)
+    vrange_sys::cgroup::join_before_exec(cmd, procs)
 }
 
 /// Keeps descriptor `fd` open across exec in the child of `cmd` (clears close-on-exec on the

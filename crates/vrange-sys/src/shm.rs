@@ -4,31 +4,26 @@
 //! Owns `memfd_create`, `ftruncate`, `fstat`, shared `mmap` and `fallocate`. Never decides
 //! policy.
 
+use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
 
 /// Creates a sealed-size-free memfd of `len` bytes (content zero), close-on-exec.
 ///
 /// # Errors
 /// The errno of memfd_create(2) or ftruncate(2).
-pub fn create(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd, i32> {
+pub fn create(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
     // SAFETY: name is a valid NUL-terminated string; the flags are constants.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
-        return Err(errno());
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: memfd_create just returned this descriptor; nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let size = libc::off_t::try_from(len).map_err(|_| libc::EFBIG)?;
+    let size = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
     // SAFETY: fd is a valid memfd.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
-        return Err(errno());
+        return Err(io::Error::last_os_error());
     }
     Ok(fd)
 }
@@ -37,21 +32,21 @@ pub fn create(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd, i32> {
 ///
 /// # Errors
 /// The errno of fstat(2).
-pub fn size(fd: BorrowedFd<'_>) -> Result<usize, i32> {
+pub fn size(fd: BorrowedFd<'_>) -> io::Result<usize> {
     // SAFETY: an all-zero stat is a valid out-parameter.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fd is a valid descriptor for the borrow's lifetime; st is writable.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(errno());
+        return Err(io::Error::last_os_error());
     }
-    usize::try_from(st.st_size).map_err(|_| libc::EINVAL)
+    usize::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// Maps `len` bytes of `fd` shared and read-write.
 ///
 /// # Errors
 /// The errno of mmap(2) (EACCES for a descriptor not open read-write).
-pub fn map(fd: BorrowedFd<'_>, len: usize) -> Result<NonNull<u8>, i32> {
+pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     // SAFETY: a fresh shared mapping at an address of the kernel's choosing aliases no Rust
     // object; the file's content is plain bytes.
     let raw = unsafe {
@@ -65,9 +60,9 @@ pub fn map(fd: BorrowedFd<'_>, len: usize) -> Result<NonNull<u8>, i32> {
         )
     };
     if raw == libc::MAP_FAILED {
-        return Err(errno());
+        return Err(io::Error::last_os_error());
     }
-    NonNull::new(raw.cast()).ok_or(libc::ENOMEM)
+    NonNull::new(raw.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
 /// Frees `[offset, offset + len)` of the file for every process that maps it: the pages read
@@ -82,9 +77,10 @@ pub fn map(fd: BorrowedFd<'_>, len: usize) -> Result<NonNull<u8>, i32> {
 ///
 /// # References
 /// fallocate(2) FALLOC_FL_PUNCH_HOLE; memfd_create(2).
-pub unsafe fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> Result<(), i32> {
-    let off = libc::off_t::try_from(offset).map_err(|_| libc::EINVAL)?;
-    let n = libc::off_t::try_from(len).map_err(|_| libc::EINVAL)?;
+pub unsafe fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> io::Result<()> {
+    let off =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let n = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: fd is valid for the borrow; fallocate checks the range itself.
     let rc = unsafe {
         libc::fallocate(
@@ -97,7 +93,7 @@ pub unsafe fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> Resul
     if rc == 0 {
         Ok(())
     } else {
-        Err(errno())
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -105,7 +101,6 @@ pub unsafe fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> Resul
 ///
 /// # Errors
 /// The errno of fcntl(2).
-pub fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, i32> {
+pub fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     fd.try_clone_to_owned()
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EBADF))
 }

@@ -127,7 +127,7 @@ fn denied(e: &std::io::Error) -> String {
 }
 
 /// Maps a scratch page, writes it, applies `advise`, unmaps.
-fn try_advice(advise: impl FnOnce(*mut u8, usize) -> Result<(), i32>) -> bool {
+fn try_advice(advise: impl FnOnce(*mut u8, usize) -> std::io::Result<()>) -> bool {
     let page = mem::page_size();
     let Ok(ptr) = mem::map_anon(page, page) else {
         return false;
@@ -311,7 +311,7 @@ fn process_madvise_works() -> bool {
         if rc == l as libc::c_long {
             Ok(())
         } else {
-            Err(libc::EINVAL)
+            Err(std::io::Error::from_raw_os_error(libc::EINVAL))
         }
     });
     // SAFETY: pidfd was opened above.

@@ -7,7 +7,7 @@
 //! because unmarking from a signal handler depends on it.
 
 use super::fd::{self, GuestFd, Ident, Inherit};
-use crate::Error;
+use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -78,11 +78,11 @@ fn getpid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
-fn open_maps() -> Result<i32, Error> {
+fn open_maps() -> io::Result<i32> {
     // SAFETY: MAPS_PATH is NUL-terminated.
     let fd = unsafe { libc::open(MAPS_PATH.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        Err(Error::Os(last_errno()))
+        Err(io::Error::from_raw_os_error(last_errno()))
     } else {
         Ok(fd)
     }
@@ -105,7 +105,7 @@ fn cached_ident(packed: u64, dev: u64, ino: u64) -> Ident {
 
 /// The cached descriptor for this process, opening it on first use, first use after fork, or
 /// after the program closed it. Async-signal-safe.
-fn query_fd() -> Result<i32, Error> {
+fn query_fd() -> io::Result<i32> {
     let pid = getpid();
     let cached = MAPS_FD.load(Ordering::Acquire);
     let (dev, ino) = (
@@ -124,9 +124,7 @@ fn query_fd() -> Result<i32, Error> {
     let raw = open_maps()?;
     // SAFETY: open just returned this descriptor, and nothing else knows it.
     let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-    let fresh = GuestFd::adopt(owned, Inherit::Keep)
-        .map_err(|e| Error::Os(e.raw_os_error().unwrap_or(libc::EMFILE)))?
-        .leak();
+    let fresh = GuestFd::adopt(owned, Inherit::Keep)?.leak();
     MAPS_DEV.store(fresh.dev(), Ordering::Release);
     MAPS_INO.store(fresh.ino(), Ordering::Release);
     let packed = (u64::from(pid) << 32) | u64::from(fresh.fd() as u32);
@@ -144,16 +142,23 @@ fn query_fd() -> Result<i32, Error> {
             if (winner >> 32) as u32 == pid {
                 Ok(winner as u32 as i32)
             } else {
-                Err(Error::Os(libc::EAGAIN))
+                Err(io::Error::from_raw_os_error(libc::EAGAIN))
             }
         }
     }
 }
 
-/// The mapping containing `addr`, by PROCMAP_QUERY. `Ok(None)` for an unmapped address,
-/// `Err(None)` when the kernel lacks the ioctl.
-fn query(addr: usize) -> Result<Option<Vma>, Option<Error>> {
-    let fd = query_fd().map_err(Some)?;
+/// What PROCMAP_QUERY said about an address.
+enum Answer {
+    Mapped(Vma),
+    Unmapped,
+    /// The kernel lacks the ioctl (before 6.11).
+    NoQuery,
+}
+
+/// The mapping containing `addr`, by PROCMAP_QUERY.
+fn query(addr: usize) -> io::Result<Answer> {
+    let fd = query_fd()?;
     let mut q = ProcmapQuery {
         size: std::mem::size_of::<ProcmapQuery>() as u64,
         query_addr: addr as u64,
@@ -163,7 +168,7 @@ fn query(addr: usize) -> Result<Option<Vma>, Option<Error>> {
     // name and build-id buffers are absent (sizes 0), so the kernel writes only into q.
     let rc = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
     if rc == 0 {
-        return Ok(Some(Vma {
+        return Ok(Answer::Mapped(Vma {
             start: q.vma_start as usize,
             end: q.vma_end as usize,
             readable: q.vma_flags & QUERY_VMA_READABLE != 0,
@@ -173,40 +178,54 @@ fn query(addr: usize) -> Result<Option<Vma>, Option<Error>> {
         }));
     }
     match last_errno() {
-        libc::ENOENT => Ok(None),
-        libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP => Err(None),
-        e => Err(Some(Error::Os(e))),
+        libc::ENOENT => Ok(Answer::Unmapped),
+        libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP => Ok(Answer::NoQuery),
+        e => Err(io::Error::from_raw_os_error(e)),
     }
 }
 
-/// Checks that `[start, end)` is entirely mapped private anonymous read-write memory.
+/// What a range is mapped as, for the kernel purge path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coverage {
+    /// Entirely private anonymous read-write memory.
+    PrivateAnon,
+    /// Not entirely mapped.
+    Hole,
+    /// Mapped, but (partly) shared, file-backed, read-only or inaccessible.
+    Other,
+}
+
+/// How `[start, end)` is mapped: whether it is entirely private anonymous read-write memory.
 ///
 /// Async-signal-safe.
 ///
 /// # Errors
-/// [`Error::NotMapped`] for a hole, [`Error::Unsupported`] for any other kind of mapping,
-/// [`Error::Os`] if `/proc/self/maps` cannot be opened.
-pub fn check_private_anon(start: usize, end: usize) -> Result<(), Error> {
+/// The errno of opening or reading `/proc/self/maps`.
+pub fn check_private_anon(start: usize, end: usize) -> io::Result<Coverage> {
     if !NO_QUERY.load(Ordering::Relaxed) {
-        match check_by_query(start, end) {
-            Err(None) => NO_QUERY.store(true, Ordering::Relaxed),
-            Err(Some(e)) => return Err(e),
-            Ok(()) => return Ok(()),
+        match check_by_query(start, end)? {
+            None => NO_QUERY.store(true, Ordering::Relaxed),
+            Some(coverage) => return Ok(coverage),
         }
     }
     check_by_parsing(start, end)
 }
 
-fn check_by_query(start: usize, end: usize) -> Result<(), Option<Error>> {
+/// `None` when the kernel lacks PROCMAP_QUERY.
+fn check_by_query(start: usize, end: usize) -> io::Result<Option<Coverage>> {
     let mut cursor = start;
     while cursor < end {
-        let vma = query(cursor)?.ok_or(Some(Error::NotMapped))?;
+        let vma = match query(cursor)? {
+            Answer::Mapped(vma) => vma,
+            Answer::Unmapped => return Ok(Some(Coverage::Hole)),
+            Answer::NoQuery => return Ok(None),
+        };
         if !vma.is_private_anon_rw() {
-            return Err(Some(Error::Unsupported));
+            return Ok(Some(Coverage::Other));
         }
         cursor = vma.end;
     }
-    Ok(())
+    Ok(Some(Coverage::PrivateAnon))
 }
 
 /// Whether this kernel answers PROCMAP_QUERY (probed by trying it once).
@@ -216,7 +235,7 @@ pub fn has_procmap_query() -> bool {
     }
     let probe = &MAPS_FD as *const AtomicU64 as usize;
     match query(probe) {
-        Err(None) => {
+        Ok(Answer::NoQuery) => {
             NO_QUERY.store(true, Ordering::Relaxed);
             false
         }
@@ -230,35 +249,35 @@ pub fn force_parsing_fallback(on: bool) {
     NO_QUERY.store(on, Ordering::Relaxed);
 }
 
-fn check_by_parsing(start: usize, end: usize) -> Result<(), Error> {
+fn check_by_parsing(start: usize, end: usize) -> io::Result<Coverage> {
     let mut cursor = start;
-    let mut verdict = Err(Error::NotMapped);
+    let mut verdict = Coverage::Hole;
     for_each_vma(|vma| {
         if vma.end <= cursor {
             return true;
         }
         if vma.start > cursor {
-            verdict = Err(Error::NotMapped);
+            verdict = Coverage::Hole;
             return false;
         }
         if !vma.is_private_anon_rw() {
-            verdict = Err(Error::Unsupported);
+            verdict = Coverage::Other;
             return false;
         }
         cursor = vma.end;
         if cursor >= end {
-            verdict = Ok(());
+            verdict = Coverage::PrivateAnon;
             return false;
         }
         true
     })?;
-    verdict
+    Ok(verdict)
 }
 
 /// Calls `visit` for each mapping of this process in address order until it returns false.
 /// Reads `/proc/self/maps` through a stack buffer with a fresh descriptor (a shared one would
 /// race on the file position).
-pub fn for_each_vma(mut visit: impl FnMut(&Vma) -> bool) -> Result<(), Error> {
+pub fn for_each_vma(mut visit: impl FnMut(&Vma) -> bool) -> io::Result<()> {
     let fd = open_maps()?;
     let mut parser = LineParser::default();
     let mut buf = [0u8; 4096];
@@ -270,7 +289,7 @@ pub fn for_each_vma(mut visit: impl FnMut(&Vma) -> bool) -> Result<(), Error> {
             if e == libc::EINTR {
                 continue;
             }
-            break Err(Error::Os(e));
+            break Err(io::Error::from_raw_os_error(e));
         }
         if n == 0 {
             break Ok(());
@@ -381,7 +400,7 @@ mod tests {
         for_each_vma(|vma| {
             // Other test threads map and unmap concurrently, so compare only what a
             // mapping's own flags say, and only where it is still there.
-            if let Ok(Some(q)) = query(vma.start) {
+            if let Ok(Answer::Mapped(q)) = query(vma.start) {
                 if q.start == vma.start && q.end == vma.end {
                     assert_eq!(
                         (q.writable, q.shared, q.anonymous),

@@ -1,10 +1,15 @@
-//! The kernel boundary: every `mmap`, `madvise`, `ioctl` and `/proc` access of vrange lives
-//! below this module, and no other module calls them (`clippy.toml` enforces it).
+//! **Internal to vrange; no stability promise. Use the `vrange` crate.**
+//!
+//! The kernel boundary: every `mmap`, `madvise`, `ioctl`, descriptor and `/proc` access of
+//! vrange lives in this crate, and no other crate calls them (`clippy.toml` enforces it). The
+//! core (`vrange`), the allocator and the command build on it; it depends on nothing of theirs.
 //!
 //! # Contract
 //! - Addresses passed to the memory functions are page-aligned and lengths are multiples of the
 //!   page size; callers check this first (`crate::range`). Violations are reported, not fixed.
-//! - Errors are raw errnos turned into [`crate::Error`] by the caller that knows the context.
+//! - One error type: every fallible function returns `io::Result` (an errno, never allocated
+//!   on the async-signal-safe paths); the core turns it into `vrange::Error` at one edge, where
+//!   the context is known. Outcomes that are not failures are values (`vma::Coverage`).
 //! - What content survives each call, named by guarantee rather than by flag:
 //!
 //! | function            | advice                | content afterwards                          |
@@ -34,6 +39,7 @@ pub mod futex;
 pub mod mem;
 pub mod pressure;
 pub mod probe;
+pub mod process;
 pub mod procfs;
 pub mod shm;
 pub mod statsdir;

@@ -340,7 +340,7 @@ mod tests {
             let base = std::env::temp_dir().join(format!(
                 "vrange-statsdir-{tag}-{}-{}",
                 std::process::id(),
-                crate::sys::clock::now_ns()
+                crate::clock::now_ns()
             ));
             std::fs::create_dir(&base).unwrap();
             Scratch(base)

@@ -3,6 +3,7 @@
 //! Owns `mmap`, `munmap` and `madvise` for the whole crate. Never decides policy: callers say
 //! which guarantee they need.
 
+use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -25,12 +26,6 @@ pub fn page_size() -> usize {
     size
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
 /// Maps `len` bytes (a page multiple) of private anonymous read-write memory whose start is
 /// aligned to `align` (a power of two, at least a page). Content is zero.
 ///
@@ -40,11 +35,13 @@ fn errno() -> i32 {
 ///
 /// # Errors
 /// The errno of mmap(2) (ENOMEM when the address space or overcommit limit is exhausted).
-pub fn map_anon(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
+pub fn map_anon(len: usize, align: usize) -> io::Result<NonNull<u8>> {
     let page = page_size();
     debug_assert!(align.is_power_of_two() && align >= page && len % page == 0);
     let slack = align - page;
-    let total = len.checked_add(slack).ok_or(libc::ENOMEM)?;
+    let total = len
+        .checked_add(slack)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
     // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases nothing.
     let raw = unsafe {
         libc::mmap(
@@ -57,7 +54,7 @@ pub fn map_anon(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
         )
     };
     if raw == libc::MAP_FAILED {
-        return Err(errno());
+        return Err(io::Error::last_os_error());
     }
     let start = raw as usize;
     let aligned = (start + align - 1) & !(align - 1);
@@ -72,7 +69,7 @@ pub fn map_anon(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
             libc::munmap((aligned + len) as *mut libc::c_void, tail);
         }
     }
-    NonNull::new(aligned as *mut u8).ok_or(libc::ENOMEM)
+    NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
 /// Unmaps `[ptr, ptr + len)`.
@@ -85,7 +82,7 @@ pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
     unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
 }
 
-fn advise(ptr: *mut u8, len: usize, advice: i32) -> Result<(), i32> {
+fn advise(ptr: *mut u8, len: usize, advice: i32) -> io::Result<()> {
     // SAFETY: madvise validates the range itself and fails with ENOMEM on holes; the advices
     // used here cannot make memory unsafe to access, only change its content as documented by
     // the caller-facing function, whose own contract covers that.
@@ -93,7 +90,7 @@ fn advise(ptr: *mut u8, len: usize, advice: i32) -> Result<(), i32> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(errno())
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -112,7 +109,7 @@ fn advise(ptr: *mut u8, len: usize, advice: i32) -> Result<(), i32> {
 ///
 /// # References
 /// madvise(2) MADV_FREE; mm/madvise.c `madvise_free_single_vma`.
-pub unsafe fn purge_lazy(ptr: *mut u8, len: usize) -> Result<(), i32> {
+pub unsafe fn purge_lazy(ptr: *mut u8, len: usize) -> io::Result<()> {
     advise(ptr, len, libc::MADV_FREE)
 }
 
@@ -146,11 +143,11 @@ pub fn lazy_free_supported() -> bool {
 ///
 /// # Errors
 /// The errno of sched_getcpu(3) or sched_setaffinity(2).
-pub fn pin_thread_to_current_cpu() -> Result<usize, i32> {
+pub fn pin_thread_to_current_cpu() -> io::Result<usize> {
     // SAFETY: sched_getcpu has no preconditions.
     let cpu = unsafe { libc::sched_getcpu() };
     if cpu < 0 {
-        return Err(errno());
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: cpu_set_t is plain data (zeroed is the empty set); cpu < CPU_SETSIZE as the
     // kernel just reported it.
@@ -162,7 +159,7 @@ pub fn pin_thread_to_current_cpu() -> Result<usize, i32> {
     if rc == 0 {
         Ok(cpu as usize)
     } else {
-        Err(errno())
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -177,7 +174,7 @@ pub fn pin_thread_to_current_cpu() -> Result<usize, i32> {
 ///
 /// # References
 /// madvise(2) MADV_DONTNEED; Documentation/mm/process_addrs.rst (PT_RECLAIM).
-pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> Result<(), i32> {
+pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> io::Result<()> {
     advise(ptr, len, libc::MADV_DONTNEED)
 }
 
@@ -194,7 +191,7 @@ pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> Result<(), i32> {
 /// # Errors
 /// EINVAL where the kernel lacks MADV_PAGEOUT (before 5.4) or for locked memory, ENOMEM for
 /// holes.
-pub fn reclaim_now(ptr: *mut u8, len: usize) -> Result<(), i32> {
+pub fn reclaim_now(ptr: *mut u8, len: usize) -> io::Result<()> {
     advise(ptr, len, 21 /* MADV_PAGEOUT */)
 }
 
@@ -203,7 +200,7 @@ pub fn reclaim_now(ptr: *mut u8, len: usize) -> Result<(), i32> {
 ///
 /// # Errors
 /// EINVAL where unsupported, ENOMEM for holes or when memory runs out.
-pub fn populate_write(ptr: *mut u8, len: usize) -> Result<(), i32> {
+pub fn populate_write(ptr: *mut u8, len: usize) -> io::Result<()> {
     advise(ptr, len, 23 /* MADV_POPULATE_WRITE */)
 }
 
@@ -211,7 +208,7 @@ pub fn populate_write(ptr: *mut u8, len: usize) -> Result<(), i32> {
 ///
 /// # Errors
 /// EINVAL where THP is not built in.
-pub fn advise_huge(ptr: *mut u8, len: usize, huge: bool) -> Result<(), i32> {
+pub fn advise_huge(ptr: *mut u8, len: usize, huge: bool) -> io::Result<()> {
     let advice = if huge {
         libc::MADV_HUGEPAGE
     } else {
@@ -224,7 +221,7 @@ pub fn advise_huge(ptr: *mut u8, len: usize, huge: bool) -> Result<(), i32> {
 ///
 /// # Errors
 /// ENOMEM for holes.
-pub fn resident_pages(ptr: *mut u8, len: usize) -> Result<usize, i32> {
+pub fn resident_pages(ptr: *mut u8, len: usize) -> io::Result<usize> {
     let page = page_size();
     let mut resident = 0;
     let mut buf = [0u8; 4096];
@@ -241,7 +238,7 @@ pub fn resident_pages(ptr: *mut u8, len: usize) -> Result<usize, i32> {
             )
         };
         if rc != 0 {
-            return Err(errno());
+            return Err(io::Error::last_os_error());
         }
         let pages = chunk.div_ceil(page);
         resident += buf[..pages].iter().filter(|b| **b & 1 != 0).count();
