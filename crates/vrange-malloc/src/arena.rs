@@ -13,8 +13,9 @@ use std::cell::UnsafeCell;
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use vrange::{SpinLock, Taken};
+use vrange::Taken;
 use vrange_sys::mem;
+use vrange_sys::sync::{SpinGuard, SpinLock};
 
 /// Most arenas (more CPUs share them).
 pub const MAX_ARENAS: usize = 256;
@@ -106,19 +107,18 @@ fn class(pages: u32) -> usize {
     (32 - pages.leading_zeros()) as usize
 }
 
-/// Locks the arena of the current CPU, or another free one. Returns its index.
-fn lock_some() -> usize {
+/// Locks the arena of the current CPU, or another free one. Returns its index and the guard.
+fn lock_some() -> (usize, SpinGuard<'static>) {
     let n = count();
     // Unsupported maps to arena 0.
     let home = vrange_sys::process::current_cpu().map_or(0, |cpu| cpu % n);
     for i in 0..n {
         let a = (home + i) % n;
-        if ARENAS[a].lock.try_lock() {
-            return a;
+        if let Some(held) = ARENAS[a].lock.try_lock() {
+            return (a, held);
         }
     }
-    ARENAS[home].lock.lock();
-    home
+    (home, ARENAS[home].lock.lock())
 }
 
 impl Arena {
@@ -233,17 +233,16 @@ impl Arena {
 
 /// Allocates `pages` pages aligned to `align_pages` pages in some arena.
 pub fn alloc(pages: usize, align_pages: usize) -> Option<(usize, Taken)> {
-    let a = lock_some();
+    let (a, _held) = lock_some();
     let arena = &ARENAS[a];
     let mut ranges = Volatile::current();
-    // SAFETY: lock_some returned with the lock of arena `a` held.
+    // SAFETY: `_held` is the lock of arena `a`.
     let got = unsafe { arena.alloc_locked(a as u32, pages, align_pages, &mut ranges) };
     if let Some((_, t)) = got {
         arena
             .counters
             .allocated(t.pages << vrange::page_size().trailing_zeros(), &t);
     }
-    arena.lock.unlock();
     got
 }
 
@@ -255,11 +254,9 @@ unsafe fn with_chunk<R>(c: *mut Chunk, f: impl FnOnce(&Arena, &mut Chunk) -> R) 
     // SAFETY: chunk metadata is never freed; `arena` only changes while the chunk is empty.
     let a = unsafe { (*c).arena } as usize;
     let arena = &ARENAS[a];
-    arena.lock.lock();
+    let _held = arena.lock.lock();
     // SAFETY: the lock of the chunk's arena is held.
-    let r = f(arena, unsafe { &mut *c });
-    arena.lock.unlock();
-    r
+    f(arena, unsafe { &mut *c })
 }
 
 /// Frees the block at `addr` in chunk `c`.
@@ -307,7 +304,7 @@ pub unsafe fn shrink(c: *mut Chunk, addr: usize, pages: usize) {
 
 /// A chunk for arena `me`: from the pool, or newly mapped.
 fn take_chunk(me: u32, ranges: &mut Volatile) -> Option<*mut Chunk> {
-    SHARED.lock.lock();
+    let _held = SHARED.lock.lock();
     // SAFETY: the pool lock is held.
     let pool = unsafe { &mut *SHARED.pool.get() };
     let c = if pool.empty.is_null() {
@@ -325,13 +322,12 @@ fn take_chunk(me: u32, ranges: &mut Volatile) -> Option<*mut Chunk> {
             (*c).next = null_mut();
         }
     }
-    SHARED.lock.unlock();
     c
 }
 
 /// Hands an empty chunk (already off its arena's lists) to the pool.
 fn give_chunk(c: *mut Chunk) {
-    SHARED.lock.lock();
+    let _held = SHARED.lock.lock();
     // SAFETY: the pool lock is held; the chunk is empty, so no free can reach it.
     unsafe {
         let pool = &mut *SHARED.pool.get();
@@ -339,7 +335,6 @@ fn give_chunk(c: *mut Chunk) {
         (*c).next = pool.empty;
         pool.empty = c;
     }
-    SHARED.lock.unlock();
 }
 
 /// Maps a chunk (carving address-space segments) and its metadata.
@@ -380,15 +375,21 @@ fn new_chunk(pool: &mut Pool, me: u32, ranges: &mut Volatile) -> Option<*mut Chu
 /// Takes every arena's lock and the pool's (before `fork`).
 pub fn lock_all() {
     for a in &ARENAS[..count()] {
-        a.lock.lock();
+        a.lock.lock_for_fork();
     }
-    SHARED.lock.lock();
+    SHARED.lock.lock_for_fork();
 }
 
 /// Releases what [`lock_all`] took (after `fork`, in parent and child).
-pub fn unlock_all() {
-    SHARED.lock.unlock();
-    for a in ARENAS[..count()].iter().rev() {
-        a.lock.unlock();
+///
+/// # Safety
+/// Only in a fork handler after [`lock_all`].
+pub unsafe fn unlock_all() {
+    // SAFETY: every lock was taken by lock_all, with no live guard.
+    unsafe {
+        SHARED.lock.force_unlock();
+        for a in ARENAS[..count()].iter().rev() {
+            a.lock.force_unlock();
+        }
     }
 }

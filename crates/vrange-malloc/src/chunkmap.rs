@@ -28,7 +28,7 @@ const LARGE_BIT: usize = 1;
 
 static TOP_TABLE: [AtomicPtr<AtomicUsize>; TOP] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; TOP];
-static GROW: vrange::SpinLock = vrange::SpinLock::new();
+static GROW: vrange_sys::sync::SpinLock = vrange_sys::sync::SpinLock::new();
 
 fn key(addr: usize) -> Option<(usize, usize)> {
     if addr >> ADDR_BITS != 0 {
@@ -45,16 +45,17 @@ fn entry(addr: usize, create: bool) -> Option<&'static AtomicUsize> {
         if !create {
             return None;
         }
-        GROW.lock();
-        leaf = TOP_TABLE[hi].load(Acquire);
-        if leaf.is_null() {
-            let bytes = LEAF * std::mem::size_of::<AtomicUsize>();
-            if let Ok(fresh) = mem::map_anon(bytes, mem::page_size()) {
-                leaf = fresh.as_ptr().cast();
-                TOP_TABLE[hi].store(leaf, Release);
+        leaf = GROW.with(|| {
+            let mut leaf = TOP_TABLE[hi].load(Acquire);
+            if leaf.is_null() {
+                let bytes = LEAF * std::mem::size_of::<AtomicUsize>();
+                if let Ok(fresh) = mem::map_anon(bytes, mem::page_size()) {
+                    leaf = fresh.as_ptr().cast();
+                    TOP_TABLE[hi].store(leaf, Release);
+                }
             }
-        }
-        GROW.unlock();
+            leaf
+        });
         if leaf.is_null() {
             return None;
         }
@@ -105,10 +106,14 @@ pub fn clear(start: usize, len: usize) {
 
 /// Takes the lock that guards growing the table (before `fork`).
 pub fn lock() {
-    GROW.lock();
+    GROW.lock_for_fork();
 }
 
 /// Releases it (after `fork`).
-pub fn unlock() {
-    GROW.unlock();
+///
+/// # Safety
+/// Only in a fork handler after [`lock`].
+pub unsafe fn unlock() {
+    // SAFETY: taken by lock(), with no live guard.
+    unsafe { GROW.force_unlock() };
 }

@@ -55,9 +55,12 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn after_fork() {
-    chunkmap::unlock();
-    large::unlock();
-    arena::unlock_all();
+    // SAFETY: a fork handler after before_fork took every one of these.
+    unsafe {
+        chunkmap::unlock();
+        large::unlock();
+        arena::unlock_all();
+    }
 }
 
 extern "C" fn at_exit() {

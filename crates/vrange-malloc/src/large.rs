@@ -9,8 +9,9 @@ use crate::config::{self, Mode};
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use vrange::{Content, OwnedRange, Policy, Priority, SpinLock, Taken};
+use vrange::{Content, OwnedRange, Policy, Priority, Taken};
 use vrange_sys::mem;
+use vrange_sys::sync::SpinLock;
 
 /// Freed large blocks kept for reuse.
 const CACHE_MAX: usize = 16;
@@ -69,11 +70,9 @@ pub static COUNTERS: crate::stats::Counters = crate::stats::Counters::new();
 
 /// Runs `f` with the cache locked.
 fn locked<R>(f: impl FnOnce(&mut Cache) -> R) -> R {
-    CACHE.lock.lock();
+    let _held = CACHE.lock.lock();
     // SAFETY: the lock is held.
-    let r = f(unsafe { &mut *CACHE.cache.get() });
-    CACHE.lock.unlock();
-    r
+    f(unsafe { &mut *CACHE.cache.get() })
 }
 
 /// Allocates a block of at least `size` bytes. Returns its address and what its bytes hold.
@@ -291,10 +290,14 @@ impl Cache {
 
 /// Takes the cache lock (before `fork`).
 pub fn lock() {
-    CACHE.lock.lock();
+    CACHE.lock.lock_for_fork();
 }
 
 /// Releases it (after `fork`).
-pub fn unlock() {
-    CACHE.lock.unlock();
+///
+/// # Safety
+/// Only in a fork handler after [`lock`].
+pub unsafe fn unlock() {
+    // SAFETY: taken by lock(), with no live guard.
+    unsafe { CACHE.lock.force_unlock() };
 }

@@ -43,4 +43,5 @@ pub mod process;
 pub mod procfs;
 pub mod shm;
 pub mod statsdir;
+pub mod sync;
 pub mod vma;

@@ -41,3 +41,30 @@ pub fn current_cpu() -> Option<usize> {
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).ok()
 }
+
+/// Spawns a thread that never receives the process's asynchronous signals: every signal is
+/// blocked in it from its first instruction (blocked in the caller around the spawn, which the
+/// new thread inherits, then restored in the caller). A library's background thread must not
+/// take a `kill(getpid(), SIG)` that the program blocked in its own threads to keep it pending
+/// (`sigpending`, `sigwait`), nor run the program's handlers at unexpected moments.
+///
+/// # Errors
+/// As `std::thread::Builder::spawn`.
+pub fn spawn_without_signals<F>(name: &str, f: F) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t is plain data; sigfillset initialises it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sigfillset and pthread_sigmask write only the sets, which live across the calls.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+    // SAFETY: restores the caller's own mask, saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
+}

@@ -58,7 +58,6 @@ pub use reclaim::{purge, set_option};
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
-pub use sync::SpinLock;
 pub use vrange_sys::mem::page_size;
 pub use vrange_sys::probe::{features, Features, ThpMode};
 

@@ -9,13 +9,13 @@
 use crate::pagemap::PageMap;
 use crate::shared::Header;
 use crate::state::RangeState;
-use crate::sync::SpinLock;
 use crate::Error;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use vrange_sys::fd::GuestFd;
 use vrange_sys::mem;
+use vrange_sys::sync::SpinLock;
 
 /// How a region's volatile ranges are purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -225,10 +225,7 @@ pub(crate) fn slot(idx: u32) -> &'static Slot {
 
 /// Takes a free slot (not yet live: fill it, then [`Slot::publish`]).
 pub(crate) fn alloc_slot() -> Result<(u32, &'static Slot), Error> {
-    LOCK.lock();
-    let r = alloc_locked();
-    LOCK.unlock();
-    r.map(|idx| (idx, slot(idx)))
+    LOCK.with(alloc_locked).map(|idx| (idx, slot(idx)))
 }
 
 fn alloc_locked() -> Result<u32, Error> {

@@ -147,3 +147,44 @@ fn the_range_check_survives_its_maps_descriptor_being_replaced() {
     // SAFETY: the test's own descriptor.
     unsafe { libc::close(maps[0]) };
 }
+
+/// Regression: the reclaimer thread left every signal unblocked, so a signal the program blocked
+/// in its own threads to keep it pending (`sigpending`, `sigwait`) was delivered to vrange's
+/// thread instead and ran the program's handler at once (CPython's test_signal failed under the
+/// shim).
+#[test]
+fn the_reclaimer_thread_blocks_every_signal() {
+    let _serial = serial();
+    let _region = VolatileRegion::new(1 << 20, Options::default()).unwrap();
+    let mut blocked = None;
+    wait_for("the reclaimer thread", Duration::from_secs(5), || {
+        blocked = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .find_map(|t| {
+                let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+                status.lines().next()?.ends_with("vrange-reclaim").then(|| {
+                    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+                    u64::from_str_radix(mask.trim(), 16).ok()
+                })?
+            });
+        blocked.is_some()
+    });
+    let blocked = blocked.unwrap();
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGCHLD,
+        libc::SIGHUP,
+        libc::SIGPIPE,
+        libc::SIGRTMIN() + 1,
+    ] {
+        assert!(
+            blocked & (1 << (sig - 1)) != 0,
+            "signal {sig} is not blocked in vrange-reclaim (SigBlk {blocked:016x})"
+        );
+    }
+}

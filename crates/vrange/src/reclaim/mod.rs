@@ -37,7 +37,6 @@ pub(crate) use config::{get as settings, set_from_env};
 pub use config::{set_option, OPTIONS};
 
 use crate::stats::{self, Source};
-use crate::sync::SpinLock;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 use std::sync::Mutex;
@@ -48,6 +47,7 @@ use vrange_sys::clock::now_ns;
 use vrange_sys::fd::{self, Ident};
 use vrange_sys::futex;
 use vrange_sys::pressure::{Headroom, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker};
+use vrange_sys::sync::{SpinGuard, SpinLock};
 
 const IDLE: u8 = 0;
 const RUNNING: u8 = 1;
@@ -101,15 +101,13 @@ pub(crate) fn ensure_running() {
 
 fn start() {
     let cfg = config::get();
-    START.lock();
+    let _starting = START.lock();
     if STATE.load(Acquire) == IDLE {
         if !cfg.enabled.load(Relaxed) {
             STATE.store(DISABLED, Release);
         } else {
             STATE.store(RUNNING, Release);
-            let spawned = std::thread::Builder::new()
-                .name("vrange-reclaim".into())
-                .spawn(run);
+            let spawned = vrange_sys::process::spawn_without_signals("vrange-reclaim", run);
             match spawned {
                 Ok(handle) => {
                     *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -119,13 +117,12 @@ fn start() {
             }
         }
     }
-    START.unlock();
 }
 
 /// Stops the reclaimer thread and waits for it. Volatile ranges stay volatile; the next managed
 /// mark, region or [`purge`] starts it again.
 pub fn stop() {
-    START.lock();
+    let _stopping = START.lock();
     let handle = if STATE.load(Acquire) == RUNNING {
         STATE.store(STOPPING, Release);
         wake();
@@ -140,7 +137,6 @@ pub fn stop() {
         STATE.store(IDLE, Release);
     }
     drop_waker();
-    START.unlock();
 }
 
 fn drop_waker() {
@@ -216,17 +212,10 @@ pub(crate) fn config_changed() {
 }
 
 /// Holds off purging (by the thread or [`purge`]) while alive.
-pub(crate) struct Paused(());
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        PURGES.unlock();
-    }
-}
+pub(crate) type Paused = SpinGuard<'static>;
 
 pub(crate) fn pause() -> Paused {
-    PURGES.lock();
-    Paused(())
+    PURGES.lock()
 }
 
 /// Purges up to `bytes` bytes of volatile managed ranges now, lowest class and least recently
@@ -504,20 +493,27 @@ fn register_atfork() {
 }
 
 extern "C" fn before_fork() {
-    START.lock();
-    PURGES.lock();
-    crate::registry::LOCK.lock();
+    START.lock_for_fork();
+    PURGES.lock_for_fork();
+    crate::registry::LOCK.lock_for_fork();
 }
 
 extern "C" fn after_fork_parent() {
-    crate::registry::LOCK.unlock();
-    PURGES.unlock();
-    START.unlock();
+    // SAFETY: all three were taken by before_fork, and no guard of them is live in this thread
+    // (fork is not called with vrange's locks held).
+    unsafe {
+        crate::registry::LOCK.force_unlock();
+        PURGES.force_unlock();
+        START.force_unlock();
+    }
 }
 
 extern "C" fn after_fork_child() {
-    crate::registry::LOCK.unlock();
-    PURGES.unlock();
+    // SAFETY: as in after_fork_parent; START is released at the end.
+    unsafe {
+        crate::registry::LOCK.force_unlock();
+        PURGES.force_unlock();
+    }
     // The thread did not survive the fork. Its handle, waker and sources belong to the parent's
     // thread: forget them without running their destructors (no allocator calls here), closing
     // only the child's copies of the descriptors, each verified first.
@@ -540,5 +536,6 @@ extern "C" fn after_fork_child() {
     if STATE.load(Relaxed) != DISABLED {
         STATE.store(IDLE, Relaxed);
     }
-    START.unlock();
+    // SAFETY: taken by before_fork, no live guard.
+    unsafe { START.force_unlock() };
 }
