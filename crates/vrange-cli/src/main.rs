@@ -73,7 +73,7 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         interval_ms: u64,
     },
-    /// Run a benchmark suite: ebizzy, pressure, lazyfree, pagetable, markcost or all.
+    /// Run a benchmark suite beside the published numbers; peers measured in the same run.
     Bench(bench::Args),
     /// A process a benchmark suite starts in a cgroup of its own (internal).
     #[command(hide = true)]

@@ -298,9 +298,29 @@ fn demo_runs_and_checks_itself() {
 }
 
 #[test]
-fn bench_rejects_unknown_suites() {
+fn bench_rejects_unknown_suites_and_lists_the_suites() {
     let out = vrange().args(["bench", "nonsense"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ebizzy, pressure, lazyfree, pagetable, markcost, all"),
+        "{err}"
+    );
+    let help = vrange().args(["bench", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for suite in [
+        "ebizzy",
+        "pressure",
+        "lazyfree",
+        "pagetable",
+        "markcost",
+        "all",
+    ] {
+        assert!(
+            help.contains(&format!("- {suite}:")),
+            "{suite} not listed:\n{help}"
+        );
+    }
 }
 
 /// This user's statistics directory, made as vrange makes it if it is missing.

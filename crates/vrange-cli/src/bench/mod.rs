@@ -26,15 +26,52 @@ mod report;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// The suites, in the order `all` runs them (markcost last: it changes this process's
-/// reclaimer settings).
-pub const SUITES: [&str; 5] = ["ebizzy", "pressure", "lazyfree", "pagetable", "markcost"];
+/// A suite, as `vrange bench SUITE` names it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// ebizzy 0.3's malloc/memcpy/free loop, every allocator, by thread count.
+    Ebizzy,
+    /// A peak process frees memory, the next one needs it in a small memory cgroup.
+    Pressure,
+    /// MADV_FREE of 1 GiB by folio size, beside the mTHP lazyfree series' numbers.
+    Lazyfree,
+    /// Page-table memory left after touching and freeing 50 GiB, per method.
+    Pagetable,
+    /// The cost of one mark+unmark pair by range size, per policy.
+    Markcost,
+    /// Every suite above, in that order.
+    All,
+}
+
+impl Suite {
+    /// The suites `all` runs, in its order (markcost last: it changes this process's
+    /// reclaimer settings).
+    const ALL: [Suite; 5] = [
+        Suite::Ebizzy,
+        Suite::Pressure,
+        Suite::Lazyfree,
+        Suite::Pagetable,
+        Suite::Markcost,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Ebizzy => "ebizzy",
+            Suite::Pressure => "pressure",
+            Suite::Lazyfree => "lazyfree",
+            Suite::Pagetable => "pagetable",
+            Suite::Markcost => "markcost",
+            Suite::All => "all",
+        }
+    }
+}
 
 /// `vrange bench` options; each suite uses those that concern it and ignores the rest.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// ebizzy, pressure, lazyfree, pagetable, markcost or all.
-    pub suite: String,
+    /// The suite to run.
+    #[arg(value_enum)]
+    pub suite: Suite,
     /// Short runs (a smoke test; the numbers are not a measurement).
     #[arg(long)]
     pub quick: bool,
@@ -104,16 +141,9 @@ impl Ctx {
 }
 
 pub fn main(args: Args) -> i32 {
-    let suites: Vec<&'static str> = match args.suite.as_str() {
-        "all" => SUITES.to_vec(),
-        s if SUITES.contains(&s) => SUITES.iter().copied().filter(|x| *x == s).collect(),
-        s => {
-            eprintln!(
-                "vrange bench: unknown suite {s:?} (one of {}, all)",
-                SUITES.join(", ")
-            );
-            return 2;
-        }
+    let suites: Vec<Suite> = match args.suite {
+        Suite::All => Suite::ALL.to_vec(),
+        one => vec![one],
     };
     if let Err(e) = std::fs::create_dir_all(&args.out) {
         eprintln!("vrange bench: cannot create {}: {e}", args.out.display());
@@ -124,8 +154,9 @@ pub fn main(args: Args) -> i32 {
     machine::Machine::probe().report(&ctx.out);
     let mut failed = Vec::new();
     for suite in suites {
+        let name = suite.name();
         println!(
-            "\n## {suite}{}",
+            "\n## {name}{}",
             if ctx.quick() {
                 " (quick: a smoke test, not a measurement)"
             } else {
@@ -134,21 +165,21 @@ pub fn main(args: Args) -> i32 {
         );
         let started = std::time::Instant::now();
         let result = match suite {
-            "ebizzy" => ebizzy::run(&ctx),
-            "pressure" => pressure::run(&ctx),
-            "lazyfree" => lazyfree::run(&ctx),
-            "pagetable" => pagetable::run(&ctx),
-            "markcost" => markcost::run(&ctx),
-            _ => unreachable!("checked above"),
+            Suite::Ebizzy => ebizzy::run(&ctx),
+            Suite::Pressure => pressure::run(&ctx),
+            Suite::Lazyfree => lazyfree::run(&ctx),
+            Suite::Pagetable => pagetable::run(&ctx),
+            Suite::Markcost => markcost::run(&ctx),
+            Suite::All => unreachable!("expanded above"),
         };
         match result {
             Ok(()) => report::progress(format!(
-                "{suite}: done in {:.1} s",
+                "{name}: done in {:.1} s",
                 started.elapsed().as_secs_f64()
             )),
             Err(e) => {
-                println!("{suite}: FAILED: {e}");
-                eprintln!("vrange bench {suite}: {e}");
+                println!("{name}: FAILED: {e}");
+                eprintln!("vrange bench {name}: {e}");
                 failed.push(suite);
             }
         }
