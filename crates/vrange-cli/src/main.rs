@@ -7,6 +7,7 @@ mod bench;
 mod demo;
 mod run;
 mod stat;
+mod table;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;

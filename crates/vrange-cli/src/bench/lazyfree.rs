@@ -206,7 +206,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         } else {
             "choosing a folio size needs root"
         };
-        super::skipped(
+        ctx.skipped(
             "mTHP sizes",
             &format!(
                 "{why}; measuring 4 KiB pages against 2 MiB THP with the settings as they are"
@@ -218,12 +218,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             vec![4, 2048]
         }
     };
-    println!(
+    ctx.say(format!(
         "lazyfree: madvise(MADV_FREE) over {} faulted in with folios of one size, median of \
          {reps}; published: Lance Yang, \"mm/madvise: enhance lazyfreeing with mTHP in \
          madvise_free\" v7 (2024), 1 GiB on an Intel i5, before and after the series.",
         report::size(len)
-    );
+    ));
     let mut results: Vec<(usize, f64, Option<f64>, Vec<f64>)> = Vec::new();
     {
         let mut guard = SettingsGuard::new();
@@ -297,11 +297,11 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         ]);
         ours.points.push((kib as f64, gib));
     }
-    table.print();
+    ctx.table(&table);
     if results.iter().any(|r| r.2.is_some_and(|c| c < 0.9)) {
-        println!(
+        ctx.say(
             "lazyfree: a size below 90 % coverage was partly served by smaller folios \
-             (fragmented memory or a failed allocation); its time mixes sizes."
+             (fragmented memory or a failed allocation); its time mixes sizes.",
         );
     }
     csv.write(&ctx.out, "lazyfree.csv")?;

@@ -157,10 +157,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     } else {
         &[4 * KIB, 64 * KIB, 2 * MIB, 64 * MIB, GIB]
     };
-    println!(
+    ctx.say(
         "markcost: one mark+unmark pair per iteration, 4 KiB pages, no memory pressure; median \
          over samples of the per-iteration time (ns per 4 KiB page in parentheses). Published: \
-         none for this measurement (the 2014 vrange() was O(1) to mark, MADV_FREE is O(pages))."
+         none for this measurement (the 2014 vrange() was O(1) to mark, MADV_FREE is O(pages)).",
     );
     let mut csv = Csv::new(&[
         "size_bytes",
@@ -223,9 +223,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         }
         table.row(row);
     }
-    table.print();
+    ctx.table(&table);
     for w in &warnings {
-        println!("markcost: WARNING: {w}");
+        ctx.say(format!("markcost: WARNING: {w}"));
     }
     csv.write(&ctx.out, "markcost.csv")?;
     let svg = plot::lines(

@@ -1,13 +1,13 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
 //! One file per suite (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `markcost`); the shared
-//! pieces are the machine description (`machine`), tables, CSV and number formats (`report`),
-//! the SVG plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and
-//! child processes, C workloads and memory cgroups (`proc`). Every suite prints the machine
-//! first, then Markdown tables with the published numbers beside ours where they exist, and
-//! writes CSV files and an SVG plot into `--out`. A suite that cannot run here (no root, no
-//! memory cgroup) prints `skipped: <reason>` and still succeeds; a measurement that fails is
-//! an error (exit status 1).
+//! pieces are the machine description (`machine`), CSV and number formats (`report`), the SVG
+//! plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and child
+//! processes, C workloads and memory cgroups (`proc`). Every suite prints the machine first,
+//! then aligned tables with the published numbers beside ours where they exist, and writes the
+//! same report in Markdown (`SUITE.md`), CSV files and an SVG plot into `--out`. A suite that
+//! cannot run here (no root, no memory cgroup) prints `skipped: <reason>` and still succeeds; a
+//! measurement that fails is an error (exit status 1).
 //!
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
 //! `ebizzy --pressure`) are this executable again, with the hidden `bench-role` subcommand.
@@ -23,6 +23,8 @@ mod pressure;
 mod proc;
 mod report;
 
+use report::Table;
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -75,7 +77,7 @@ pub struct Args {
     /// Short runs (a smoke test; the numbers are not a measurement).
     #[arg(long)]
     pub quick: bool,
-    /// Where CSV files and plots go.
+    /// Where the reports (Markdown), CSV files and plots go.
     #[arg(long, default_value = "vrange-bench")]
     pub out: PathBuf,
     /// libvrange_malloc.so to preload (default: next to this executable, else built with cargo).
@@ -117,10 +119,13 @@ fn chunk_size_arg(s: &str) -> Result<usize, String> {
     }
 }
 
-/// What a suite gets: its options and a place for its files.
+/// What a suite gets: its options, a place for its files, and where its report goes.
 pub struct Ctx {
     pub args: Args,
     pub out: PathBuf,
+    /// The running suite's report in Markdown, written as `SUITE.md` when it ends: the
+    /// terminal gets aligned text, files get what documents can quote.
+    doc: RefCell<String>,
 }
 
 impl Ctx {
@@ -138,6 +143,28 @@ impl Ctx {
         })
         .clone()
     }
+
+    /// A paragraph of the report: printed, and kept for `SUITE.md`.
+    pub fn say(&self, text: impl AsRef<str>) {
+        println!("{}", text.as_ref());
+        let mut doc = self.doc.borrow_mut();
+        doc.push_str(text.as_ref().trim_start_matches('\n'));
+        doc.push_str("\n\n");
+    }
+
+    /// A table of the report: aligned text on the terminal, Markdown in `SUITE.md`.
+    pub fn table(&self, t: &Table) {
+        t.print();
+        let mut doc = self.doc.borrow_mut();
+        doc.push_str(&t.to_markdown());
+        doc.push('\n');
+    }
+
+    /// Says why (part of) a suite did not run. Where the environment cannot support it, that
+    /// is not a failure.
+    pub fn skipped(&self, what: &str, why: &str) {
+        self.say(format!("skipped: {what}: {why}"));
+    }
 }
 
 pub fn main(args: Args) -> i32 {
@@ -150,19 +177,22 @@ pub fn main(args: Args) -> i32 {
         return 1;
     }
     let out = std::fs::canonicalize(&args.out).unwrap_or_else(|_| args.out.clone());
-    let ctx = Ctx { args, out };
-    machine::Machine::probe().report(&ctx.out);
+    machine::Machine::probe().report(&out);
+    let ctx = Ctx {
+        args,
+        out,
+        doc: RefCell::default(),
+    };
     let mut failed = Vec::new();
     for suite in suites {
         let name = suite.name();
-        println!(
-            "\n## {name}{}",
-            if ctx.quick() {
-                " (quick: a smoke test, not a measurement)"
-            } else {
-                ""
-            }
-        );
+        let heading = if ctx.quick() {
+            format!("{name} (quick: a smoke test, not a measurement)")
+        } else {
+            name.to_string()
+        };
+        println!("\n{heading}\n{}", "=".repeat(heading.chars().count()));
+        ctx.doc.replace(format!("## {heading}\n\n"));
         let started = std::time::Instant::now();
         let result = match suite {
             Suite::Ebizzy => ebizzy::run(&ctx),
@@ -172,16 +202,20 @@ pub fn main(args: Args) -> i32 {
             Suite::Markcost => markcost::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
-        match result {
-            Ok(()) => report::progress(format!(
+        if let Err(e) = &result {
+            ctx.say(format!("{name}: FAILED: {e}"));
+            eprintln!("vrange bench {name}: {e}");
+            failed.push(suite);
+        }
+        if let Err(e) = report::write_file(&ctx.out, &format!("{name}.md"), &ctx.doc.take()) {
+            eprintln!("vrange bench {name}: {e}");
+            failed.push(suite);
+        }
+        if result.is_ok() {
+            report::progress(format!(
                 "{name}: done in {:.1} s",
                 started.elapsed().as_secs_f64()
-            )),
-            Err(e) => {
-                println!("{name}: FAILED: {e}");
-                eprintln!("vrange bench {name}: {e}");
-                failed.push(suite);
-            }
+            ));
         }
     }
     i32::from(!failed.is_empty())
@@ -197,10 +231,4 @@ pub fn role(role: &str, args: &[String]) -> i32 {
             2
         }
     }
-}
-
-/// Prints why (part of) a suite did not run. Where the environment cannot support it, that
-/// is not a failure.
-pub fn skipped(what: &str, why: &str) {
-    println!("skipped: {what}: {why}");
 }

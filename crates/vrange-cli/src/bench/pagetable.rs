@@ -196,7 +196,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     // The quick run's 1 GiB would fit under a 1 GiB limit: a smaller one makes the MADV_FREE
     // methods reclaim as the full run does.
     let limit: u64 = if ctx.quick() { 256 << 20 } else { 1 << 30 };
-    println!(
+    ctx.say(format!(
         "pagetable: {blocks} blocks of 2 MiB ({} of address space) touched (4 KiB pages) and \
          freed, each method in a process of its own in a memory cgroup limited to {}; one 4 KiB \
          page-table page maps 2 MiB, so keeping every table costs {}. Published (Qi Zheng, \
@@ -207,7 +207,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         report::kb(blocks as u64 * 4),
         report::kb(PUBLISHED_BEFORE_KB),
         report::kb(PUBLISHED_AFTER_KB),
-    );
+    ));
     let mut table = Table::new(&[
         "method",
         "VmPTE at the end",
@@ -271,7 +271,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 ));
             }
             Err(why) => {
-                super::skipped(&format!("pagetable {method}"), &why);
+                ctx.skipped(&format!("pagetable {method}"), &why);
                 table.row(vec![what.into(), format!("skipped: {why}")]);
                 csv.note(
                     &[method, &blocks.to_string(), &limit.to_string()],
@@ -280,7 +280,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             }
         }
     }
-    table.print();
+    ctx.table(&table);
     csv.write(&ctx.out, "pagetable.csv")?;
     bars.push((
         "published before".into(),

@@ -122,7 +122,7 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
     if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
-        super::skipped("pressure", &why);
+        ctx.skipped("pressure", &why);
         return Ok(());
     }
     let s = if ctx.quick() {
@@ -144,7 +144,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     if ctx.quick() {
         configs.retain(|c| c.allocator == "glibc" || c.is_ours_default());
     }
-    println!(
+    ctx.say(format!(
         "pressure: a memory cgroup of {} MiB, no swap; the peak process frees {} MiB of 96 KiB \
          blocks and idles {} ms, then the next process needs {} MiB, so {} MiB must leave the \
          peak process. No published numbers for this scenario.",
@@ -153,7 +153,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         IDLE.as_millis(),
         s.next_mib,
         s.peak_mib + s.next_mib - s.limit_mib
-    );
+    ));
     let mut table = Table::new(&[
         "allocator",
         "config",
@@ -253,7 +253,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             o.trace.iter().map(|p| (p.0, p.1)).collect(),
         ));
     }
-    table.print();
+    ctx.table(&table);
     csv.write(&ctx.out, "pressure.csv")?;
     trace_csv.write(&ctx.out, "pressure-rss.csv")?;
     let svg = plot::lines(
