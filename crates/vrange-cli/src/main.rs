@@ -4,6 +4,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod bench;
+mod clock;
 mod demo;
 mod run;
 mod stat;

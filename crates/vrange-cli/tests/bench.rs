@@ -1,7 +1,7 @@
 //! `vrange bench SUITE --quick`: every suite runs, prints its machine and an aligned table of
 //! the expected shape whose numbers are present and sane (positive, finite), and writes the
-//! same table in Markdown, its CSV files and an SVG plot. Nothing here checks that anything
-//! is fast: quick runs are smoke tests.
+//! same table in Markdown, its CSV files and an SVG plot marked as a smoke test with the
+//! machine on it. Nothing here checks that anything is fast: quick runs are smoke tests.
 //! Suites that need root or a memory cgroup print `skipped: <reason>`; so does this test then,
 //! unless `CI` is set, where it fails.
 
@@ -220,6 +220,17 @@ fn files(out: &Out, names: &[&str]) {
             assert!(
                 text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
                 "{name}"
+            );
+            // A quick run's plot says it is not a measurement, and where it was made.
+            assert!(
+                text.contains("SMOKE TEST (--quick): not a measurement"),
+                "{name} is not marked as a smoke test"
+            );
+            let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let machine = format!("{} cores", std::thread::available_parallelism().unwrap());
+            assert!(
+                text.contains(&machine) && text.contains(&format!("Linux {}", kernel.trim())),
+                "{name} does not name the machine"
             );
         } else {
             assert!(text.lines().count() >= 2, "{name} has no rows:\n{text}");

@@ -21,7 +21,7 @@
 //! workload allocates below the headroom at which vrange's reclaimer starts purging.
 
 use super::alloc::{self, Config, Kind};
-use super::plot::{self, Axis};
+use super::plot::{self, Axis, Unit};
 use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
@@ -392,9 +392,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         .filter(|&i| configs[i].preload.is_ok())
         .collect();
     let svg = plot::bars(
-        "ebizzy records/s (median) by thread count",
+        &ctx.figure("ebizzy records/s (median) by thread count"),
         &ran.iter().map(|&i| configs[i].short()).collect::<Vec<_>>(),
-        &Axis::new("records/s", false, report::rate),
+        &Axis::linear("records/s (median)", Unit::Count),
         &threads
             .iter()
             .map(|&t| {

@@ -17,7 +17,7 @@
 //! (with the fastest and slowest sample in the CSV). The same measurement as
 //! `crates/vrange/benches/managed.rs` (criterion), with the eager peer added.
 
-use super::plot::{self, Axis, Series};
+use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
@@ -229,9 +229,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     }
     csv.write(&ctx.out, "markcost.csv")?;
     let svg = plot::lines(
-        "mark+unmark pair cost, 4 KiB pages",
-        &Axis::new("range size (bytes)", true, |v| report::size(v as usize)),
-        &Axis::new("time per pair", true, report::ns),
+        &ctx.figure("mark+unmark pair cost by range size, 4 KiB pages"),
+        &Axis::log("range size (bytes)", Unit::Bytes),
+        &Axis::log("time per mark+unmark pair (median)", Unit::Nanoseconds),
         &series,
     );
     report::write_file(&ctx.out, "markcost.svg", &svg)?;

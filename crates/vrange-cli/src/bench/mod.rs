@@ -123,6 +123,8 @@ fn chunk_size_arg(s: &str) -> Result<usize, String> {
 pub struct Ctx {
     pub args: Args,
     pub out: PathBuf,
+    /// The machine and the date, for the plots (tables have the machine table above them).
+    about: String,
     /// The running suite's report in Markdown, written as `SUITE.md` when it ends: the
     /// terminal gets aligned text, files get what documents can quote.
     doc: RefCell<String>,
@@ -165,6 +167,16 @@ impl Ctx {
     pub fn skipped(&self, what: &str, why: &str) {
         self.say(format!("skipped: {what}: {why}"));
     }
+
+    /// A plot's frame: its title, the machine and date, and the smoke-test marking of
+    /// `--quick`.
+    pub fn figure(&self, title: impl Into<String>) -> plot::Figure {
+        plot::Figure {
+            title: title.into(),
+            about: self.about.clone(),
+            smoke: self.quick(),
+        }
+    }
 }
 
 pub fn main(args: Args) -> i32 {
@@ -177,10 +189,17 @@ pub fn main(args: Args) -> i32 {
         return 1;
     }
     let out = std::fs::canonicalize(&args.out).unwrap_or_else(|_| args.out.clone());
-    machine::Machine::probe().report(&out);
+    let machine = machine::Machine::probe();
+    machine.report(&out);
+    let about = format!(
+        "{}; {}",
+        machine.summary(),
+        crate::clock::Local::now().date()
+    );
     let ctx = Ctx {
         args,
         out,
+        about,
         doc: RefCell::default(),
     };
     let mut failed = Vec::new();

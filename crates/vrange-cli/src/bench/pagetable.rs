@@ -17,7 +17,7 @@
 //! Without a memory cgroup the MADV_FREE methods are skipped (lazily freed pages would only
 //! go under pressure on the whole machine); the others run unconfined.
 
-use super::plot::{self, Axis};
+use super::plot::{self, Axis, Unit};
 use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
@@ -294,12 +294,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     ));
     let categories: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let svg = plot::bars(
-        &format!(
+        &ctx.figure(format!(
             "VmPTE after {} touched and freed",
             report::size(blocks * BLOCK)
-        ),
+        )),
         &categories,
-        &Axis::new("VmPTE (kB)", true, plot::plain),
+        &Axis::log("VmPTE (kB)", Unit::Plain),
         &[
             ("at the end".into(), bars.iter().map(|b| b.1).collect()),
             ("maximum".into(), bars.iter().map(|b| b.2).collect()),

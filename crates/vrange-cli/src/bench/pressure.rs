@@ -14,7 +14,7 @@
 //! Needs root and a memory cgroup; skipped otherwise.
 
 use super::alloc::{self, Config};
-use super::plot::{self, Axis, Series};
+use super::plot::{self, Axis, Series, Unit};
 use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
@@ -257,9 +257,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     csv.write(&ctx.out, "pressure.csv")?;
     trace_csv.write(&ctx.out, "pressure-rss.csv")?;
     let svg = plot::lines(
-        "peak process RSS while the next process allocates",
-        &Axis::new("ms since the next process started", false, plot::plain),
-        &Axis::new("peak process RSS (MiB)", false, plot::plain),
+        &ctx.figure("peak process RSS while the next process allocates"),
+        &Axis::linear("time since the next process started (ms)", Unit::Plain),
+        &Axis::linear("peak process RSS (MiB)", Unit::Plain),
         &series,
     );
     report::write_file(&ctx.out, "pressure.svg", &svg)?;
