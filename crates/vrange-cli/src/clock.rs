@@ -1,13 +1,17 @@
-//! Local wall-clock time for what the command prints: the date on the bench plots. Local,
-//! not UTC: a person compares it with the calendar on their screen and with their own logs.
+//! Local wall-clock time for what the command prints: the date on the bench plots and the
+//! HH:MM:SS column of `vrange stat --watch`. Local, not UTC: a person compares it with the
+//! clock on their screen and with their own logs.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// A local date.
+/// A local date and time, to the second.
 pub struct Local {
     year: i32,
     month: u32,
     day: u32,
+    hour: u32,
+    minute: u32,
+    second: u32,
 }
 
 impl Local {
@@ -29,12 +33,20 @@ impl Local {
             year: tm.tm_year + 1900,
             month: (tm.tm_mon + 1) as u32,
             day: tm.tm_mday as u32,
+            hour: tm.tm_hour as u32,
+            minute: tm.tm_min as u32,
+            second: tm.tm_sec as u32,
         }
     }
 
     /// "2026-05-02".
     pub fn date(&self) -> String {
         format!("{:04}-{:02}-{:02}", self.year, self.month, self.day)
+    }
+
+    /// "14:03:59".
+    pub fn time(&self) -> String {
+        format!("{:02}:{:02}:{:02}", self.hour, self.minute, self.second)
     }
 }
 
@@ -43,11 +55,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_date_is_fixed_width() {
+    fn formats_are_fixed_width() {
         let t = Local::now();
-        let d = t.date();
+        let (d, h) = (t.date(), t.time());
         assert_eq!(d.len(), 10, "{d}");
         assert_eq!(&d[4..5], "-");
+        assert_eq!(h.len(), 8, "{h}");
+        assert!(h.chars().filter(|c| *c == ':').count() == 2, "{h}");
         assert!(t.year >= 2024, "{d}");
     }
 }

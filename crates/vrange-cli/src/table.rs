@@ -1,7 +1,8 @@
 //! The one table type of the `vrange` command: aligned plain text for the terminal, Markdown
 //! for files. Column widths are computed from the cells; a column whose cells are numbers
 //! (they start with a digit, or are a placeholder such as "–") is right-aligned, so that
-//! magnitudes line up.
+//! magnitudes line up. `vrange stat --watch` prints one row at a time with the same layout
+//! ([`Layout`]), its widths fixed from the header and the first row.
 
 use std::fmt::Write as _;
 
@@ -86,13 +87,21 @@ impl Table {
     }
 }
 
-/// Column widths and alignments.
+/// Fixed column widths and alignments, for tables printed a row at a time.
 pub struct Layout {
     /// Width in characters and whether the column is right-aligned.
     columns: Vec<(usize, bool)>,
 }
 
 impl Layout {
+    /// Every column at least `min` characters wide, for rows still to come.
+    pub fn widen(mut self, min: usize) -> Layout {
+        for (w, _) in &mut self.columns {
+            *w = (*w).max(min);
+        }
+        self
+    }
+
     /// The header line and the rule under it.
     pub fn header<S: AsRef<str>>(&self, headers: &[S]) -> String {
         let rule: Vec<String> = self.columns.iter().map(|&(w, _)| "-".repeat(w)).collect();
@@ -190,5 +199,18 @@ mod tests {
         assert!(text.starts_with("allocator      config\n"), "{text}");
         assert!(text.lines().all(|l| !l.ends_with(' ')), "{text}");
         assert!(text.contains("\nglibc          default\n"), "{text}");
+    }
+
+    #[test]
+    fn a_widened_layout_keeps_later_rows_aligned() {
+        let mut t = Table::new(&["time", "RSS"]);
+        t.row(vec!["12:00:01".into(), "2.5".into()]);
+        let l = t.layout().widen(6);
+        assert_eq!(
+            l.header(&["time", "RSS"]),
+            "    time     RSS\n--------  ------\n"
+        );
+        assert_eq!(l.line(&["12:00:02", "1024.5"]), "12:00:02  1024.5\n");
+        assert_eq!(l.line(&["12:00:03", "gone"]), "12:00:03    gone\n");
     }
 }
