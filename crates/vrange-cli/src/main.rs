@@ -4,9 +4,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod bench;
+mod clock;
 mod demo;
 mod run;
 mod stat;
+mod table;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -62,18 +64,37 @@ enum Command {
         process; 2 for a usage error; 3 when the process exists but this user may not read its \
         memory (/proc/PID/smaps_rollup needs the same user or root), after printing what could \
         be read.\n\nStatistics are read from /dev/shm/vrange-<uid>, the directory of the \
-        process's effective uid (or from VRANGE_STATS_DIR when it is set)."
+        process's effective uid (or from VRANGE_STATS_DIR when it is set).\n\n\
+        --watch prints a header, then one line per interval: the local time, the seconds \
+        elapsed, RSS, LazyFree, AnonHugePages and VmPTE, and from the published statistics \
+        the volatile bytes, those not resident now (purged or never touched) and all purged \
+        so far, in MiB (–: not published). It ends when the process exits (a last line says \
+        so), after --count lines, or on Ctrl-C."
     )]
     Stat {
         pid: u32,
-        /// Print again every interval until the process ends.
+        /// Print one line per interval until the process exits.
         #[arg(long)]
         watch: bool,
-        /// Interval for --watch, in milliseconds.
-        #[arg(long, default_value_t = 1000)]
-        interval_ms: u64,
+        /// Time between --watch lines: whole milliseconds or seconds (500ms, 2s), 100ms or more.
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "1s",
+            value_parser = stat::interval_arg,
+            requires = "watch"
+        )]
+        interval: std::time::Duration,
+        /// Stop --watch after N lines.
+        #[arg(
+            long,
+            value_name = "N",
+            value_parser = clap::value_parser!(u64).range(1..),
+            requires = "watch"
+        )]
+        count: Option<u64>,
     },
-    /// Run a benchmark suite: ebizzy, pressure, lazyfree, pagetable, markcost or all.
+    /// Run a benchmark suite beside the published numbers; peers measured in the same run.
     Bench(bench::Args),
     /// A process a benchmark suite starts in a cgroup of its own (internal).
     #[command(hide = true)]
@@ -107,8 +128,9 @@ fn main() {
         Command::Stat {
             pid,
             watch,
-            interval_ms,
-        } => stat::main(pid, watch, interval_ms),
+            interval,
+            count,
+        } => stat::main(pid, watch, interval, count),
         Command::Bench(args) => bench::main(args),
         Command::BenchRole { role, args } => bench::role(&role, &args),
         Command::Demo => demo::main(),

@@ -1,28 +1,69 @@
 //! `vrange stat PID`: what a process's memory really is. RSS alone misleads once pages are
 //! lazily freed (they count in RSS until the kernel takes them), so this shows LazyFree and
 //! page-table memory beside it, and the process's vrange statistics when it publishes them
-//! (see `vrange::publish`).
+//! (see `vrange::publish`). `--watch` prints the same values as a time series, one aligned
+//! line per interval with the wall-clock time and the seconds elapsed.
 //!
 //! Exit status: 0 when everything was read, 1 when there is no such process, 3 when the process
 //! exists but this user may not read its memory (/proc/PID/smaps_rollup needs the same user or
-//! root); what could be read is printed all the same. 2 is a usage error (clap's).
+//! root); what could be read is printed all the same. 2 is a usage error (clap's). `--watch`
+//! ends with status 0 when the process exits or after `--count` lines, and when interrupted
+//! (SIGINT) prints a last line, then dies of the signal as an interrupted program should.
 
-use std::io::ErrorKind;
-use std::time::Duration;
+use crate::clock::Local;
+use crate::table::Table;
+use std::io::{ErrorKind, Write as _};
+use std::time::{Duration, Instant};
 
 /// The exit status for a process whose memory this user may not read.
 pub const NOT_PERMITTED: i32 = 3;
+
+/// The shortest `--interval`: each line reads /proc/PID/smaps_rollup, which walks the whole
+/// address space of the process under its memory-map lock.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest `--interval`, a day: longer is surely a typing error.
+const MAX_INTERVAL: Duration = Duration::from_secs(86_400);
+
+/// `--interval`: a whole number of milliseconds or seconds, `500ms` or `2s`, from
+/// [`MIN_INTERVAL`] to [`MAX_INTERVAL`]. Strict, like the size grammar: no fraction, no space,
+/// a unit always.
+pub fn interval_arg(s: &str) -> Result<Duration, String> {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[digits.len()..];
+    let n: u64 = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        digits.parse().map_err(|_| "too large".to_string())?
+    } else {
+        return Err("a whole number with a unit: ms or s (500ms, 2s)".into());
+    };
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "" => return Err(format!("a unit is needed: {n}ms or {n}s")),
+        u => return Err(format!("unknown unit {u:?}: ms or s (500ms, 2s)")),
+    };
+    if d < MIN_INTERVAL {
+        return Err(format!("at least {}ms", MIN_INTERVAL.as_millis()));
+    }
+    if d > MAX_INTERVAL {
+        return Err(format!("at most {}s", MAX_INTERVAL.as_secs()));
+    }
+    Ok(d)
+}
+
+/// "500ms", "2s".
+fn interval_text(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
 
 fn kb(text: &str, key: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// One report, and why part of it is missing if it is.
-struct Report {
-    text: String,
-    denied: Option<String>,
 }
 
 /// Reads /proc/PID/`file`: `Ok(None)` when the process is gone.
@@ -46,105 +87,322 @@ fn proc_file(pid: u32, file: &str) -> Result<Option<String>, String> {
     }
 }
 
-/// One report; `None` when the process is gone.
-fn report(pid: u32) -> Option<Report> {
-    let status = match proc_file(pid, "status") {
-        Ok(text) => text?,
-        Err(why) => {
-            return Some(Report {
-                text: String::new(),
-                denied: Some(why),
-            })
-        }
-    };
-    let name = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Name:"))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    let Some(rss) = kb(&status, "VmRSS:") else {
-        return Some(Report {
-            text: format!("pid {pid} ({name}): a kernel thread, no user memory\n"),
-            denied: None,
-        });
-    };
-    let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
-    let of = |key: &str| mib(kb(&status, key).unwrap_or(0));
-    let (rollup, denied) = match proc_file(pid, "smaps_rollup") {
-        Ok(text) => (text?, None),
-        Err(why) => (String::new(), Some(why)),
-    };
-    let mut out = format!(
-        "pid {pid} ({name}): RSS {} MiB (anon {}, file {}), ",
-        mib(rss),
-        of("RssAnon:"),
-        of("RssFile:"),
-    );
-    if denied.is_none() {
-        out.push_str(&format!(
-            "LazyFree {} MiB, AnonHugePages {} MiB, ",
-            mib(kb(&rollup, "LazyFree:").unwrap_or(0)),
-            mib(kb(&rollup, "AnonHugePages:").unwrap_or(0)),
-        ));
-    }
-    out.push_str(&format!("page tables (VmPTE) {} MiB\n", of("VmPTE:")));
-    if let Some(why) = &denied {
-        out.push_str(&format!("  LazyFree and AnonHugePages unknown: {why}\n"));
-    }
-    match vrange::publish::read(pid) {
-        // Whether a process this user may not read uses vrange is not for us to guess.
-        Err(e) if e.is_absent() && denied.is_none() => out.push_str(&format!(
-            "  vrange: {e} (the process runs no vrange reclaimer: no managed or hybrid memory, \
-             no vrange-malloc; or it publishes elsewhere, see VRANGE_STATS_DIR)\n"
-        )),
-        Err(e) => out.push_str(&format!("  vrange: {e}\n")),
-        Ok(v) => {
-            let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0, |(_, x)| *x);
-            let m = |b: u64| b as f64 / (1 << 20) as f64;
-            out.push_str(&format!(
-                "  vrange: volatile {:.1} MiB (armed {:.1}), not resident (purged or never touched) {:.1} MiB, pinned {:.1} MiB; purged in all {:.1} MiB; losses reported {}\n",
-                m(get("volatile_bytes")),
-                m(get("armed_bytes")),
-                m(get("purged_bytes")),
-                m(get("pinned_bytes")),
-                m(get("purged_total_bytes")),
-                get("losses_reported"),
-            ));
-            if get("alloc_allocations") > 0 {
-                out.push_str(&format!(
-                    "  vrange-malloc: live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped; reused without a fault {:.1} MiB, zero-filled {:.1} MiB\n",
-                    m(get("alloc_allocated_bytes")),
-                    m(get("alloc_free_bytes")),
-                    m(get("alloc_mapped_bytes")),
-                    m(get("alloc_reused_intact_bytes")),
-                    m(get("alloc_zero_filled_bytes")),
-                ));
-            }
-        }
-    }
-    Some(Report { text: out, denied })
+/// One look at a process.
+struct Sample {
+    pid: u32,
+    /// /proc/PID/status; empty when it could not be read (then `denied` says why).
+    status: String,
+    /// /proc/PID/smaps_rollup; `None` when it could not be read (then `denied` says why).
+    rollup: Option<String>,
+    denied: Option<String>,
+    /// The published statistics; `None` when not looked for (a kernel thread, or status
+    /// could not be read).
+    stats: Option<Result<Vec<(String, u64)>, vrange::publish::Unavailable>>,
 }
 
-pub fn main(pid: u32, watch: bool, interval_ms: u64) -> i32 {
-    let Some(first) = report(pid) else {
+impl Sample {
+    /// Reads the process; `None` when it is gone.
+    fn read(pid: u32) -> Option<Sample> {
+        let mut s = Sample {
+            pid,
+            status: String::new(),
+            rollup: None,
+            denied: None,
+            stats: None,
+        };
+        match proc_file(pid, "status") {
+            Ok(text) => s.status = text?,
+            Err(why) => {
+                s.denied = Some(why);
+                return Some(s);
+            }
+        }
+        if s.rss_kb().is_none() {
+            return Some(s);
+        }
+        match proc_file(pid, "smaps_rollup") {
+            Ok(text) => s.rollup = Some(text?),
+            Err(why) => s.denied = Some(why),
+        }
+        s.stats = Some(vrange::publish::read(s.pid));
+        Some(s)
+    }
+
+    fn name(&self) -> &str {
+        self.status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:"))
+            .unwrap_or("")
+            .trim()
+    }
+
+    /// VmRSS; `None` for a kernel thread (or status unread).
+    fn rss_kb(&self) -> Option<u64> {
+        kb(&self.status, "VmRSS:")
+    }
+
+    fn status_kb(&self, key: &str) -> u64 {
+        kb(&self.status, key).unwrap_or(0)
+    }
+
+    fn rollup_kb(&self, key: &str) -> Option<u64> {
+        self.rollup.as_deref().map(|r| kb(r, key).unwrap_or(0))
+    }
+
+    /// A published statistic, in bytes.
+    fn stat(&self, key: &str) -> Option<u64> {
+        let v = self.stats.as_ref()?.as_ref().ok()?;
+        Some(v.iter().find(|(n, _)| n == key).map_or(0, |(_, x)| *x))
+    }
+
+    /// The report in words, as `vrange stat PID` prints it.
+    fn text(&self) -> String {
+        let (pid, name) = (self.pid, self.name());
+        if self.denied.is_some() && self.status.is_empty() {
+            return String::new();
+        }
+        let Some(rss) = self.rss_kb() else {
+            return format!("pid {pid} ({name}): a kernel thread, no user memory\n");
+        };
+        let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
+        let mut out = format!(
+            "pid {pid} ({name}): RSS {} MiB (anon {}, file {}), ",
+            mib(rss),
+            mib(self.status_kb("RssAnon:")),
+            mib(self.status_kb("RssFile:")),
+        );
+        if let (Some(lazy), Some(huge)) = (
+            self.rollup_kb("LazyFree:"),
+            self.rollup_kb("AnonHugePages:"),
+        ) {
+            out.push_str(&format!(
+                "LazyFree {} MiB, AnonHugePages {} MiB, ",
+                mib(lazy),
+                mib(huge),
+            ));
+        }
+        out.push_str(&format!(
+            "page tables (VmPTE) {} MiB\n",
+            mib(self.status_kb("VmPTE:"))
+        ));
+        if let Some(why) = &self.denied {
+            out.push_str(&format!("  LazyFree and AnonHugePages unknown: {why}\n"));
+        }
+        match &self.stats {
+            None => {}
+            // Whether a process this user may not read uses vrange is not for us to guess.
+            Some(Err(e)) if e.is_absent() && self.denied.is_none() => out.push_str(&format!(
+                "  vrange: {e} (the process runs no vrange reclaimer: no managed or hybrid memory, \
+                 no vrange-malloc; or it publishes elsewhere, see VRANGE_STATS_DIR)\n"
+            )),
+            Some(Err(e)) => out.push_str(&format!("  vrange: {e}\n")),
+            Some(Ok(_)) => {
+                let get = |k: &str| self.stat(k).unwrap_or(0);
+                let m = |b: u64| b as f64 / (1 << 20) as f64;
+                out.push_str(&format!(
+                    "  vrange: volatile {:.1} MiB (armed {:.1}), not resident (purged or never touched) {:.1} MiB, pinned {:.1} MiB; purged in all {:.1} MiB; losses reported {}\n",
+                    m(get("volatile_bytes")),
+                    m(get("armed_bytes")),
+                    m(get("purged_bytes")),
+                    m(get("pinned_bytes")),
+                    m(get("purged_total_bytes")),
+                    get("losses_reported"),
+                ));
+                if get("alloc_allocations") > 0 {
+                    out.push_str(&format!(
+                        "  vrange-malloc: live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped; reused without a fault {:.1} MiB, zero-filled {:.1} MiB\n",
+                        m(get("alloc_allocated_bytes")),
+                        m(get("alloc_free_bytes")),
+                        m(get("alloc_mapped_bytes")),
+                        m(get("alloc_reused_intact_bytes")),
+                        m(get("alloc_zero_filled_bytes")),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// The values of one `--watch` line, in MiB ("–": not known, see the first report).
+    fn values(&self) -> Vec<String> {
+        let mib = |k: Option<u64>| k.map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0));
+        let stat = |key: &str| mib(self.stat(key).map(|b| b / 1024));
+        vec![
+            mib(self.rss_kb()),
+            mib(self.rollup_kb("LazyFree:")),
+            mib(self.rollup_kb("AnonHugePages:")),
+            mib(kb(&self.status, "VmPTE:")),
+            stat("volatile_bytes"),
+            stat("purged_bytes"),
+            stat("purged_total_bytes"),
+        ]
+    }
+}
+
+/// The columns of `--watch`; sizes in MiB.
+const COLUMNS: [&str; 9] = [
+    "time",
+    "elapsed",
+    "RSS",
+    "LazyFree",
+    "AnonHuge",
+    "VmPTE",
+    "volatile",
+    "purged",
+    "purged total",
+];
+
+pub fn main(pid: u32, watch: bool, interval: Duration, count: Option<u64>) -> i32 {
+    let Some(first) = Sample::read(pid) else {
         // A process killed before its exit handler ran leaves its file behind.
         vrange::publish::sweep();
         eprintln!("vrange stat: no process {pid}");
         return 1;
     };
-    print!("{}", first.text);
-    if let Some(why) = first.denied {
+    if let Some(why) = &first.denied {
+        print!("{}", first.text());
         eprintln!("vrange stat: {why}");
         return NOT_PERMITTED;
     }
-    if watch {
-        while let Some(r) = {
-            std::thread::sleep(Duration::from_millis(interval_ms.max(50)));
-            report(pid)
-        } {
-            print!("{}", r.text);
+    if !watch || first.rss_kb().is_none() {
+        print!("{}", first.text());
+        return 0;
+    }
+    self::watch(first, interval, count)
+}
+
+/// Why a wait ended.
+enum Woke {
+    Timeout,
+    Interrupted,
+}
+
+/// Holds SIGINT pending (blocked) while watching, so that the wait between lines can end
+/// on it and the last line be printed; [`Interrupt::wait`] takes it.
+struct Interrupt {
+    set: libc::sigset_t,
+}
+
+impl Interrupt {
+    fn block() -> Interrupt {
+        // SAFETY: all-zero bytes are a valid sigset_t, which sigemptyset then initialises.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a live local; blocking a signal in this (the only) thread changes
+        // nothing but when SIGINT is delivered.
+        unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        Interrupt { set }
+    }
+
+    /// Waits until `deadline` or a SIGINT, whichever is first.
+    fn wait(&self, deadline: Instant) -> Woke {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ts = libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: valid pointers to live locals; a null info pointer is allowed.
+            let r = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
+            if r == libc::SIGINT {
+                return Woke::Interrupted;
+            }
+            // EAGAIN: the time is up; EINTR (another signal): wait for the rest.
+            if Instant::now() >= deadline {
+                return Woke::Timeout;
+            }
         }
     }
-    0
+
+    /// Dies of SIGINT (its default action), unless the signal is ignored here.
+    fn resend(&self) {
+        let _ = std::io::stdout().flush();
+        // SAFETY: raising a signal blocked in this thread leaves it pending; unblocking
+        // delivers it with the disposition this process inherited.
+        unsafe {
+            libc::raise(libc::SIGINT);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.set, std::ptr::null_mut());
+        }
+    }
+}
+
+/// `--watch`: a header once, then one line per interval, until the process exits (a last
+/// line says so), `count` lines were printed, or SIGINT.
+fn watch(first: Sample, interval: Duration, count: Option<u64>) -> i32 {
+    let pid = first.pid;
+    // The pid alone could name a new process once the watched one has exited.
+    let started_as = vrange::sys::procfs::start_ticks(Some(pid));
+    let start = Instant::now();
+    let stamp = || {
+        [
+            Local::now().time(),
+            format!("{:.1}", start.elapsed().as_secs_f64()),
+        ]
+    };
+    // Widths from the first line, with room for the values to grow.
+    let mut table = Table::new(&COLUMNS);
+    table.row(stamp().into_iter().chain(first.values()).collect());
+    let layout = table.layout().widen(7);
+    println!(
+        "pid {pid} ({}): every {}, sizes in MiB (–: not published; see --help)",
+        first.name(),
+        interval_text(interval)
+    );
+    print!("{}", layout.header(&COLUMNS));
+    let interrupt = Interrupt::block();
+    let mut sample = Some(first);
+    let mut lines = 0u64;
+    loop {
+        let now = stamp();
+        let alive = sample
+            .take()
+            .filter(|_| vrange::sys::procfs::start_ticks(Some(pid)) == started_as);
+        let Some(s) = alive else {
+            print!(
+                "{}",
+                layout.line(&[now[0].as_str(), &now[1], &format!("pid {pid} has exited")])
+            );
+            return 0;
+        };
+        let mut cells = now.to_vec();
+        cells.extend(s.values());
+        print!("{}", layout.line(&cells));
+        lines += 1;
+        if count.is_some_and(|c| lines >= c) {
+            return 0;
+        }
+        let next = start + interval * u32::try_from(lines).unwrap_or(u32::MAX);
+        if let Woke::Interrupted = interrupt.wait(next) {
+            let now = stamp();
+            print!(
+                "{}",
+                layout.line(&[now[0].as_str(), &now[1], "interrupted (SIGINT)"])
+            );
+            interrupt.resend();
+            return 0;
+        }
+        sample = Sample::read(pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_grammar_is_strict() {
+        assert_eq!(interval_arg("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(interval_arg("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(interval_arg("100ms"), Ok(MIN_INTERVAL));
+        for bad in [
+            "", "1", "1.5s", " 2s", "2 s", "2S", "2sec", "-1s", "99ms", "0s", "ms", "86401s",
+        ] {
+            assert!(interval_arg(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(interval_text(Duration::from_millis(200)), "200ms");
+        assert_eq!(interval_text(Duration::from_secs(3)), "3s");
+    }
 }

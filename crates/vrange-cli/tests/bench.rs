@@ -1,6 +1,7 @@
-//! `vrange bench SUITE --quick`: every suite runs, prints its machine and a Markdown table of
-//! the expected shape whose numbers are present and sane (positive, finite), and writes its
-//! CSV and SVG files. Nothing here checks that anything is fast: quick runs are smoke tests.
+//! `vrange bench SUITE --quick`: every suite runs, prints its machine and an aligned table of
+//! the expected shape whose numbers are present and sane (positive, finite), and writes the
+//! same table in Markdown, its CSV files and an SVG plot marked as a smoke test with the
+//! machine on it. Nothing here checks that anything is fast: quick runs are smoke tests.
 //! Suites that need root or a memory cgroup print `skipped: <reason>`; so does this test then,
 //! unless `CI` is set, where it fails.
 
@@ -23,7 +24,10 @@ fn lib() -> &'static Path {
 }
 
 struct Out {
+    /// What the command printed.
     text: String,
+    /// The suite's report in Markdown (`SUITE.md`).
+    md: String,
     dir: PathBuf,
 }
 
@@ -58,14 +62,33 @@ fn bench(suite: &str, extra: &[&str]) -> Out {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    for key in ["| cores |", "| kernel |", "| THP |"] {
-        assert!(text.contains(key), "no machine line {key}:\n{text}");
+    let machine = std::fs::read_to_string(dir.join("machine.md")).unwrap();
+    for key in ["cores", "kernel", "THP"] {
+        assert!(
+            machine.contains(&format!("| {key} |")),
+            "no machine line {key}:\n{machine}"
+        );
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{key} "))),
+            "no machine line {key}:\n{text}"
+        );
     }
-    Out { text, dir }
+    let md = std::fs::read_to_string(dir.join(format!("{suite}.md")))
+        .unwrap_or_else(|e| panic!("{suite}.md: {e}\n{text}"));
+    Out { text, md, dir }
+}
+
+/// The rows (cells trimmed) of the first Markdown table whose header starts with `first`,
+/// in the suite's report; the same table printed on the terminal must be aligned and hold
+/// the same cells.
+fn table(out: &Out, first: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let (header, rows) = markdown_table(&out.md, first);
+    aligned_table(&out.text, &header, &rows);
+    (header, rows)
 }
 
 /// The rows (cells trimmed) of the first Markdown table whose header starts with `first`.
-fn table(text: &str, first: &str) -> (Vec<String>, Vec<Vec<String>>) {
+fn markdown_table(text: &str, first: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines
         .iter()
@@ -94,6 +117,75 @@ fn table(text: &str, first: &str) -> (Vec<String>, Vec<Vec<String>>) {
     }
     assert!(!rows.is_empty(), "table {first:?} has no rows");
     (header, rows)
+}
+
+/// Column spans (start, end) in characters: the runs of dashes of a table's rule.
+fn spans(rule: &[char]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, &c) in rule.iter().chain([&' ']).enumerate() {
+        match (c, start) {
+            ('-', None) => start = Some(i),
+            (' ', Some(s)) => {
+                out.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The cell of `line` in column span `(start, end)`, trimmed.
+fn cut(line: &[char], (start, end): (usize, usize)) -> String {
+    let end = end.min(line.len());
+    line.get(start..end.max(start))
+        .unwrap_or(&[])
+        .iter()
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+/// The terminal table with this header: the header, a rule of dashes per column, a line per
+/// row. Every cell lies within its column's dashes with spaces either side, on every line,
+/// and reads the same as in Markdown; only a note row's last cell (skipped, failed) may run
+/// past its column.
+fn aligned_table(text: &str, header: &[String], rows: &[Vec<String>]) {
+    let lines: Vec<Vec<char>> = text.lines().map(|l| l.chars().collect()).collect();
+    let is_rule = |l: &[char]| l.first() == Some(&'-') && l.iter().all(|c| *c == '-' || *c == ' ');
+    let start = (0..lines.len().saturating_sub(1))
+        .find(|&i| {
+            let s = spans(&lines[i + 1]);
+            is_rule(&lines[i + 1])
+                && s.len() == header.len()
+                && s.iter()
+                    .zip(header)
+                    .all(|(&sp, h)| cut(&lines[i], sp) == *h)
+        })
+        .unwrap_or_else(|| panic!("no aligned table with header {header:?}:\n{text}"));
+    let spans = spans(&lines[start + 1]);
+    for (k, row) in rows.iter().enumerate() {
+        let line = &lines[start + 2 + k];
+        let shown: String = line.iter().collect();
+        let given = row.iter().rposition(|c| !c.is_empty()).map_or(0, |i| i + 1);
+        for (c, cell) in row.iter().enumerate().take(given) {
+            let (s, e) = spans[c];
+            if c + 1 == given {
+                // The last cell given: it may be a note running on to the end of the line.
+                let rest = cut(line, (s, line.len()));
+                assert_eq!(&rest, cell, "row {k} of {header:?}:\n{shown}");
+            } else {
+                assert_eq!(&cut(line, (s, e)), cell, "row {k} column {c}:\n{shown}");
+                assert_eq!(
+                    line.get(e),
+                    Some(&' '),
+                    "cell runs past its column:\n{shown}"
+                );
+            }
+            assert!(s == 0 || line[s - 1] == ' ', "cell starts early:\n{shown}");
+        }
+    }
 }
 
 /// The first number in a cell ("1.23 µs (45.6)" → 1.23, "102,640 kB" → 102640).
@@ -129,6 +221,17 @@ fn files(out: &Out, names: &[&str]) {
                 text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
                 "{name}"
             );
+            // A quick run's plot says it is not a measurement, and where it was made.
+            assert!(
+                text.contains("SMOKE TEST (--quick): not a measurement"),
+                "{name} is not marked as a smoke test"
+            );
+            let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let machine = format!("{} cores", std::thread::available_parallelism().unwrap());
+            assert!(
+                text.contains(&machine) && text.contains(&format!("Linux {}", kernel.trim())),
+                "{name} does not name the machine"
+            );
         } else {
             assert!(text.lines().count() >= 2, "{name} has no rows:\n{text}");
             let lower = text.to_lowercase();
@@ -159,7 +262,7 @@ fn needs_cgroups() -> Option<String> {
 fn ebizzy_quick_runs_every_allocator() {
     let _s = serial();
     let out = bench("ebizzy", &["--seconds", "0.2"]);
-    let (header, rows) = table(&out.text, "allocator");
+    let (header, rows) = table(&out, "allocator");
     assert_eq!(header[2], "threads");
     assert_eq!(header[3], "median records/s");
     let mut ran = 0;
@@ -176,7 +279,7 @@ fn ebizzy_quick_runs_every_allocator() {
         );
     }
     assert!(ran >= 4, "{}", out.text);
-    let (_, published) = table(&out.text, "published");
+    let (_, published) = table(&out, "published");
     assert!(published.iter().any(|r| r[0].contains("MADV_FREE")));
     files(
         &out,
@@ -194,7 +297,7 @@ fn ebizzy_quick_runs_every_allocator() {
 fn markcost_quick_measures_every_method() {
     let _s = serial();
     let out = bench("markcost", &[]);
-    let (header, rows) = table(&out.text, "size");
+    let (header, rows) = table(&out, "size");
     assert_eq!(
         &header[1..6],
         ["managed", "hybrid", "lazy", "madv_free", "dontneed_refault"]
@@ -212,7 +315,7 @@ fn markcost_quick_measures_every_method() {
 fn lazyfree_quick_times_madv_free_by_folio_size() {
     let _s = serial();
     let out = bench("lazyfree", &[]);
-    let (_, rows) = table(&out.text, "folio size");
+    let (_, rows) = table(&out, "folio size");
     assert!(
         rows.len() >= 2 || out.text.contains("skipped"),
         "{}",
@@ -233,7 +336,7 @@ fn lazyfree_quick_times_madv_free_by_folio_size() {
 fn pagetable_quick_reports_vmpte_per_method() {
     let _s = serial();
     let out = bench("pagetable", &[]);
-    let (header, rows) = table(&out.text, "method");
+    let (header, rows) = table(&out, "method");
     assert_eq!(header[1], "VmPTE at the end");
     assert_eq!(rows.len(), 4);
     for r in rows.iter().filter(|r| !r[1].starts_with("skipped")) {
@@ -257,7 +360,7 @@ fn pressure_quick_runs_the_peak_and_the_next_process() {
     if out.text.contains("skipped: pressure") {
         return skip_or_fail("pressure suite skipped (see its output)");
     }
-    let (header, rows) = table(&out.text, "allocator");
+    let (header, rows) = table(&out, "allocator");
     assert_eq!(header[2], "next process");
     assert_eq!(rows.len(), 2, "quick: glibc and vrange-malloc");
     for r in &rows {

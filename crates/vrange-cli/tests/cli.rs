@@ -298,9 +298,183 @@ fn demo_runs_and_checks_itself() {
 }
 
 #[test]
-fn bench_rejects_unknown_suites() {
+fn bench_rejects_unknown_suites_and_lists_the_suites() {
     let out = vrange().args(["bench", "nonsense"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ebizzy, pressure, lazyfree, pagetable, markcost, all"),
+        "{err}"
+    );
+    let help = vrange().args(["bench", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for suite in [
+        "ebizzy",
+        "pressure",
+        "lazyfree",
+        "pagetable",
+        "markcost",
+        "all",
+    ] {
+        assert!(
+            help.contains(&format!("- {suite}:")),
+            "{suite} not listed:\n{help}"
+        );
+    }
+}
+
+/// `vrange stat --watch` lines: "HH:MM:SS  elapsed  values...".
+fn timestamped(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    let time = words.next().unwrap_or("");
+    let elapsed = words.next().unwrap_or("");
+    time.len() == 8
+        && time
+            .split(':')
+            .all(|n| n.len() == 2 && n.parse::<u8>().is_ok())
+        && elapsed.parse::<f64>().is_ok()
+}
+
+/// The lines of a `--watch` output after its header and rule, checking both.
+fn watch_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.split_whitespace().next() == Some("time"))
+        .unwrap_or_else(|| panic!("no header:\n{text}"));
+    for column in [
+        "elapsed",
+        "RSS",
+        "LazyFree",
+        "AnonHuge",
+        "VmPTE",
+        "volatile",
+        "purged total",
+    ] {
+        assert!(
+            lines[header].contains(column),
+            "no {column} column:\n{text}"
+        );
+    }
+    assert!(
+        lines[header + 1].starts_with("---"),
+        "no rule under the header:\n{text}"
+    );
+    lines[header + 2..].to_vec()
+}
+
+#[test]
+fn stat_watch_prints_a_time_series() {
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = child.id().to_string();
+    let t = Instant::now();
+    let out = vrange()
+        .args([
+            "stat",
+            &pid,
+            "--watch",
+            "--count",
+            "3",
+            "--interval",
+            "200ms",
+        ])
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let lines = watch_lines(&text);
+    assert_eq!(lines.len(), 3, "three lines:\n{text}");
+    assert!(lines.iter().all(|l| timestamped(l)), "{text}");
+    let elapsed: Vec<f64> = lines
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(elapsed.windows(2).all(|w| w[1] > w[0]), "{text}");
+    assert!(took >= Duration::from_millis(400), "200 ms apart: {took:?}");
+    // Aligned: every line as long as the header (numbers are right-aligned to its end).
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("    time"))
+        .unwrap_or("");
+    for l in &lines {
+        assert_eq!(l.chars().count(), header.chars().count(), "{text}");
+    }
+}
+
+#[test]
+fn stat_watch_ends_when_the_process_exits() {
+    let mut child = Command::new("sleep").arg("0.5").spawn().unwrap();
+    let pid = child.id().to_string();
+    let watcher = vrange()
+        .args(["stat", &pid, "--watch", "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Reap the child so that its pid goes away.
+    let _ = child.wait();
+    let out = watcher.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let lines = watch_lines(&text);
+    let last = lines.last().copied().unwrap_or("");
+    assert!(
+        timestamped(last) && last.ends_with(&format!("pid {pid} has exited")),
+        "{text}"
+    );
+    assert!(lines.len() >= 2, "{text}");
+}
+
+#[test]
+fn stat_watch_stops_on_sigint_with_a_last_line() {
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = child.id().to_string();
+    let mut watcher = vrange()
+        .args(["stat", &pid, "--watch", "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(watcher.stdout.take().unwrap());
+    let mut text = String::new();
+    while !text.lines().any(timestamped) {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() == 0 {
+            break;
+        }
+        text.push_str(&line);
+    }
+    // SAFETY: kill has no memory preconditions; the pid is our own child's.
+    unsafe { libc::kill(watcher.id() as i32, libc::SIGINT) };
+    std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+    let status = watcher.wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}\n{text}");
+    let last = text.lines().last().unwrap_or("");
+    assert!(
+        timestamped(last) && last.ends_with("interrupted (SIGINT)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn stat_rejects_bad_intervals() {
+    for bad in ["2", "1.5s", "50ms", "2 s", "fast", "0s"] {
+        let out = vrange()
+            .args(["stat", "1", "--watch", "--interval", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--interval {bad:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--interval"), "{err}");
+    }
+    let out = vrange()
+        .args(["stat", "1", "--count", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "--count needs --watch: {out:?}");
 }
 
 /// This user's statistics directory, made as vrange makes it if it is missing.

@@ -21,7 +21,7 @@
 //! workload allocates below the headroom at which vrange's reclaimer starts purging.
 
 use super::alloc::{self, Config, Kind};
-use super::plot::{self, Axis};
+use super::plot::{self, Axis, Unit};
 use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
@@ -319,7 +319,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         match start_pressure() {
             Ok(p) => Some(p),
             Err(why) => {
-                super::skipped("ebizzy --pressure", &why);
+                ctx.skipped("ebizzy --pressure", &why);
                 None
             }
         }
@@ -368,7 +368,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         None => String::new(),
     };
     drop(pressure);
-    println!(
+    ctx.say(format!(
         "ebizzy: {} chunks of {}, {} generator, median of {reps} run(s) of {} s per cell; \
          records/s as ebizzy counts them (one per search); peers: {}; load average before {}, after {}{pressure_note}",
         w.chunks,
@@ -378,23 +378,23 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         if versions.is_empty() { "none installed".to_string() } else { versions.join(", ") },
         load_before.trim(),
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
-    );
+    ));
     let results = Results {
         configs: &configs,
         threads: &threads,
         cells: &cells,
     };
-    let (csv, runs_csv) = results.table();
-    results.published(w.classic);
+    let (csv, runs_csv) = results.table(ctx);
+    results.published(ctx, w.classic);
     csv.write(&ctx.out, "ebizzy.csv")?;
     runs_csv.write(&ctx.out, "ebizzy-runs.csv")?;
     let ran: Vec<usize> = (0..configs.len())
         .filter(|&i| configs[i].preload.is_ok())
         .collect();
     let svg = plot::bars(
-        "ebizzy records/s (median) by thread count",
+        &ctx.figure("ebizzy records/s (median) by thread count"),
         &ran.iter().map(|&i| configs[i].short()).collect::<Vec<_>>(),
-        &Axis::new("records/s", false, report::rate),
+        &Axis::linear("records/s (median)", Unit::Count),
         &threads
             .iter()
             .map(|&t| {
@@ -442,7 +442,7 @@ impl Results<'_> {
     }
 
     /// Prints the main table; returns the medians and the runs as CSV.
-    fn table(&self) -> (Csv, Csv) {
+    fn table(&self, ctx: &Ctx) -> (Csv, Csv) {
         let mut table = Table::new(&[
             "allocator",
             "config",
@@ -561,13 +561,13 @@ impl Results<'_> {
                 ]);
             }
         }
-        table.print();
+        ctx.table(&table);
         (csv, runs)
     }
 
     /// The published results beside ours: the same comparison (an allocator that keeps freed
     /// memory against jemalloc purging at every free) as ratios, since the machines differ.
-    fn published(&self, classic: bool) {
+    fn published(&self, ctx: &Ctx, classic: bool) {
         let je_eager = self.find(|c| c.allocator == "jemalloc" && c.kind == Kind::Eager);
         let lazy = self.find(|c| c.kind == Kind::Ours && c.env.iter().any(|(_, v)| v == "lazy"));
         let hybrid = self.find(Config::is_ours_default);
@@ -625,7 +625,7 @@ impl Results<'_> {
                 "the advancing generator (add --classic for the published shape)"
             }
         );
-        println!("\nebizzy: published results next to ours (ratios carry over, absolute rates do not). {note}");
-        t.print();
+        ctx.say(format!("ebizzy: published results next to ours (ratios carry over, absolute rates do not). {note}"));
+        ctx.table(&t);
     }
 }

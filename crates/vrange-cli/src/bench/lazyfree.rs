@@ -19,7 +19,7 @@
 //! follows the changed settings. Without root or mTHP it measures 4 KiB against 2 MiB THP with
 //! the settings as they are.
 
-use super::plot::{self, Axis, Series};
+use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::path::{Path, PathBuf};
@@ -206,7 +206,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         } else {
             "choosing a folio size needs root"
         };
-        super::skipped(
+        ctx.skipped(
             "mTHP sizes",
             &format!(
                 "{why}; measuring 4 KiB pages against 2 MiB THP with the settings as they are"
@@ -218,12 +218,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             vec![4, 2048]
         }
     };
-    println!(
+    ctx.say(format!(
         "lazyfree: madvise(MADV_FREE) over {} faulted in with folios of one size, median of \
          {reps}; published: Lance Yang, \"mm/madvise: enhance lazyfreeing with mTHP in \
          madvise_free\" v7 (2024), 1 GiB on an Intel i5, before and after the series.",
         report::size(len)
-    );
+    ));
     let mut results: Vec<(usize, f64, Option<f64>, Vec<f64>)> = Vec::new();
     {
         let mut guard = SettingsGuard::new();
@@ -295,31 +295,32 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 .collect::<Vec<_>>()
                 .join(" "),
         ]);
-        ours.points.push((kib as f64, gib));
+        ours.points.push(((kib * KIB) as f64, gib * 1e9));
     }
-    table.print();
+    ctx.table(&table);
     if results.iter().any(|r| r.2.is_some_and(|c| c < 0.9)) {
-        println!(
+        ctx.say(
             "lazyfree: a size below 90 % coverage was partly served by smaller folios \
-             (fragmented memory or a failed allocation); its time mixes sizes."
+             (fragmented memory or a failed allocation); its time mixes sizes.",
         );
     }
     csv.write(&ctx.out, "lazyfree.csv")?;
-    let mut before = Series::new(
-        "published before",
-        PUBLISHED.iter().map(|p| (p.0 as f64, p.1)).collect(),
-    );
-    let mut after = Series::new(
-        "published after",
-        PUBLISHED.iter().map(|p| (p.0 as f64, p.2)).collect(),
-    );
-    before.dashed = true;
-    after.dashed = true;
+    let published = |name: &str, secs: fn(&(usize, f64, f64)) -> f64| {
+        let points = PUBLISHED
+            .iter()
+            .map(|p| ((p.0 * KIB) as f64, secs(p) * 1e9))
+            .collect();
+        Series::new(name, points)
+    };
     let svg = plot::lines(
-        "MADV_FREE of 1 GiB by folio size",
-        &Axis::new("folio size", true, |v| report::size(v as usize * KIB)),
-        &Axis::new("time per GiB", true, |s| report::ns(s * 1e9)),
-        &[ours, before, after],
+        &ctx.figure("MADV_FREE of 1 GiB by folio size"),
+        &Axis::log("folio size (bytes)", Unit::Bytes),
+        &Axis::log("MADV_FREE time per GiB", Unit::Nanoseconds),
+        &[
+            ours,
+            published("published before", |p| p.1),
+            published("published after", |p| p.2),
+        ],
     );
     report::write_file(&ctx.out, "lazyfree.svg", &svg)?;
     Ok(())

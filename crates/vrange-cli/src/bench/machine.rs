@@ -30,6 +30,10 @@ pub fn selected(setting: &str) -> String {
         .to_string()
 }
 
+fn gib(kb: u64) -> String {
+    format!("{:.1} GiB", kb as f64 / (1 << 20) as f64)
+}
+
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -69,18 +73,10 @@ impl Machine {
 
     pub fn table(&self) -> Table {
         let mut t = Table::new(&["machine", "value"]);
-        let gib = |kb: u64| format!("{:.1} GiB", kb as f64 / (1 << 20) as f64);
         t.row(vec!["CPU".into(), self.cpu.clone()]);
         t.row(vec!["cores".into(), self.cores.to_string()]);
         t.row(vec!["memory".into(), gib(self.mem_kb)]);
-        t.row(vec![
-            "swap".into(),
-            if self.swap_kb == 0 {
-                "none".into()
-            } else {
-                gib(self.swap_kb)
-            },
-        ]);
+        t.row(vec!["swap".into(), self.swap()]);
         t.row(vec!["kernel".into(), self.kernel.clone()]);
         t.row(vec![
             "THP".into(),
@@ -88,6 +84,28 @@ impl Machine {
         ]);
         t.row(vec!["libc".into(), self.glibc.clone()]);
         t
+    }
+
+    /// The machine in one line, for the plots: "AMD EPYC, 2 cores, 23.5 GiB, swap none,
+    /// Linux 6.18.44, THP madvise".
+    pub fn summary(&self) -> String {
+        format!(
+            "{}, {} cores, {}, swap {}, Linux {}, THP {}",
+            self.cpu,
+            self.cores,
+            gib(self.mem_kb),
+            self.swap(),
+            self.kernel,
+            self.thp_enabled,
+        )
+    }
+
+    fn swap(&self) -> String {
+        if self.swap_kb == 0 {
+            "none".into()
+        } else {
+            gib(self.swap_kb)
+        }
     }
 
     /// Prints the machine table and writes it as `machine.md` into `out`.

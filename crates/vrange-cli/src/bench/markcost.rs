@@ -17,7 +17,7 @@
 //! (with the fastest and slowest sample in the CSV). The same measurement as
 //! `crates/vrange/benches/managed.rs` (criterion), with the eager peer added.
 
-use super::plot::{self, Axis, Series};
+use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
@@ -157,10 +157,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     } else {
         &[4 * KIB, 64 * KIB, 2 * MIB, 64 * MIB, GIB]
     };
-    println!(
+    ctx.say(
         "markcost: one mark+unmark pair per iteration, 4 KiB pages, no memory pressure; median \
          over samples of the per-iteration time (ns per 4 KiB page in parentheses). Published: \
-         none for this measurement (the 2014 vrange() was O(1) to mark, MADV_FREE is O(pages))."
+         none for this measurement (the 2014 vrange() was O(1) to mark, MADV_FREE is O(pages)).",
     );
     let mut csv = Csv::new(&[
         "size_bytes",
@@ -223,15 +223,15 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         }
         table.row(row);
     }
-    table.print();
+    ctx.table(&table);
     for w in &warnings {
-        println!("markcost: WARNING: {w}");
+        ctx.say(format!("markcost: WARNING: {w}"));
     }
     csv.write(&ctx.out, "markcost.csv")?;
     let svg = plot::lines(
-        "mark+unmark pair cost, 4 KiB pages",
-        &Axis::new("range size (bytes)", true, |v| report::size(v as usize)),
-        &Axis::new("time per pair", true, report::ns),
+        &ctx.figure("mark+unmark pair cost by range size, 4 KiB pages"),
+        &Axis::log("range size (bytes)", Unit::Bytes),
+        &Axis::log("time per mark+unmark pair (median)", Unit::Nanoseconds),
         &series,
     );
     report::write_file(&ctx.out, "markcost.svg", &svg)?;

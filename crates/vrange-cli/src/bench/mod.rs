@@ -1,13 +1,13 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
 //! One file per suite (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `markcost`); the shared
-//! pieces are the machine description (`machine`), tables, CSV and number formats (`report`),
-//! the SVG plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and
-//! child processes, C workloads and memory cgroups (`proc`). Every suite prints the machine
-//! first, then Markdown tables with the published numbers beside ours where they exist, and
-//! writes CSV files and an SVG plot into `--out`. A suite that cannot run here (no root, no
-//! memory cgroup) prints `skipped: <reason>` and still succeeds; a measurement that fails is
-//! an error (exit status 1).
+//! pieces are the machine description (`machine`), CSV and number formats (`report`), the SVG
+//! plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and child
+//! processes, C workloads and memory cgroups (`proc`). Every suite prints the machine first,
+//! then aligned tables with the published numbers beside ours where they exist, and writes the
+//! same report in Markdown (`SUITE.md`), CSV files and an SVG plot into `--out`. A suite that
+//! cannot run here (no root, no memory cgroup) prints `skipped: <reason>` and still succeeds; a
+//! measurement that fails is an error (exit status 1).
 //!
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
 //! `ebizzy --pressure`) are this executable again, with the hidden `bench-role` subcommand.
@@ -23,22 +23,61 @@ mod pressure;
 mod proc;
 mod report;
 
+use report::Table;
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// The suites, in the order `all` runs them (markcost last: it changes this process's
-/// reclaimer settings).
-pub const SUITES: [&str; 5] = ["ebizzy", "pressure", "lazyfree", "pagetable", "markcost"];
+/// A suite, as `vrange bench SUITE` names it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// ebizzy 0.3's malloc/memcpy/free loop, every allocator, by thread count.
+    Ebizzy,
+    /// A peak process frees memory, the next one needs it in a small memory cgroup.
+    Pressure,
+    /// MADV_FREE of 1 GiB by folio size, beside the mTHP lazyfree series' numbers.
+    Lazyfree,
+    /// Page-table memory left after touching and freeing 50 GiB, per method.
+    Pagetable,
+    /// The cost of one mark+unmark pair by range size, per policy.
+    Markcost,
+    /// Every suite above, in that order.
+    All,
+}
+
+impl Suite {
+    /// The suites `all` runs, in its order (markcost last: it changes this process's
+    /// reclaimer settings).
+    const ALL: [Suite; 5] = [
+        Suite::Ebizzy,
+        Suite::Pressure,
+        Suite::Lazyfree,
+        Suite::Pagetable,
+        Suite::Markcost,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Ebizzy => "ebizzy",
+            Suite::Pressure => "pressure",
+            Suite::Lazyfree => "lazyfree",
+            Suite::Pagetable => "pagetable",
+            Suite::Markcost => "markcost",
+            Suite::All => "all",
+        }
+    }
+}
 
 /// `vrange bench` options; each suite uses those that concern it and ignores the rest.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// ebizzy, pressure, lazyfree, pagetable, markcost or all.
-    pub suite: String,
+    /// The suite to run.
+    #[arg(value_enum)]
+    pub suite: Suite,
     /// Short runs (a smoke test; the numbers are not a measurement).
     #[arg(long)]
     pub quick: bool,
-    /// Where CSV files and plots go.
+    /// Where the reports (Markdown), CSV files and plots go.
     #[arg(long, default_value = "vrange-bench")]
     pub out: PathBuf,
     /// libvrange_malloc.so to preload (default: next to this executable, else built with cargo).
@@ -80,10 +119,15 @@ fn chunk_size_arg(s: &str) -> Result<usize, String> {
     }
 }
 
-/// What a suite gets: its options and a place for its files.
+/// What a suite gets: its options, a place for its files, and where its report goes.
 pub struct Ctx {
     pub args: Args,
     pub out: PathBuf,
+    /// The machine and the date, for the plots (tables have the machine table above them).
+    about: String,
+    /// The running suite's report in Markdown, written as `SUITE.md` when it ends: the
+    /// terminal gets aligned text, files get what documents can quote.
+    doc: RefCell<String>,
 }
 
 impl Ctx {
@@ -101,56 +145,96 @@ impl Ctx {
         })
         .clone()
     }
+
+    /// A paragraph of the report: printed, and kept for `SUITE.md`.
+    pub fn say(&self, text: impl AsRef<str>) {
+        println!("{}", text.as_ref());
+        let mut doc = self.doc.borrow_mut();
+        doc.push_str(text.as_ref().trim_start_matches('\n'));
+        doc.push_str("\n\n");
+    }
+
+    /// A table of the report: aligned text on the terminal, Markdown in `SUITE.md`.
+    pub fn table(&self, t: &Table) {
+        t.print();
+        let mut doc = self.doc.borrow_mut();
+        doc.push_str(&t.to_markdown());
+        doc.push('\n');
+    }
+
+    /// Says why (part of) a suite did not run. Where the environment cannot support it, that
+    /// is not a failure.
+    pub fn skipped(&self, what: &str, why: &str) {
+        self.say(format!("skipped: {what}: {why}"));
+    }
+
+    /// A plot's frame: its title, the machine and date, and the smoke-test marking of
+    /// `--quick`.
+    pub fn figure(&self, title: impl Into<String>) -> plot::Figure {
+        plot::Figure {
+            title: title.into(),
+            about: self.about.clone(),
+            smoke: self.quick(),
+        }
+    }
 }
 
 pub fn main(args: Args) -> i32 {
-    let suites: Vec<&'static str> = match args.suite.as_str() {
-        "all" => SUITES.to_vec(),
-        s if SUITES.contains(&s) => SUITES.iter().copied().filter(|x| *x == s).collect(),
-        s => {
-            eprintln!(
-                "vrange bench: unknown suite {s:?} (one of {}, all)",
-                SUITES.join(", ")
-            );
-            return 2;
-        }
+    let suites: Vec<Suite> = match args.suite {
+        Suite::All => Suite::ALL.to_vec(),
+        one => vec![one],
     };
     if let Err(e) = std::fs::create_dir_all(&args.out) {
         eprintln!("vrange bench: cannot create {}: {e}", args.out.display());
         return 1;
     }
     let out = std::fs::canonicalize(&args.out).unwrap_or_else(|_| args.out.clone());
-    let ctx = Ctx { args, out };
-    machine::Machine::probe().report(&ctx.out);
+    let machine = machine::Machine::probe();
+    machine.report(&out);
+    let about = format!(
+        "{}; {}",
+        machine.summary(),
+        crate::clock::Local::now().date()
+    );
+    let ctx = Ctx {
+        args,
+        out,
+        about,
+        doc: RefCell::default(),
+    };
     let mut failed = Vec::new();
     for suite in suites {
-        println!(
-            "\n## {suite}{}",
-            if ctx.quick() {
-                " (quick: a smoke test, not a measurement)"
-            } else {
-                ""
-            }
-        );
+        let name = suite.name();
+        let heading = if ctx.quick() {
+            format!("{name} (quick: a smoke test, not a measurement)")
+        } else {
+            name.to_string()
+        };
+        println!("\n{heading}\n{}", "=".repeat(heading.chars().count()));
+        ctx.doc.replace(format!("## {heading}\n\n"));
         let started = std::time::Instant::now();
         let result = match suite {
-            "ebizzy" => ebizzy::run(&ctx),
-            "pressure" => pressure::run(&ctx),
-            "lazyfree" => lazyfree::run(&ctx),
-            "pagetable" => pagetable::run(&ctx),
-            "markcost" => markcost::run(&ctx),
-            _ => unreachable!("checked above"),
+            Suite::Ebizzy => ebizzy::run(&ctx),
+            Suite::Pressure => pressure::run(&ctx),
+            Suite::Lazyfree => lazyfree::run(&ctx),
+            Suite::Pagetable => pagetable::run(&ctx),
+            Suite::Markcost => markcost::run(&ctx),
+            Suite::All => unreachable!("expanded above"),
         };
-        match result {
-            Ok(()) => report::progress(format!(
-                "{suite}: done in {:.1} s",
+        if let Err(e) = &result {
+            ctx.say(format!("{name}: FAILED: {e}"));
+            eprintln!("vrange bench {name}: {e}");
+            failed.push(suite);
+        }
+        if let Err(e) = report::write_file(&ctx.out, &format!("{name}.md"), &ctx.doc.take()) {
+            eprintln!("vrange bench {name}: {e}");
+            failed.push(suite);
+        }
+        if result.is_ok() {
+            report::progress(format!(
+                "{name}: done in {:.1} s",
                 started.elapsed().as_secs_f64()
-            )),
-            Err(e) => {
-                println!("{suite}: FAILED: {e}");
-                eprintln!("vrange bench {suite}: {e}");
-                failed.push(suite);
-            }
+            ));
         }
     }
     i32::from(!failed.is_empty())
@@ -166,10 +250,4 @@ pub fn role(role: &str, args: &[String]) -> i32 {
             2
         }
     }
-}
-
-/// Prints why (part of) a suite did not run. Where the environment cannot support it, that
-/// is not a failure.
-pub fn skipped(what: &str, why: &str) {
-    println!("skipped: {what}: {why}");
 }

@@ -17,7 +17,7 @@
 //! Without a memory cgroup the MADV_FREE methods are skipped (lazily freed pages would only
 //! go under pressure on the whole machine); the others run unconfined.
 
-use super::plot::{self, Axis};
+use super::plot::{self, Axis, Unit};
 use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
@@ -196,7 +196,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     // The quick run's 1 GiB would fit under a 1 GiB limit: a smaller one makes the MADV_FREE
     // methods reclaim as the full run does.
     let limit: u64 = if ctx.quick() { 256 << 20 } else { 1 << 30 };
-    println!(
+    ctx.say(format!(
         "pagetable: {blocks} blocks of 2 MiB ({} of address space) touched (4 KiB pages) and \
          freed, each method in a process of its own in a memory cgroup limited to {}; one 4 KiB \
          page-table page maps 2 MiB, so keeping every table costs {}. Published (Qi Zheng, \
@@ -207,7 +207,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         report::kb(blocks as u64 * 4),
         report::kb(PUBLISHED_BEFORE_KB),
         report::kb(PUBLISHED_AFTER_KB),
-    );
+    ));
     let mut table = Table::new(&[
         "method",
         "VmPTE at the end",
@@ -271,7 +271,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 ));
             }
             Err(why) => {
-                super::skipped(&format!("pagetable {method}"), &why);
+                ctx.skipped(&format!("pagetable {method}"), &why);
                 table.row(vec![what.into(), format!("skipped: {why}")]);
                 csv.note(
                     &[method, &blocks.to_string(), &limit.to_string()],
@@ -280,7 +280,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             }
         }
     }
-    table.print();
+    ctx.table(&table);
     csv.write(&ctx.out, "pagetable.csv")?;
     bars.push((
         "published before".into(),
@@ -294,12 +294,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     ));
     let categories: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let svg = plot::bars(
-        &format!(
+        &ctx.figure(format!(
             "VmPTE after {} touched and freed",
             report::size(blocks * BLOCK)
-        ),
+        )),
         &categories,
-        &Axis::new("VmPTE (kB)", true, plot::plain),
+        &Axis::log("VmPTE (kB)", Unit::Plain),
         &[
             ("at the end".into(), bars.iter().map(|b| b.1).collect()),
             ("maximum".into(), bars.iter().map(|b| b.2).collect()),

@@ -1,25 +1,48 @@
-//! A minimal SVG plot writer: lines (x numeric, linear or log axes) and grouped bars. Enough
-//! to see a suite's shape at a glance; the numbers themselves are in the tables and CSV files.
+//! The suites' SVG plots: lines (numeric x, linear or log axes) and grouped bars, written by
+//! hand. Enough to see a suite's shape at a glance; the numbers are in the tables and CSV files.
+//!
+//! Every figure says what it shows and where it was measured: a title, a line with the machine
+//! and the date, and for `--quick` runs a "SMOKE TEST" banner and watermark, so a smoke run's
+//! plot is never mistaken for a measurement. Tick labels carry the axis unit with one prefix
+//! rule per axis (`4 KiB`, `2 MiB`; `10 ns`, `1 µs`), and every series stays visible when
+//! series coincide (managed and hybrid mark costs are the same line): each has its own colour,
+//! hollow marker shape and dash pattern, earlier series are drawn wider underneath later ones,
+//! and markers are drawn over all the lines.
+//!
+//! Why not a plotting crate: these two chart kinds are all the suites draw, and the defects
+//! were in choices (labels, units, draw order), not in drawing; a library would add
+//! dependencies to an installed binary and still need the marking, the tick values at the
+//! measured sizes and the machine line done by hand.
 
 use std::fmt::Write as _;
 
-const W: f64 = 760.0;
-const H: f64 = 440.0;
-const LEFT: f64 = 80.0;
-const RIGHT: f64 = 200.0;
-const TOP: f64 = 40.0;
+const W: f64 = 820.0;
+const H: f64 = 500.0;
+const LEFT: f64 = 84.0;
+const RIGHT: f64 = 220.0;
+const TOP: f64 = 76.0;
 const BOTTOM: f64 = 90.0;
 const COLORS: [&str; 10] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf",
 ];
+/// Dash patterns, by series: solid first (ours, in the suites), then patterns that let a line
+/// underneath show through.
+const DASHES: [&str; 6] = ["", "9,4", "2,3", "12,3,3,3", "5,2", "1,3"];
+/// What `--quick` plots say, in the banner and (shorter) as a watermark.
+pub const SMOKE: &str = "SMOKE TEST (--quick): not a measurement";
+
+/// What frames every plot: the title, the machine and date, whether it is a smoke test.
+pub struct Figure {
+    pub title: String,
+    pub about: String,
+    pub smoke: bool,
+}
 
 /// One named series of points.
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
-    /// Drawn dashed (published numbers beside ours).
-    pub dashed: bool,
 }
 
 impl Series {
@@ -27,35 +50,159 @@ impl Series {
         Series {
             name: name.into(),
             points,
-            dashed: false,
         }
     }
 }
 
-/// An axis: its label, whether it is logarithmic, and how to write tick values.
+/// What an axis's values are; tick labels are written in it with a prefix.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Unit {
+    /// A number whose unit the axis label names; thousands separated ("102,400").
+    Plain,
+    /// Nanoseconds, written ns, µs, ms or s.
+    Nanoseconds,
+    /// Bytes, written with binary prefixes (4 KiB, 2 MiB).
+    Bytes,
+    /// A count or rate, written with decimal prefixes (20 k, 1.5 M).
+    Count,
+}
+
+impl Unit {
+    /// The prefixes: divisor and suffix, smallest first.
+    fn prefixes(self) -> &'static [(f64, &'static str)] {
+        const KI: f64 = 1024.0;
+        match self {
+            Unit::Plain => &[(1.0, "")],
+            Unit::Nanoseconds => &[(1.0, "ns"), (1e3, "µs"), (1e6, "ms"), (1e9, "s")],
+            Unit::Bytes => &[
+                (1.0, "B"),
+                (KI, "KiB"),
+                (KI * KI, "MiB"),
+                (KI * KI * KI, "GiB"),
+                (KI * KI * KI * KI, "TiB"),
+            ],
+            Unit::Count => &[(1.0, ""), (1e3, "k"), (1e6, "M"), (1e9, "G")],
+        }
+    }
+
+    /// The largest prefix `v` reaches (the smallest for 0).
+    fn prefix(self, v: f64) -> (f64, &'static str) {
+        let p = self.prefixes();
+        p.iter()
+            .rev()
+            .find(|(d, _)| v.abs() >= *d * (1.0 - 1e-9))
+            .copied()
+            .unwrap_or(p[0])
+    }
+
+    /// The logarithm base of this unit's natural ticks.
+    fn base(self) -> f64 {
+        if self == Unit::Bytes {
+            2.0
+        } else {
+            10.0
+        }
+    }
+
+    /// Tick labels. A log axis writes each tick with its own prefix and only the digits it
+    /// needs ("10 ns", "100 ns", "1 µs"); a linear axis writes all with the prefix of the
+    /// largest and the decimals of the step ("0", "20 k", ..., "120 k").
+    fn labels(self, ticks: &[f64], log: bool) -> Vec<String> {
+        let with = |number: String, suffix: &str| {
+            if suffix.is_empty() || number == "0" {
+                number
+            } else {
+                format!("{number} {suffix}")
+            }
+        };
+        if log {
+            return ticks
+                .iter()
+                .map(|&t| {
+                    let (d, suffix) = self.prefix(t);
+                    with(self.number(trim(t / d)), suffix)
+                })
+                .collect();
+        }
+        let top = ticks.iter().fold(0f64, |m, t| m.max(t.abs()));
+        let (d, suffix) = self.prefix(top);
+        let step = ticks
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .fold(f64::MAX, f64::min);
+        let decimals = if step.is_finite() && step > 0.0 {
+            (-(step / d).log10().floor()).max(0.0) as usize
+        } else {
+            0
+        };
+        ticks
+            .iter()
+            .map(|&t| {
+                let t = if t.abs() < step * 1e-9 { 0.0 } else { t };
+                let n = if t == 0.0 {
+                    "0".to_string()
+                } else {
+                    format!("{:.decimals$}", t / d)
+                };
+                with(self.number(n), suffix)
+            })
+            .collect()
+    }
+
+    /// Thousands separators for plain numbers (as the tables write kB).
+    fn number(self, n: String) -> String {
+        if self != Unit::Plain {
+            return n;
+        }
+        let (sign, n) = n.strip_prefix('-').map_or(("", n.as_str()), |r| ("-", r));
+        let (int, frac) = n.split_once('.').unwrap_or((n, ""));
+        let mut out = format!("{sign}{}", super::report::thousands(int));
+        if !frac.is_empty() {
+            out.push('.');
+            out.push_str(frac);
+        }
+        out
+    }
+}
+
+/// `v` with at most two decimals and none that are zero.
+fn trim(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// An axis: its label (with the unit where the ticks do not carry it), whether it is
+/// logarithmic, and the unit of its values.
 pub struct Axis {
     pub label: String,
     pub log: bool,
-    pub format: fn(f64) -> String,
+    pub unit: Unit,
 }
 
 impl Axis {
-    pub fn new(label: impl Into<String>, log: bool, format: fn(f64) -> String) -> Axis {
+    pub fn linear(label: impl Into<String>, unit: Unit) -> Axis {
         Axis {
             label: label.into(),
-            log,
-            format,
+            log: false,
+            unit,
         }
     }
-}
 
-pub fn plain(v: f64) -> String {
-    if v.abs() >= 1e4 || (v != 0.0 && v.abs() < 1e-2) {
-        format!("{v:.1e}")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
+    pub fn log(label: impl Into<String>, unit: Unit) -> Axis {
+        Axis {
+            label: label.into(),
+            log: true,
+            unit,
+        }
+    }
+
+    /// The label as drawn: a log axis says so ("size (bytes, log scale)").
+    fn title(&self) -> String {
+        match self.label.strip_suffix(')') {
+            _ if !self.log => self.label.clone(),
+            Some(open) => format!("{open}, log scale)"),
+            None => format!("{} (log scale)", self.label),
+        }
     }
 }
 
@@ -69,12 +216,15 @@ struct Scale {
     lo: f64,
     hi: f64,
     log: bool,
+    base: f64,
     from: f64,
     to: f64,
 }
 
 impl Scale {
-    fn new(values: impl Iterator<Item = f64>, log: bool, from: f64, to: f64, zero: bool) -> Scale {
+    fn new(values: impl Iterator<Item = f64>, axis: &Axis, from: f64, to: f64) -> Scale {
+        let log = axis.log;
+        let base = axis.unit.base();
         let vals: Vec<f64> = values
             .filter(|v| v.is_finite() && (!log || *v > 0.0))
             .collect();
@@ -87,15 +237,13 @@ impl Scale {
             (lo, hi) = (1.0, 10.0);
         }
         if log {
-            lo = 10f64.powf(lo.log10().floor());
-            hi = 10f64.powf(hi.log10().ceil());
+            lo = base.powf(lo.log(base).floor());
+            hi = base.powf(hi.log(base).ceil());
             if hi <= lo {
-                hi = lo * 10.0;
+                hi = lo * base;
             }
         } else {
-            if zero {
-                lo = lo.min(0.0);
-            }
+            lo = lo.min(0.0);
             if hi <= lo {
                 hi = lo + 1.0;
             }
@@ -105,6 +253,7 @@ impl Scale {
             lo,
             hi,
             log,
+            base,
             from,
             to,
         }
@@ -112,77 +261,91 @@ impl Scale {
 
     fn map(&self, v: f64) -> f64 {
         let t = if self.log {
-            (v.log10() - self.lo.log10()) / (self.hi.log10() - self.lo.log10())
+            (v.ln() - self.lo.ln()) / (self.hi.ln() - self.lo.ln())
         } else {
             (v - self.lo) / (self.hi - self.lo)
         };
         self.from + t * (self.to - self.from)
     }
 
+    /// Powers of the unit's base on a log axis (every few if there are many), multiples of
+    /// 1, 2 or 5 times a power of ten on a linear one.
     fn ticks(&self) -> Vec<f64> {
         if self.log {
             let (a, b) = (
-                self.lo.log10().round() as i32,
-                self.hi.log10().round() as i32,
+                self.lo.log(self.base).round() as i32,
+                self.hi.log(self.base).round() as i32,
             );
-            let step = ((b - a) / 8).max(1);
-            (a..=b)
-                .step_by(step as usize)
-                .map(|e| 10f64.powi(e))
-                .collect()
+            let step = ((b - a) as f64 / 9.0).ceil().max(1.0) as usize;
+            (a..=b).step_by(step).map(|e| self.base.powi(e)).collect()
         } else {
             let span = self.hi - self.lo;
-            let raw = span / 6.0;
-            let mag = 10f64.powf(raw.log10().floor());
+            let mag = 10f64.powf((span / 6.0).log10().floor());
             let step = [1.0, 2.0, 5.0, 10.0]
                 .iter()
                 .map(|m| m * mag)
                 .find(|s| span / s <= 8.0)
                 .unwrap_or(mag * 10.0);
-            let mut t = (self.lo / step).ceil() * step;
             let mut v = Vec::new();
-            while t <= self.hi + step * 1e-9 {
-                v.push(t);
-                t += step;
+            let mut k = (self.lo / step).ceil();
+            while k * step <= self.hi + step * 1e-9 {
+                v.push(k * step);
+                k += 1.0;
             }
             v
         }
     }
 }
 
-fn header(title: &str) -> String {
+/// The SVG header: title, machine and date, and the smoke-test banner.
+fn header(fig: &Figure) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
     );
+    let _ = writeln!(s, "<title>{}</title>", esc(&fig.title));
     let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let mid = W / 2.0;
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        (LEFT + W - RIGHT) / 2.0,
-        esc(title)
+        r#"<text x="{mid}" y="22" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
+        esc(&fig.title)
     );
+    let _ = writeln!(
+        s,
+        r##"<text x="{mid}" y="40" text-anchor="middle" font-size="11" fill="#444">{}</text>"##,
+        esc(&fig.about)
+    );
+    if fig.smoke {
+        let _ = writeln!(
+            s,
+            r##"<text x="{mid}" y="60" text-anchor="middle" font-size="14" font-weight="bold" fill="#c00000">{}</text>"##,
+            esc(SMOKE)
+        );
+    }
     s
 }
 
+/// The plot area's frame, the y grid and labels.
 fn y_axis(s: &mut String, y: &Scale, axis: &Axis) {
-    for t in y.ticks() {
-        let py = y.map(t);
+    let ticks = y.ticks();
+    for (t, label) in ticks.iter().zip(axis.unit.labels(&ticks, axis.log)) {
+        let py = y.map(*t);
         let _ = writeln!(
             s,
             r##"<line x1="{LEFT}" y1="{py:.1}" x2="{}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
             W - RIGHT,
             LEFT - 6.0,
             py + 4.0,
-            esc(&(axis.format)(t))
+            esc(&label)
         );
     }
     let _ = writeln!(
         s,
         r#"<text transform="translate(16 {}) rotate(-90)" text-anchor="middle">{}</text>"#,
         (TOP + H - BOTTOM) / 2.0,
-        esc(&axis.label)
+        esc(&axis.title())
     );
     let _ = writeln!(
         s,
@@ -192,21 +355,124 @@ fn y_axis(s: &mut String, y: &Scale, axis: &Axis) {
     );
 }
 
-fn legend(s: &mut String, names: &[(&str, bool)]) {
-    for (i, (name, dashed)) in names.iter().enumerate() {
-        let y = TOP + 10.0 + i as f64 * 18.0;
-        let x = W - RIGHT + 12.0;
-        let dash = if *dashed {
-            r#" stroke-dasharray="5,3""#
-        } else {
-            ""
-        };
+/// A smoke test's watermark across the plot area: over the data, and faint enough to read
+/// the data through it.
+fn watermark(s: &mut String, fig: &Figure) {
+    if fig.smoke {
+        let (cx, cy) = ((LEFT + W - RIGHT) / 2.0, (TOP + H - BOTTOM) / 2.0);
         let _ = writeln!(
             s,
-            r#"<line x1="{x}" y1="{y}" x2="{}" y2="{y}" stroke="{}" stroke-width="3"{dash}/><text x="{}" y="{}">{}</text>"#,
-            x + 22.0,
-            COLORS[i % COLORS.len()],
-            x + 28.0,
+            r##"<text x="{cx}" y="{cy}" text-anchor="middle" dominant-baseline="middle" font-size="54" font-weight="bold" fill="#c00000" fill-opacity="0.12" transform="rotate(-20 {cx} {cy})">SMOKE TEST</text>"##
+        );
+    }
+}
+
+/// How series `i` of `n` is drawn.
+struct Style {
+    color: &'static str,
+    dash: &'static str,
+    width: f64,
+    marker: usize,
+    size: f64,
+}
+
+impl Style {
+    fn of(i: usize) -> Style {
+        Style {
+            color: COLORS[i % COLORS.len()],
+            dash: DASHES[i % DASHES.len()],
+            // Wider first: a later series on the same values leaves an edge of it showing.
+            width: (4.5 - 0.5 * i as f64).max(1.5),
+            marker: i % MARKERS,
+            size: (5.5 - 0.3 * i as f64).max(3.0),
+        }
+    }
+
+    fn dash_attr(&self) -> String {
+        if self.dash.is_empty() {
+            String::new()
+        } else {
+            format!(r#" stroke-dasharray="{}""#, self.dash)
+        }
+    }
+
+    fn line(&self, points: &str) -> String {
+        format!(
+            r#"<polyline points="{points}" fill="none" stroke="{}" stroke-width="{}" stroke-opacity="0.85" stroke-linejoin="round"{}/>"#,
+            self.color,
+            self.width,
+            self.dash_attr()
+        )
+    }
+
+    /// A hollow marker at (x, y): hollow, so markers at one point do not cover each other.
+    fn marker(&self, x: f64, y: f64) -> String {
+        let (r, c) = (self.size, self.color);
+        let shape = match self.marker {
+            0 => format!(r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r:.1}""#),
+            1 => format!(
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}""#,
+                x - r * 0.85,
+                y - r * 0.85,
+                r * 1.7,
+                r * 1.7
+            ),
+            2 => polygon(&[(x, y - r), (x + r, y + r * 0.8), (x - r, y + r * 0.8)]),
+            3 => polygon(&[(x, y - r * 1.2), (x + r, y), (x, y + r * 1.2), (x - r, y)]),
+            4 => polygon(&[(x, y + r), (x + r, y - r * 0.8), (x - r, y - r * 0.8)]),
+            5 => format!(
+                r#"<path d="M{:.1} {:.1}L{:.1} {:.1}M{:.1} {:.1}L{:.1} {:.1}""#,
+                x - r,
+                y - r,
+                x + r,
+                y + r,
+                x - r,
+                y + r,
+                x + r,
+                y - r
+            ),
+            _ => format!(
+                r#"<path d="M{:.1} {y:.1}L{:.1} {y:.1}M{x:.1} {:.1}L{x:.1} {:.1}""#,
+                x - r * 1.2,
+                x + r * 1.2,
+                y - r * 1.2,
+                y + r * 1.2
+            ),
+        };
+        format!(r#"{shape} fill="white" fill-opacity="0.6" stroke="{c}" stroke-width="1.6"/>"#)
+    }
+}
+
+/// The number of marker shapes: circle, square, triangle, diamond, inverted triangle, ×, +.
+const MARKERS: usize = 7;
+
+fn polygon(p: &[(f64, f64)]) -> String {
+    let pts: Vec<String> = p.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+    format!(r#"<polygon points="{}""#, pts.join(" "))
+}
+
+/// The legend, right of the plot: a sample of each series' line and marker (or a swatch of
+/// its bar colour) and its name.
+fn legend(s: &mut String, names: &[&str], bars: bool) {
+    for (i, name) in names.iter().enumerate() {
+        let y = TOP + 10.0 + i as f64 * 20.0;
+        let x = W - RIGHT + 12.0;
+        let style = Style::of(i);
+        if bars {
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x}" y="{}" width="26" height="12" fill="{}"/>"#,
+                y - 6.0,
+                style.color
+            );
+        } else {
+            let _ = writeln!(s, "{}", style.line(&format!("{x},{y} {},{y}", x + 26.0)));
+            let _ = writeln!(s, "{}", style.marker(x + 13.0, y));
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            x + 34.0,
             y + 4.0,
             esc(name)
         );
@@ -214,10 +480,10 @@ fn legend(s: &mut String, names: &[(&str, bool)]) {
 }
 
 /// A line plot of `series` against numeric x values.
-pub fn lines(title: &str, x: &Axis, y: &Axis, series: &[Series]) -> String {
+pub fn lines(fig: &Figure, x: &Axis, y: &Axis, series: &[Series]) -> String {
     let all = || series.iter().flat_map(|s| s.points.iter());
-    let mut xs = Scale::new(all().map(|p| p.0), x.log, LEFT, W - RIGHT, false);
-    // A log axis over a few sizes (powers of two) is labelled at the sizes themselves.
+    let mut xs = Scale::new(all().map(|p| p.0), x, LEFT, W - RIGHT);
+    // A log axis over a few sizes is labelled at the sizes themselves.
     let mut xvals: Vec<f64> = all()
         .map(|p| p.0)
         .filter(|v| v.is_finite() && *v > 0.0)
@@ -231,79 +497,84 @@ pub fn lines(title: &str, x: &Axis, y: &Axis, series: &[Series]) -> String {
     } else {
         xs.ticks()
     };
-    let ys = Scale::new(all().map(|p| p.1), y.log, H - BOTTOM, TOP, true);
-    let mut s = header(title);
+    let ys = Scale::new(all().map(|p| p.1), y, H - BOTTOM, TOP);
+    let mut s = header(fig);
     y_axis(&mut s, &ys, y);
-    for t in xticks {
-        let px = xs.map(t);
+    for (t, label) in xticks.iter().zip(x.unit.labels(&xticks, x.log)) {
+        let px = xs.map(*t);
         let _ = writeln!(
             s,
             r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#eee"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
             H - BOTTOM,
             H - BOTTOM + 16.0,
-            esc(&(x.format)(t))
+            esc(&label)
         );
     }
     let _ = writeln!(
         s,
         r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
         (LEFT + W - RIGHT) / 2.0,
-        H - 16.0,
-        esc(&x.label)
+        H - BOTTOM + 44.0,
+        esc(&x.title())
     );
-    for (i, ser) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let pts: Vec<String> = ser
-            .points
-            .iter()
-            .filter(|(a, b)| a.is_finite() && b.is_finite() && (!x.log || *a > 0.0))
-            .filter(|(_, b)| !y.log || *b > 0.0)
-            .map(|&(a, b)| format!("{:.1},{:.1}", xs.map(a), ys.map(b)))
-            .collect();
-        let dash = if ser.dashed {
-            r#" stroke-dasharray="5,3""#
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            s,
-            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
-            pts.join(" ")
-        );
-        for p in &pts {
-            let (a, b) = p.split_once(',').unwrap_or(("0", "0"));
-            let _ = writeln!(s, r#"<circle cx="{a}" cy="{b}" r="3" fill="{color}"/>"#);
+    let drawn: Vec<Vec<(f64, f64)>> = series
+        .iter()
+        .map(|ser| {
+            ser.points
+                .iter()
+                .filter(|(a, b)| a.is_finite() && b.is_finite())
+                .filter(|(a, b)| (!x.log || *a > 0.0) && (!y.log || *b > 0.0))
+                .map(|&(a, b)| (xs.map(a), ys.map(b)))
+                .collect()
+        })
+        .collect();
+    // Every line first, widest first; then every marker, so none hides under a line.
+    for (i, pts) in drawn.iter().enumerate() {
+        let text: Vec<String> = pts.iter().map(|(a, b)| format!("{a:.1},{b:.1}")).collect();
+        let _ = writeln!(s, "{}", Style::of(i).line(&text.join(" ")));
+    }
+    for (i, pts) in drawn.iter().enumerate() {
+        // Long series get a marker every `every` points, each series at its own phase so
+        // that series running together still show each one's markers.
+        let every = pts.len().div_ceil(15).max(1);
+        let phase = i * every / series.len().max(1);
+        let style = Style::of(i);
+        for (j, &(a, b)) in pts.iter().enumerate() {
+            if (j + phase) % every == 0 || j + 1 == pts.len() {
+                let _ = writeln!(s, "{}", style.marker(a, b));
+            }
         }
     }
-    let names: Vec<(&str, bool)> = series.iter().map(|s| (s.name.as_str(), s.dashed)).collect();
-    legend(&mut s, &names);
+    let names: Vec<&str> = series.iter().map(|s| s.name.as_str()).collect();
+    watermark(&mut s, fig);
+    legend(&mut s, &names, false);
     s.push_str("</svg>\n");
     s
 }
 
 /// Grouped bars: one group per category, one bar per series (`None`: no bar).
 pub fn bars(
-    title: &str,
+    fig: &Figure,
     categories: &[String],
     y: &Axis,
     series: &[(String, Vec<Option<f64>>)],
 ) -> String {
     let ys = Scale::new(
         series.iter().flat_map(|(_, v)| v.iter().flatten().copied()),
-        y.log,
+        y,
         H - BOTTOM,
         TOP,
-        true,
     );
-    let mut s = header(title);
+    let mut s = header(fig);
     y_axis(&mut s, &ys, y);
     let n = categories.len().max(1) as f64;
     let group = (W - RIGHT - LEFT) / n;
     let bar = group * 0.8 / series.len().max(1) as f64;
     let base = if y.log { ys.lo } else { 0f64.max(ys.lo) };
+    let labels = |v: f64| y.unit.labels(&[v], true).remove(0);
     for (c, cat) in categories.iter().enumerate() {
         let gx = LEFT + c as f64 * group + group * 0.1;
-        for (k, (_, values)) in series.iter().enumerate() {
+        for (k, (name, values)) in series.iter().enumerate() {
             let Some(v) = values.get(c).copied().flatten() else {
                 continue;
             };
@@ -313,13 +584,14 @@ pub fn bars(
             let (top, bottom) = (ys.map(v), ys.map(base));
             let _ = writeln!(
                 s,
-                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}</title></rect>"#,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}: {}</title></rect>"#,
                 gx + k as f64 * bar,
                 top.min(bottom),
                 bar.max(1.0),
                 (bottom - top).abs(),
-                COLORS[k % COLORS.len()],
-                esc(&(y.format)(v))
+                Style::of(k).color,
+                esc(name),
+                esc(&labels(v))
             );
         }
         let (lx, ly) = (gx + group * 0.4, H - BOTTOM + 14.0);
@@ -329,8 +601,9 @@ pub fn bars(
             esc(cat)
         );
     }
-    let names: Vec<(&str, bool)> = series.iter().map(|(n, _)| (n.as_str(), false)).collect();
-    legend(&mut s, &names);
+    let names: Vec<&str> = series.iter().map(|(n, _)| n.as_str()).collect();
+    watermark(&mut s, fig);
+    legend(&mut s, &names, true);
     s.push_str("</svg>\n");
     s
 }
@@ -339,24 +612,103 @@ pub fn bars(
 mod tests {
     use super::*;
 
+    fn fig(smoke: bool) -> Figure {
+        Figure {
+            title: "t".into(),
+            about: "AMD EPYC, 2 cores; 2026-01-02".into(),
+            smoke,
+        }
+    }
+
     #[test]
     fn svg_is_well_formed_enough() {
-        let x = Axis::new("size", true, plain);
-        let y = Axis::new("time", true, plain);
+        let x = Axis::log("size", Unit::Bytes);
+        let y = Axis::log("time", Unit::Nanoseconds);
         let svg = lines(
-            "t",
+            &fig(false),
             &x,
             &y,
-            &[Series::new("a <b>", vec![(1.0, 2.0), (10.0, 300.0)])],
+            &[Series::new("a <b>", vec![(4096.0, 2.0), (65536.0, 300.0)])],
         );
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("polyline") && svg.contains("a &lt;b&gt;"));
+        assert!(svg.contains("AMD EPYC, 2 cores; 2026-01-02"), "{svg}");
+        assert!(!svg.contains("SMOKE"), "{svg}");
         let b = bars(
-            "b",
+            &fig(true),
             &["1".into(), "2".into()],
-            &Axis::new("rate", false, plain),
+            &Axis::linear("rate", Unit::Count),
             &[("x".into(), vec![Some(1.0), None])],
         );
-        assert_eq!(b.matches("<rect").count(), 3, "{b}");
+        // Background, plot frame, one bar, one legend swatch.
+        assert_eq!(b.matches("<rect").count(), 4, "{b}");
+        assert!(b.contains(SMOKE), "{b}");
+    }
+
+    #[test]
+    fn log_ticks_carry_their_own_prefix_and_no_padding() {
+        let ns = Unit::Nanoseconds.labels(&[10.0, 100.0, 1e3, 1e4, 1e6, 1e9], true);
+        assert_eq!(ns, ["10 ns", "100 ns", "1 µs", "10 µs", "1 ms", "1 s"]);
+        let b = Unit::Bytes.labels(&[4096.0, 65536.0, 2.0 * 1048576.0, 1073741824.0], true);
+        assert_eq!(b, ["4 KiB", "64 KiB", "2 MiB", "1 GiB"]);
+        let kb = Unit::Plain.labels(&[100.0, 1e3, 1e4, 1e5, 1e6], true);
+        assert_eq!(kb, ["100", "1,000", "10,000", "100,000", "1,000,000"]);
+    }
+
+    #[test]
+    fn linear_ticks_share_one_prefix_and_the_step_decimals() {
+        let s = Scale::new(
+            [0.0, 117_000.0].into_iter(),
+            &Axis::linear("r", Unit::Count),
+            0.0,
+            1.0,
+        );
+        let ticks = s.ticks();
+        let labels = Unit::Count.labels(&ticks, false);
+        assert_eq!(labels[0], "0");
+        assert!(labels[1..].iter().all(|l| l.ends_with(" k")), "{labels:?}");
+        assert!(labels.iter().all(|l| !l.contains('.')), "{labels:?}");
+        assert_eq!(
+            Unit::Plain.labels(&[0.0, 0.5, 1.0, 1.5], false),
+            ["0", "0.5", "1.0", "1.5"]
+        );
+    }
+
+    #[test]
+    fn coinciding_series_stay_visible() {
+        let same = vec![(4096.0, 80.0), (65536.0, 80.0)];
+        let svg = lines(
+            &fig(false),
+            &Axis::log("size", Unit::Bytes),
+            &Axis::log("time", Unit::Nanoseconds),
+            &[
+                Series::new("managed", same.clone()),
+                Series::new("hybrid", same),
+            ],
+        );
+        let widths: Vec<f64> = svg
+            .lines()
+            .filter(|l| l.starts_with("<polyline"))
+            .take(2)
+            .map(|l| {
+                let w = l.split("stroke-width=\"").nth(1).unwrap();
+                w.split('"').next().unwrap().parse().unwrap()
+            })
+            .collect();
+        assert!(
+            widths[0] > widths[1],
+            "the first is wider, drawn under: {widths:?}"
+        );
+        assert!(
+            svg.contains("<circle") && svg.contains("<rect x="),
+            "distinct markers"
+        );
+        assert!(
+            svg.contains("stroke-dasharray"),
+            "the second line is dashed"
+        );
+        // Both lines come before the first marker (the legend's samples come after).
+        let first_marker = svg.find("<circle").unwrap();
+        assert_eq!(svg[..first_marker].matches("<polyline").count(), 2, "{svg}");
     }
 }

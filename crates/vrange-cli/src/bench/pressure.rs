@@ -14,7 +14,7 @@
 //! Needs root and a memory cgroup; skipped otherwise.
 
 use super::alloc::{self, Config};
-use super::plot::{self, Axis, Series};
+use super::plot::{self, Axis, Series, Unit};
 use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
@@ -122,7 +122,7 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
     if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
-        super::skipped("pressure", &why);
+        ctx.skipped("pressure", &why);
         return Ok(());
     }
     let s = if ctx.quick() {
@@ -144,7 +144,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     if ctx.quick() {
         configs.retain(|c| c.allocator == "glibc" || c.is_ours_default());
     }
-    println!(
+    ctx.say(format!(
         "pressure: a memory cgroup of {} MiB, no swap; the peak process frees {} MiB of 96 KiB \
          blocks and idles {} ms, then the next process needs {} MiB, so {} MiB must leave the \
          peak process. No published numbers for this scenario.",
@@ -153,7 +153,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         IDLE.as_millis(),
         s.next_mib,
         s.peak_mib + s.next_mib - s.limit_mib
-    );
+    ));
     let mut table = Table::new(&[
         "allocator",
         "config",
@@ -253,13 +253,13 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             o.trace.iter().map(|p| (p.0, p.1)).collect(),
         ));
     }
-    table.print();
+    ctx.table(&table);
     csv.write(&ctx.out, "pressure.csv")?;
     trace_csv.write(&ctx.out, "pressure-rss.csv")?;
     let svg = plot::lines(
-        "peak process RSS while the next process allocates",
-        &Axis::new("ms since the next process started", false, plot::plain),
-        &Axis::new("peak process RSS (MiB)", false, plot::plain),
+        &ctx.figure("peak process RSS while the next process allocates"),
+        &Axis::linear("time since the next process started (ms)", Unit::Plain),
+        &Axis::linear("peak process RSS (MiB)", Unit::Plain),
         &series,
     );
     report::write_file(&ctx.out, "pressure.svg", &svg)?;

@@ -1,53 +1,18 @@
-//! What every suite prints and writes: Markdown tables on stdout, CSV files in the output
-//! directory, progress lines on stderr (only when stderr is a terminal, so logs and tests see
-//! the tables alone), and the number formats the tables share.
+//! What every suite prints and writes: tables (the command's one [`Table`] type: aligned text
+//! on stdout, Markdown in the suite's report file), CSV files in the output directory,
+//! progress lines on stderr (only when stderr is a terminal, so logs and tests see the tables
+//! alone), and the number formats the tables share.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
+pub use crate::table::Table;
+
 /// A progress line on stderr, when stderr is a terminal.
 pub fn progress(line: impl AsRef<str>) {
     if std::io::stderr().is_terminal() {
         eprintln!("{}", line.as_ref());
-    }
-}
-
-/// A Markdown table printed whole once filled.
-pub struct Table {
-    headers: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    pub fn new(headers: &[&str]) -> Table {
-        Table {
-            headers: headers.iter().map(|h| h.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    /// Adds a row; missing cells are left empty, extra ones are a bug.
-    pub fn row(&mut self, cells: Vec<String>) {
-        debug_assert!(cells.len() <= self.headers.len(), "{cells:?}");
-        let mut cells = cells;
-        cells.resize(self.headers.len(), String::new());
-        self.rows.push(cells);
-    }
-
-    pub fn to_markdown(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(s, "| {} |", self.headers.join(" | "));
-        let _ = writeln!(s, "|{}", "---|".repeat(self.headers.len()));
-        for r in &self.rows {
-            let cells: Vec<String> = r.iter().map(|c| c.replace('|', "\\|")).collect();
-            let _ = writeln!(s, "| {} |", cells.join(" | "));
-        }
-        s
-    }
-
-    pub fn print(&self) {
-        println!("\n{}", self.to_markdown());
     }
 }
 
@@ -181,7 +146,11 @@ pub fn size(bytes: usize) -> String {
 
 /// "102,640 kB": thousands separated, as the kernel's patch letters write them.
 pub fn kb(kb: u64) -> String {
-    let digits = kb.to_string();
+    format!("{} kB", thousands(&kb.to_string()))
+}
+
+/// "102,640": a string of digits with thousands separated.
+pub fn thousands(digits: &str) -> String {
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
         if i > 0 && (digits.len() - i) % 3 == 0 {
@@ -189,7 +158,7 @@ pub fn kb(kb: u64) -> String {
         }
         out.push(c);
     }
-    format!("{out} kB")
+    out
 }
 
 /// "1.23×".
@@ -221,10 +190,7 @@ mod tests {
     }
 
     #[test]
-    fn table_shape_and_csv_quoting() {
-        let mut t = Table::new(&["a", "b"]);
-        t.row(vec!["1".into()]);
-        assert_eq!(t.to_markdown(), "| a | b |\n|---|---|\n| 1 |  |\n");
+    fn csv_quoting_and_medians() {
         assert_eq!(field("x,y"), "\"x,y\"");
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), Some(2.5));
