@@ -334,7 +334,7 @@ impl Interrupt {
 fn watch(first: Sample, interval: Duration, count: Option<u64>) -> i32 {
     let pid = first.pid;
     // The pid alone could name a new process once the watched one has exited.
-    let started_as = vrange::sys::procfs::start_ticks(Some(pid));
+    let started_as = vrange_sys::procfs::start_ticks(Some(pid));
     let start = Instant::now();
     let stamp = || {
         [
@@ -359,7 +359,7 @@ fn watch(first: Sample, interval: Duration, count: Option<u64>) -> i32 {
         let now = stamp();
         let alive = sample
             .take()
-            .filter(|_| vrange::sys::procfs::start_ticks(Some(pid)) == started_as);
+            .filter(|_| vrange_sys::procfs::start_ticks(Some(pid)) == started_as);
         let Some(s) = alive else {
             print!(
                 "{}",
