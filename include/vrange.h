@@ -35,7 +35,7 @@
  *     VRANGE_VERSION, VRANGE_VERSION_MAJOR, VRANGE_VERSION_MINOR, VRANGE_VERSION_PATCH,
  *     VRANGE_VERSION_STRING
  *
- *     Link with -lvrange:  cc ... $(pkg-config --cflags --libs vrange)
+ *     Link with -lvrange: cc ... $(pkg-config --cflags --libs vrange)
  *     (for an uninstalled tree: PKG_CONFIG_PATH=target/release, after
  *     `cargo build --release -p vrange-ffi`).
  *

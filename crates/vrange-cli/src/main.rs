@@ -5,10 +5,11 @@
 
 mod bench;
 mod demo;
+mod man;
 mod run;
 mod stat;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -86,6 +87,9 @@ enum Command {
     Demo,
     /// What this kernel and these privileges allow, and what falls back.
     Features,
+    /// Write the manual pages (vrange.1, vrange-run.1, ...) into DIR (for `make install`).
+    #[command(hide = true)]
+    Man { dir: PathBuf },
 }
 
 fn main() {
@@ -116,6 +120,7 @@ fn main() {
             print!("{}", vrange::features());
             0
         }
+        Command::Man { dir } => man::main(Cli::command(), &dir),
     };
     std::process::exit(code);
 }

@@ -450,3 +450,33 @@ fn run_stats_uses_a_fresh_private_directory() {
     );
     assert_eq!(std::fs::metadata(&victims).unwrap().nlink(), 2);
 }
+
+#[test]
+fn man_writes_a_page_per_visible_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = vrange().arg("man").arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "vrange man failed: {out:?}");
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    // Hidden subcommands (bench-role, man itself) get none.
+    let expected = [
+        "vrange-bench.1",
+        "vrange-demo.1",
+        "vrange-features.1",
+        "vrange-run.1",
+        "vrange-stat.1",
+        "vrange.1",
+    ];
+    assert_eq!(pages, expected);
+    let top = std::fs::read_to_string(dir.path().join("vrange.1")).unwrap();
+    assert!(top.contains(".TH vrange 1"), "{top}");
+    assert!(
+        top.contains(".BR vrange (3)"),
+        "SEE ALSO names the C library:\n{top}"
+    );
+    let run = std::fs::read_to_string(dir.path().join("vrange-run.1")).unwrap();
+    assert!(run.contains("\\-\\-budget"), "{run}");
+}
