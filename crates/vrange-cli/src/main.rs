@@ -50,7 +50,7 @@ enum Command {
         /// Print a summary when the program ends.
         #[arg(long)]
         stats: bool,
-        /// libvrange_malloc.so to preload (default: next to this executable).
+        /// libvrange_malloc.so to preload (default: next to this executable, or in ../lib).
         #[arg(long)]
         lib: Option<PathBuf>,
         /// The program and its arguments.
