@@ -1,7 +1,8 @@
 //! The C ABI from C: builds `tests/c/test_vrange.c`, `tests/c/test_regions.c` and
 //! `tests/c/test_version.c` against `include/vrange.h` and the `libvrange.so` of this profile,
-//! through the generated `vrange.pc`, runs them, and checks that the header compiles and links
-//! as C++11 and C++17 (`tests/c/header_cxx.cpp`).
+//! through the generated `vrange.pc`, runs them, checks that the header compiles and links as
+//! C++11 and C++17 (`tests/c/header_cxx.cpp`), and that README's C example is
+//! `tests/c/readme_example.c` and runs.
 //!
 //! Cargo does not build a cdylib-only library for an integration test, so the test builds it
 //! itself with `cargo build -p vrange-ffi` for the same profile and target directory (a no-op
@@ -282,4 +283,43 @@ fn header_compiles_and_links_as_cxx() {
             show(&out)
         );
     }
+}
+
+/// The C block of README.md that follows its mention of `tests/c/readme_example.c`.
+fn readme_c_block(readme: &str) -> Option<&str> {
+    let after = &readme[readme.find("tests/c/readme_example.c")?..];
+    let start = after.find("```c\n")? + "```c\n".len();
+    let len = after[start..].find("```\n")?;
+    Some(&after[start..start + len])
+}
+
+/// README's C example is `tests/c/readme_example.c`, byte for byte (`.ci/check-install` builds
+/// the file against an installed prefix), and builds as a user would build it (the compiler's
+/// default dialect, which has MAP_ANONYMOUS) and runs.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn readme_c_example_is_the_test_file_and_runs() {
+    let root = repo_root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let source = root.join("tests/c/readme_example.c");
+    let example = std::fs::read_to_string(&source).unwrap();
+    assert!(
+        readme_c_block(&readme) == Some(example.as_str()),
+        "README.md's C example and {} differ: keep them identical",
+        source.display()
+    );
+    let flags = pkg_config_flags();
+    let scratch = Scratch::new("readme");
+    let exe = scratch.0.join("readme_example");
+    compile(
+        &compiler("CC", "cc"),
+        &["-Wall", "-Wextra", "-Werror"],
+        &source,
+        &exe,
+        &flags,
+    );
+    let out = run(&mut Command::new(&exe));
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("libvrange "), "{stdout}");
 }
