@@ -6,8 +6,9 @@
  * NAME
  *     vrange, vrange_unmark, vrange_forget, vrange_features, vrange_feature_flags, vrange_alloc,
  *     vrange_free, vrange_set_priority, vrange_shared_fd, vrange_map_shared, vrange_purge,
- *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop - mark memory
- *     as discardable and learn, when taking it back, whether the system discarded it
+ *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop,
+ *     vrange_version - mark memory as discardable and learn, when taking it back, whether the
+ *     system discarded it
  *
  * SYNOPSIS
  *     #include <vrange.h>
@@ -30,7 +31,11 @@
  *     int      vrange_set_option(const char *name, const char *value);
  *     void     vrange_reclaimer_stop(void);
  *
- *     Build with:  cc ... $(pkg-config --cflags --libs vrange)
+ *     unsigned vrange_version(void);
+ *     VRANGE_VERSION, VRANGE_VERSION_MAJOR, VRANGE_VERSION_MINOR, VRANGE_VERSION_PATCH,
+ *     VRANGE_VERSION_STRING
+ *
+ *     Link with -lvrange: cc ... $(pkg-config --cflags --libs vrange)
  *     (for an uninstalled tree: PKG_CONFIG_PATH=target/release, after
  *     `cargo build --release -p vrange-ffi`).
  *
@@ -197,6 +202,14 @@
  *     applies the change at its next wake-up. An unknown name or a malformed value changes
  *     nothing.
  *
+ *   Versions
+ *     The header defines VRANGE_VERSION_MAJOR, VRANGE_VERSION_MINOR and
+ *     VRANGE_VERSION_PATCH, the version it belongs to; VRANGE_VERSION, the number MAJOR *
+ *     10000 + MINOR * 100 + PATCH (0.1.0 is 100), for comparisons in #if; and
+ *     VRANGE_VERSION_STRING, "MAJOR.MINOR.PATCH". vrange_version() returns the number of the
+ *     library the program runs with, so a program can tell when it runs with another
+ *     library than the one its header describes.
+ *
  * RETURN VALUE
  *     vrange() and vrange_unmark() return the number of bytes processed, which is length
  *     rounded up to the page size, on success. On error they return -1 and set errno;
@@ -224,6 +237,8 @@
  *
  *     vrange_source_name() returns a static string, or NULL with errno EINVAL when source is
  *     not a VRANGE_SOURCE_* value.
+ *
+ *     vrange_version() returns the library's VRANGE_VERSION; it cannot fail.
  *
  * ERRORS
  *   vrange(), vrange_unmark()
@@ -467,6 +482,22 @@
 extern "C" {
 #endif
 
+/* The version of this header; vrange_version() returns the library's VRANGE_VERSION. */
+
+#define VRANGE_VERSION_MAJOR 0
+#define VRANGE_VERSION_MINOR 1
+#define VRANGE_VERSION_PATCH 0
+/** MAJOR * 10000 + MINOR * 100 + PATCH, as ZSTD_VERSION_NUMBER: 0.1.0 is 100. */
+#define VRANGE_VERSION \
+    (VRANGE_VERSION_MAJOR * 10000 + VRANGE_VERSION_MINOR * 100 + VRANGE_VERSION_PATCH)
+#define VRANGE_QUOTE_(x) #x
+#define VRANGE_EXPAND_AND_QUOTE_(x) VRANGE_QUOTE_(x)
+/** "MAJOR.MINOR.PATCH", e.g. "0.1.0". */
+#define VRANGE_VERSION_STRING                          \
+    VRANGE_EXPAND_AND_QUOTE_(VRANGE_VERSION_MAJOR) "." \
+    VRANGE_EXPAND_AND_QUOTE_(VRANGE_VERSION_MINOR) "." \
+    VRANGE_EXPAND_AND_QUOTE_(VRANGE_VERSION_PATCH)
+
 /* Values of vrange()'s mode argument. */
 
 /** The kernel may discard the pages of the range under memory pressure. */
@@ -639,6 +670,9 @@ int vrange_set_option(const char *name, const char *value);
 /** Stops the reclaimer thread and waits for it; the next managed mark, new region or
  *  vrange_purge() starts it again (unless VRANGE_RECLAIMER is off). */
 void vrange_reclaimer_stop(void);
+
+/** The running library's version: its VRANGE_VERSION (compare with this header's). */
+unsigned vrange_version(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

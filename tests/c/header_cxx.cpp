@@ -26,6 +26,9 @@ static_assert(VRANGE_SHARED == 4 && VRANGE_DROP_NORMAL == 0, "shared, normal cla
 static_assert(VRANGE_DROP_FIRST == 0x10 && VRANGE_DROP_LOW == 0x20 && VRANGE_DROP_LAST == 0x40,
               "classes");
 static_assert(VRANGE_NOHUGE == 0x100 && VRANGE_HUGE == 0x200, "huge pages");
+static_assert(VRANGE_VERSION == VRANGE_VERSION_MAJOR * 10000 + VRANGE_VERSION_MINOR * 100 +
+                                     VRANGE_VERSION_PATCH,
+              "version number");
 static_assert(VRANGE_SOURCE_PSI == 0 && VRANGE_SOURCE_EXPLICIT == 6 && VRANGE_SOURCE_COUNT == 7,
               "sources");
 
@@ -55,6 +58,7 @@ int main()
     const char *(*source_name)(int) = &vrange_source_name;
     int (*set_option)(const char *, const char *) = &vrange_set_option;
     void (*reclaimer_stop)() = &vrange_reclaimer_stop;
+    unsigned (*version)() = &vrange_version;
     // Volatile reads keep the compiler from folding the checks away.
     void *volatile addrs[] = {
         reinterpret_cast<void *>(mark),         reinterpret_cast<void *>(unmark),
@@ -64,7 +68,7 @@ int main()
         reinterpret_cast<void *>(shared_fd),    reinterpret_cast<void *>(map_shared),
         reinterpret_cast<void *>(purge),        reinterpret_cast<void *>(stats),
         reinterpret_cast<void *>(source_name),  reinterpret_cast<void *>(set_option),
-        reinterpret_cast<void *>(reclaimer_stop)};
+        reinterpret_cast<void *>(reclaimer_stop), reinterpret_cast<void *>(version)};
     for (void *volatile const &a : addrs) {
         if (a == nullptr)
             return 1;

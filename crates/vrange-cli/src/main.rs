@@ -6,11 +6,12 @@
 mod bench;
 mod clock;
 mod demo;
+mod man;
 mod run;
 mod stat;
 mod table;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -51,7 +52,7 @@ enum Command {
         /// Print a summary when the program ends.
         #[arg(long)]
         stats: bool,
-        /// libvrange_malloc.so to preload (default: next to this executable).
+        /// libvrange_malloc.so to preload (default: next to this executable, or in ../lib).
         #[arg(long)]
         lib: Option<PathBuf>,
         /// The program and its arguments.
@@ -107,6 +108,9 @@ enum Command {
     Demo,
     /// What this kernel and these privileges allow, and what falls back.
     Features,
+    /// Write the manual pages (vrange.1, vrange-run.1, ...) into DIR (for `make install`).
+    #[command(hide = true)]
+    Man { dir: PathBuf },
 }
 
 fn main() {
@@ -138,6 +142,7 @@ fn main() {
             print!("{}", vrange::features());
             0
         }
+        Command::Man { dir } => man::main(Cli::command(), &dir),
     };
     std::process::exit(code);
 }

@@ -18,11 +18,17 @@ pub struct Options {
     pub command: Vec<OsString>,
 }
 
-/// libvrange_malloc.so next to this executable (cargo puts both in `target/<profile>`).
+/// libvrange_malloc.so beside this executable (cargo puts both in `target/<profile>`), else in
+/// `../lib` (`make install` puts the command in `$PREFIX/bin`, the shim in `$PREFIX/lib`).
 pub fn default_lib() -> Option<PathBuf> {
+    const SHIM: &str = "libvrange_malloc.so";
     let exe = std::env::current_exe().ok()?;
-    let so = exe.parent()?.join("libvrange_malloc.so");
-    so.exists().then_some(so)
+    let bin = exe.parent()?;
+    let installed = bin.parent().map(|prefix| prefix.join("lib").join(SHIM));
+    [Some(bin.join(SHIM)), installed]
+        .into_iter()
+        .flatten()
+        .find(|so| so.exists())
 }
 
 static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
@@ -38,8 +44,9 @@ extern "C" fn forward(sig: libc::c_int) {
 pub fn main(o: Options) -> i32 {
     let Some(lib) = o.lib.clone().or_else(default_lib) else {
         eprintln!(
-            "vrange run: libvrange_malloc.so not found next to this executable; build it with \
-             `cargo build --release -p vrange-malloc-preload` or pass --lib"
+            "vrange run: libvrange_malloc.so not found next to this executable or in ../lib; \
+             build it with `cargo build --release -p vrange-malloc-preload`, install it with \
+             `make install`, or pass --lib"
         );
         return 127;
     };

@@ -624,3 +624,64 @@ fn run_stats_uses_a_fresh_private_directory() {
     );
     assert_eq!(std::fs::metadata(&victims).unwrap().nlink(), 2);
 }
+
+#[test]
+fn man_writes_a_page_per_visible_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = vrange().arg("man").arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "vrange man failed: {out:?}");
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    // Hidden subcommands (bench-role, man itself) get none.
+    let expected = [
+        "vrange-bench.1",
+        "vrange-demo.1",
+        "vrange-features.1",
+        "vrange-run.1",
+        "vrange-stat.1",
+        "vrange.1",
+    ];
+    assert_eq!(pages, expected);
+    let top = std::fs::read_to_string(dir.path().join("vrange.1")).unwrap();
+    assert!(top.contains(".TH vrange 1"), "{top}");
+    assert!(
+        top.contains(".BR vrange (3)"),
+        "SEE ALSO names the C library:\n{top}"
+    );
+    let run = std::fs::read_to_string(dir.path().join("vrange-run.1")).unwrap();
+    assert!(run.contains("\\-\\-budget"), "{run}");
+}
+
+/// `vrange run` without --lib finds the shim as `make install` lays it out ($PREFIX/bin/vrange,
+/// $PREFIX/lib/libvrange_malloc.so), and says where it looked when it is in neither place.
+#[test]
+fn run_finds_the_shim_in_the_installed_layout() {
+    let prefix = tempfile::tempdir().unwrap();
+    let (bin, libdir) = (prefix.path().join("bin"), prefix.path().join("lib"));
+    std::fs::create_dir(&bin).unwrap();
+    let exe = bin.join("vrange");
+    std::fs::copy(env!("CARGO_BIN_EXE_vrange"), &exe).unwrap();
+    let preload = || {
+        let mut c = Command::new(&exe);
+        c.args(["run", "--", "sh", "-c", "printf %s \"$LD_PRELOAD\""])
+            .env_remove("LD_PRELOAD");
+        c.output().unwrap()
+    };
+    let missing = preload();
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("../lib"),
+        "{missing:?}"
+    );
+    std::fs::create_dir(&libdir).unwrap();
+    std::fs::copy(lib(), libdir.join("libvrange_malloc.so")).unwrap();
+    let found = preload();
+    assert!(found.status.success(), "{found:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&found.stdout),
+        libdir.join("libvrange_malloc.so").to_string_lossy()
+    );
+}

@@ -9,7 +9,8 @@
 //!   `vrange_map_shared` (their flags are decoded in `flags`; `regions` finds the region
 //!   holding an address);
 //! - `reclaimer`: `vrange_purge`, `vrange_stats`, `vrange_source_name`, `vrange_set_option`,
-//!   `vrange_reclaimer_stop`.
+//!   `vrange_reclaimer_stop`;
+//! - `version`: `vrange_version`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -19,6 +20,7 @@ mod features;
 mod flags;
 mod reclaimer;
 mod regions;
+mod version;
 
 use libc::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};

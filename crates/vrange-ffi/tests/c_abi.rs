@@ -1,7 +1,8 @@
-//! The C ABI from C: builds `tests/c/test_vrange.c` and `tests/c/test_regions.c` against
-//! `include/vrange.h` and the `libvrange.so` of this profile, through the generated
-//! `vrange.pc`, runs them, and checks that the header compiles and links as C++11 and C++17
-//! (`tests/c/header_cxx.cpp`).
+//! The C ABI from C: builds `tests/c/test_vrange.c`, `tests/c/test_regions.c` and
+//! `tests/c/test_version.c` against `include/vrange.h` and the `libvrange.so` of this profile,
+//! through the generated `vrange.pc`, runs them, checks that the header compiles and links as
+//! C++11 and C++17 (`tests/c/header_cxx.cpp`), and that README's C example is
+//! `tests/c/readme_example.c` and runs.
 //!
 //! Cargo does not build a cdylib-only library for an integration test, so the test builds it
 //! itself with `cargo build -p vrange-ffi` for the same profile and target directory (a no-op
@@ -84,7 +85,7 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 /// Builds libvrange.so for this profile (once per test process) and returns its directory,
-/// which also holds the `vrange.pc` written by build.rs.
+/// which also holds the `vrange.pc` and the `libvrange.so.0` link written by build.rs.
 fn library_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -105,7 +106,7 @@ fn library_dir() -> &'static Path {
             "building libvrange.so failed: {cmd:?}\n{}",
             show(&out)
         );
-        for file in ["libvrange.so", "vrange.pc"] {
+        for file in ["libvrange.so", "libvrange.so.0", "vrange.pc"] {
             assert!(
                 p.dir.join(file).exists(),
                 "{cmd:?} did not produce {}",
@@ -139,7 +140,14 @@ fn pkg_config_flags() -> Vec<String> {
         .split_whitespace()
         .map(str::to_string)
         .collect();
-    let include = format!("-I{}", repo_root().join("include").display());
+    // crates/vrange-ffi/include links to the repository's include/, so that the published
+    // crate carries the header too.
+    let include = format!(
+        "-I{}",
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("include")
+            .display()
+    );
     let libdir = format!("-L{}", lib.display());
     assert!(
         flags.contains(&include)
@@ -188,20 +196,16 @@ fn compile(compiler: &str, args: &[&str], source: &Path, exe: &Path, flags: &[St
     );
 }
 
-/// Compiles `tests/c/<name>.c` as C11 with every warning an error, runs it and checks its TAP
-/// output: a plan line and no "not ok" line except known bugs ("# TODO").
-fn run_c_test(name: &str) {
+/// Compiles `tests/c/<name>.c` as C11 with every warning an error (and `defines`), runs it and
+/// checks its TAP output: a plan line and no "not ok" line except known bugs ("# TODO").
+fn run_c_test(name: &str, defines: &[&str]) {
     let flags = pkg_config_flags();
     let scratch = Scratch::new(name);
     let exe = scratch.0.join(name);
     let source = repo_root().join(format!("tests/c/{name}.c"));
-    compile(
-        &compiler("CC", "cc"),
-        &["-std=c11", "-Wall", "-Wextra", "-Werror"],
-        &source,
-        &exe,
-        &flags,
-    );
+    let mut args = vec!["-std=c11", "-Wall", "-Wextra", "-Werror"];
+    args.extend_from_slice(defines);
+    compile(&compiler("CC", "cc"), &args, &source, &exe, &flags);
     let out = run(&mut Command::new(&exe));
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
@@ -227,7 +231,7 @@ fn run_c_test(name: &str) {
 #[test]
 #[cfg_attr(miri, ignore = "spawns compilers")]
 fn c_test_program_passes() {
-    run_c_test("test_vrange");
+    run_c_test("test_vrange", &[]);
 }
 
 /// Regions (`vrange_alloc` and the policies), managed purging and its order, statistics,
@@ -235,7 +239,19 @@ fn c_test_program_passes() {
 #[test]
 #[cfg_attr(miri, ignore = "spawns compilers")]
 fn c_regions_test_passes() {
-    run_c_test("test_regions");
+    run_c_test("test_regions", &[]);
+}
+
+/// The header's version macros name this crate's version, and `vrange_version()` returns the
+/// header's `VRANGE_VERSION`.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn c_version_matches_the_crate() {
+    let expected = format!(
+        "-DVRANGE_EXPECTED_VERSION=\"{}\"",
+        env!("CARGO_PKG_VERSION")
+    );
+    run_c_test("test_version", &[&expected]);
 }
 
 #[test]
@@ -267,4 +283,43 @@ fn header_compiles_and_links_as_cxx() {
             show(&out)
         );
     }
+}
+
+/// The C block of README.md that follows its mention of `tests/c/readme_example.c`.
+fn readme_c_block(readme: &str) -> Option<&str> {
+    let after = &readme[readme.find("tests/c/readme_example.c")?..];
+    let start = after.find("```c\n")? + "```c\n".len();
+    let len = after[start..].find("```\n")?;
+    Some(&after[start..start + len])
+}
+
+/// README's C example is `tests/c/readme_example.c`, byte for byte (`.ci/check-install` builds
+/// the file against an installed prefix), and builds as a user would build it (the compiler's
+/// default dialect, which has MAP_ANONYMOUS) and runs.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn readme_c_example_is_the_test_file_and_runs() {
+    let root = repo_root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let source = root.join("tests/c/readme_example.c");
+    let example = std::fs::read_to_string(&source).unwrap();
+    assert!(
+        readme_c_block(&readme) == Some(example.as_str()),
+        "README.md's C example and {} differ: keep them identical",
+        source.display()
+    );
+    let flags = pkg_config_flags();
+    let scratch = Scratch::new("readme");
+    let exe = scratch.0.join("readme_example");
+    compile(
+        &compiler("CC", "cc"),
+        &["-Wall", "-Wextra", "-Werror"],
+        &source,
+        &exe,
+        &flags,
+    );
+    let out = run(&mut Command::new(&exe));
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("libvrange "), "{stdout}");
 }

@@ -87,7 +87,7 @@ pub fn alloc(size: usize) -> Option<(usize, Taken)> {
         // SAFETY: cache members are valid metadata records, under the lock.
         while let Some(b) = unsafe { l.as_ref() } {
             // SAFETY: best is null or a cache member seen earlier in this walk.
-            let better = unsafe { best.as_ref() }.map_or(true, |x| b.len < x.len);
+            let better = unsafe { best.as_ref() }.is_none_or(|x| b.len < x.len);
             if b.len >= len && b.len - len <= slack && better {
                 best = l;
             }

@@ -1031,7 +1031,7 @@ impl Headroom {
     pub fn is_intact(&self) -> bool {
         self.usage.is_intact()
             && self.limit.is_intact()
-            && self.high.as_ref().map_or(true, GuestFd::is_intact)
+            && self.high.as_ref().is_none_or(GuestFd::is_intact)
     }
 
     /// Bytes charged to the cgroup now; one pread.

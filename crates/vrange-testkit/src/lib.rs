@@ -15,7 +15,7 @@ pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
-/// Says why a test does not run: prints "skipped: <reason>" and logs it; under CI, panics.
+/// Says why a test does not run: prints `skipped: <reason>` and logs it; under CI, panics.
 /// The caller returns after it.
 #[track_caller]
 pub fn skip(reason: impl Display) {

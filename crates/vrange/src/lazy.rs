@@ -176,7 +176,8 @@ pub unsafe fn forget(ptr: *mut u8, len: usize) -> Result<(), Error> {
 /// Number of volatile pages in `[ptr, ptr + len)`; for tests and reports.
 ///
 /// # Errors
-/// As for [`Span`] validation.
+/// [`Error::Unaligned`], [`Error::Overflow`] or [`Error::OutOfReach`] for a range that fails
+/// the madvise(2)-style checks (`ptr` page-aligned, no overflow, within the tracked space).
 pub fn volatile_pages(ptr: *const u8, len: usize) -> Result<usize, Error> {
     let span = Span::new(ptr as usize, len)?;
     shadow::count_volatile(span.start, span.end)

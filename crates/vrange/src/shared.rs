@@ -26,10 +26,7 @@ use vrange_sys::{mem, shm};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"VRANGESH");
 const VERSION: u32 = 1;
-const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(b"vrange-shared\0") {
-    Ok(name) => name,
-    Err(_) => panic!("NUL-terminated"),
-};
+const NAME: &std::ffi::CStr = c"vrange-shared";
 
 /// The first page of a shared region's file.
 #[repr(C)]

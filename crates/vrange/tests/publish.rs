@@ -44,7 +44,7 @@ fn run_lab(test: &str) {
             if libc::unshare(libc::CLONE_NEWNS) != 0 {
                 return fail();
             }
-            let root = b"/\0".as_ptr().cast();
+            let root = c"/".as_ptr();
             if libc::mount(
                 none,
                 root,
@@ -55,9 +55,9 @@ fn run_lab(test: &str) {
             {
                 return fail();
             }
-            let tmpfs = b"tmpfs\0".as_ptr().cast();
-            let shm = b"/dev/shm\0".as_ptr().cast();
-            let opts = b"mode=1777\0".as_ptr().cast();
+            let tmpfs = c"tmpfs".as_ptr();
+            let shm = c"/dev/shm".as_ptr();
+            let opts = c"mode=1777".as_ptr().cast();
             if libc::mount(tmpfs, shm, tmpfs, libc::MS_NOSUID | libc::MS_NODEV, opts) != 0 {
                 return fail();
             }

@@ -37,7 +37,7 @@ impl Csv {
         let cells = lead
             .iter()
             .copied()
-            .chain(std::iter::repeat("").take(blanks))
+            .chain(std::iter::repeat_n("", blanks))
             .chain([note]);
         self.row(cells);
     }
