@@ -35,8 +35,8 @@ pub enum Mode {
 
 /// A size flag in vrange's one grammar (`4096`, `64K`, `64MiB`, `2g`: powers of 1024), so that
 /// clap refuses a malformed value with a message and exit status 2.
-pub fn size_arg(s: &str) -> Result<u64, vrange::settings::ParseSizeError> {
-    vrange::settings::parse_size(s.as_bytes())
+pub fn size_arg(s: &str) -> Result<u64, vrange_sys::settings::ParseSizeError> {
+    vrange_sys::settings::parse_size(s.as_bytes())
 }
 
 #[derive(Subcommand)]

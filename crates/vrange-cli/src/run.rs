@@ -75,7 +75,7 @@ pub fn main(o: Options) -> i32 {
     }
     let stats_dir = if o.stats {
         // A reader of statistics clears what killed processes left in the user's directory.
-        vrange::publish::sweep();
+        vrange::published::sweep();
         stats_dir()
     } else {
         None
@@ -177,7 +177,7 @@ fn summary(dir: &Path, usage: &libc::rusage) {
             continue;
         };
         processes += 1;
-        for (k, v) in vrange::publish::parse(&text) {
+        for (k, v) in vrange::published::parse(&text) {
             if !matches!(k.as_str(), "pid" | "start_ticks" | "time_ns" | "page_size") {
                 *total.entry(k).or_default() += v;
             }

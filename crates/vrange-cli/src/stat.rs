@@ -97,7 +97,7 @@ struct Sample {
     denied: Option<String>,
     /// The published statistics; `None` when not looked for (a kernel thread, or status
     /// could not be read).
-    stats: Option<Result<Vec<(String, u64)>, vrange::publish::Unavailable>>,
+    stats: Option<Result<Vec<(String, u64)>, vrange::published::Unavailable>>,
 }
 
 impl Sample {
@@ -124,7 +124,7 @@ impl Sample {
             Ok(text) => s.rollup = Some(text?),
             Err(why) => s.denied = Some(why),
         }
-        s.stats = Some(vrange::publish::read(s.pid));
+        s.stats = Some(vrange::published::read(s.pid));
         Some(s)
     }
 
@@ -255,7 +255,7 @@ const COLUMNS: [&str; 9] = [
 pub fn main(pid: u32, watch: bool, interval: Duration, count: Option<u64>) -> i32 {
     let Some(first) = Sample::read(pid) else {
         // A process killed before its exit handler ran leaves its file behind.
-        vrange::publish::sweep();
+        vrange::published::sweep();
         eprintln!("vrange stat: no process {pid}");
         return 1;
     };

@@ -6,7 +6,7 @@ use libc::{c_char, c_int, size_t};
 use std::ffi::{CStr, CString};
 use std::panic::catch_unwind;
 use std::sync::OnceLock;
-use vrange_core::{reclaim, Error, Source, SourceStats, Stats};
+use vrange_core::{reclaimer as reclaim, Error, Source, SourceStats, Stats};
 
 /// `VRANGE_SOURCE_COUNT`: the length of `struct vrange_stats::sources`.
 const SOURCES: usize = Source::ALL.len();

@@ -1,7 +1,7 @@
 //! The allocator's settings, read once from `VRANGE_MALLOC_*` variables with `getenv` (no
 //! allocation: the shim may be configured before anything else in the process runs).
 //!
-//! Values follow vrange's one grammar (`vrange::settings`): sizes are decimal bytes with an
+//! Values follow vrange's one grammar (`vrange_sys::settings`): sizes are decimal bytes with an
 //! optional unit, `K`, `KB`, `KiB`, `M`, ... `TiB` in any case, all powers of 1024; switches are
 //! `on`/`off`, `yes`/`no`, `true`/`false`, `1`/`0`; keywords are in any case. A malformed value
 //! is reported once, in one line on stderr naming the variable, what it accepts and the value
@@ -19,7 +19,9 @@
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
-use vrange::settings::{is_keyword, parse_size, parse_switch, var, warn, Size, SWITCH_GRAMMAR};
+use vrange_sys::settings::{
+    is_keyword, parse_size, parse_switch, var, warn, Size, SIZE_GRAMMAR, SWITCH_GRAMMAR,
+};
 
 /// How free memory is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +68,7 @@ const THRESHOLD_GRAMMAR: &str = "a size of at least 16K, such as 64K or 1MiB";
 /// Reads the environment once. Safe to call from any thread at any time; a thread that races
 /// the first read sees the defaults until it is done. Runs inside the process's first large
 /// `malloc`: it allocates nothing, and reports a malformed variable with
-/// [`vrange::settings::warn`] (one line, written with write(2) from the stack).
+/// [`vrange_sys::settings::warn`] (one line, written with write(2) from the stack).
 pub fn init() {
     if READ.load(Acquire) == 2 || READ.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
         return;
@@ -111,14 +113,31 @@ pub fn init() {
             None => warn(name, v, SWITCH_GRAMMAR, &"off"),
         }
     }
-    // The core's own variables too, so that every warning comes now.
-    vrange::settings::read_env();
-    for (ours, core) in [
+    // The core's own variables too (Config::current reads them once), so that every warning
+    // comes now. Ours set the core's options of the same meaning; a malformed one is reported
+    // under our name, with the value the option keeps. No allocation: values are parsed from
+    // the environment's bytes, never copied into a String.
+    let core = vrange::Config::current();
+    for (ours, option) in [
         ("VRANGE_MALLOC_ARM_DELAY_MS", "VRANGE_ARM_DELAY_MS"),
         ("VRANGE_MALLOC_BUDGET", "VRANGE_BUDGET"),
     ] {
-        if let Some(v) = var(ours) {
-            vrange::settings::set_from_env(ours, v, core);
+        let Some(v) = var(ours) else { continue };
+        let changed = std::str::from_utf8(v)
+            .map_err(|_| vrange::OptionError::InvalidValue {
+                accepted: if option == "VRANGE_BUDGET" {
+                    SIZE_GRAMMAR
+                } else {
+                    "milliseconds"
+                },
+            })
+            .and_then(|text| vrange::Config::current().with_option(option, text));
+        match changed.and_then(vrange::Config::apply) {
+            Ok(()) => {}
+            Err(vrange::OptionError::InvalidValue { accepted }) => {
+                warn(ours, v, accepted, &core.show(option));
+            }
+            Err(_) => debug_assert!(false, "{option} is an option"),
         }
     }
     READ.store(2, Release);

@@ -37,7 +37,7 @@ pub fn init() {
     vrange::register_allocator(stats::report);
     // vrange's handlers first: fork runs prepare handlers in reverse order of registration, so
     // ours (the arenas, taken on paths that then call into vrange) are taken before vrange's.
-    vrange::reclaim::register_fork_handlers();
+    vrange::register_fork_handlers();
     // Without room for the handlers, a fork child could inherit an arena locked: nothing to
     // do about it but what glibc does (it aborts); ENOMEM here means the process is dying.
     let _ = process::at_fork(before_fork, after_fork, after_fork);

@@ -121,7 +121,7 @@ static NO_STDERR: AtomicBool = AtomicBool::new(false);
 pub fn print_summary() {
     let s = vrange::stats();
     let a = s.allocator;
-    let mut buf = vrange::settings::StackText::<1024>::default();
+    let mut buf = vrange_sys::settings::StackText::<1024>::default();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let _ = std::fmt::Write::write_fmt(
         &mut buf,

@@ -78,7 +78,7 @@ fn malformed_variables_are_reported_once_and_the_defaults_used() {
         return;
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let size = vrange::settings::SIZE_GRAMMAR;
+    let size = vrange_sys::settings::SIZE_GRAMMAR;
     // In the order they are read; once each although big_blocks forks and starts threads.
     let expected = [
         "vrange: VRANGE_MALLOC_THRESHOLD=64MB! is not valid (a size of at least 16K, such as 64K \

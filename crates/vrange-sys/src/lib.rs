@@ -41,6 +41,7 @@ pub mod pressure;
 pub mod probe;
 pub mod process;
 pub mod procfs;
+pub mod settings;
 pub mod shm;
 pub mod statsdir;
 pub mod sync;

@@ -72,7 +72,7 @@ impl Error {
 }
 
 /// The one edge where the OS layer's errors become vrange's: the errno, as it is. Callers that
-/// know the context map particular errnos first (see [`Error::from_advice`]).
+/// know the context map particular errnos first (madvise(2)'s ENOMEM and EINVAL in the range calls).
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
         Error::Os(e.raw_os_error().unwrap_or(libc::EIO))

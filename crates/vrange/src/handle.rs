@@ -154,6 +154,35 @@ impl VolatileRegion {
         managed::unmark(span)
     }
 
+    /// Pins the whole region and returns a guard that derefs to its bytes and says whether the
+    /// content was purged while it was volatile (then it reads as zero: regenerate it through
+    /// the guard). Dropping the guard makes the region volatile again. The safe way to use a
+    /// region: no reference into it can outlive the pin.
+    ///
+    /// ```
+    /// use vrange::{Options, Policy, VolatileRegion};
+    /// let mut img = VolatileRegion::new(1 << 20, Options { policy: Policy::Managed, ..Options::default() })?;
+    /// {
+    ///     let mut pixels = img.pin()?;
+    ///     if pixels.was_purged() || pixels[0] == 0 {
+    ///         pixels.fill(0x7f); // decode again
+    ///     }
+    /// } // volatile again: the system may take it back
+    /// assert_eq!(img.pin()?.len(), 1 << 20);
+    /// # Ok::<(), vrange::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VolatileRegion::unmark`]. A failure to mark the region again on drop (lazy regions
+    /// in locked memory) leaves it pinned, which loses nothing.
+    pub fn pin(&mut self) -> Result<Pinned<'_>, Error> {
+        let report = self.unmark()?;
+        Ok(Pinned {
+            region: self,
+            report,
+        })
+    }
+
     /// Sets the reclaim class of the whole region.
     pub fn set_priority(&self, priority: Priority) {
         let _ = self.set_priority_range(0, self.len, priority);
@@ -209,6 +238,52 @@ impl VolatileRegion {
             }
             _ => Err(Error::NotRegion),
         }
+    }
+}
+
+/// A pinned [`VolatileRegion`]: derefs to its bytes, which cannot be purged while the guard
+/// lives; dropping it makes the region volatile again. From [`VolatileRegion::pin`].
+#[derive(Debug)]
+pub struct Pinned<'a> {
+    region: &'a mut VolatileRegion,
+    report: Unmarked,
+}
+
+impl Pinned<'_> {
+    /// Whether any content was purged while the region was volatile (it reads as zero).
+    pub fn was_purged(&self) -> bool {
+        self.report.was_purged()
+    }
+
+    /// What the unmark found, page by page.
+    pub fn report(&self) -> Unmarked {
+        self.report
+    }
+}
+
+impl std::ops::Deref for Pinned<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the region is mapped, readable and `len` bytes long while the handle lives,
+        // and pinned while the guard lives (nothing can purge it); the guard borrows the handle
+        // mutably, so no other pin or mark can run meanwhile.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr(), self.region.len()) }
+    }
+}
+
+impl std::ops::DerefMut for Pinned<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref; the guard holds the only borrow of the handle.
+        unsafe { std::slice::from_raw_parts_mut(self.region.as_ptr(), self.region.len()) }
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the slices handed out borrow the guard, which is being dropped: no reference
+        // into the region survives the mark.
+        let _ = unsafe { self.region.mark() };
     }
 }
 

@@ -28,38 +28,49 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod config;
 mod error;
 mod handle;
 mod lazy;
 mod managed;
 mod owned;
 mod pagemap;
-pub mod publish;
-pub mod reclaim;
+mod publish;
+mod reclaim;
 mod region;
 mod registry;
-#[doc(hidden)]
-pub mod settings;
 mod shadow;
 mod shared;
 mod span;
 mod state;
 mod stats;
 mod sync;
-
 mod witness;
 
+pub use config::{Config, Headroom, Psi};
 pub use error::{Error, OptionError, Result};
-pub use handle::{region_containing, VolatileRegion};
+pub use handle::{region_containing, Pinned, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
 pub use managed::Options;
 pub use owned::{Content, OwnedRange, Taken};
-pub use reclaim::{purge, set_option};
+pub use reclaim::{purge, register_fork_handlers, set_option, OPTIONS};
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
 pub use vrange_sys::mem::page_size;
 pub use vrange_sys::probe::{features, Features, ThpMode};
+
+/// The reclaimer thread: whether it runs, what it listens to, and stopping it. It starts by
+/// itself with the first managed or hybrid region (see the crate documentation).
+pub mod reclaimer {
+    pub use crate::reclaim::{active_sources, is_running, stop};
+}
+
+/// Statistics other processes publish (`vrange stat`, `vrange run --stats`): each process whose
+/// reclaimer runs writes `vrange-<pid>.stats` into a directory private to its user.
+pub mod published {
+    pub use crate::publish::{default_dir, parse, read, render, sweep, Unavailable};
+}
 
 /// What an unmark found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

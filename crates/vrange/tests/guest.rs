@@ -163,10 +163,14 @@ fn the_reclaimer_thread_blocks_every_signal() {
             .flatten()
             .find_map(|t| {
                 let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-                status.lines().next()?.ends_with("vrange-reclaim").then(|| {
-                    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
-                    u64::from_str_radix(mask.trim(), 16).ok()
-                })?
+                status
+                    .lines()
+                    .next()?
+                    .ends_with("vrange-reclaim")
+                    .then(|| {
+                        let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+                        u64::from_str_radix(mask.trim(), 16).ok()
+                    })?
             });
         blocked.is_some()
     });

@@ -284,7 +284,7 @@ fn holder(policy: Policy) {
             )
         })
         .collect();
-    let sources: Vec<&str> = vrange::reclaim::active_sources()
+    let sources: Vec<&str> = vrange::reclaimer::active_sources()
         .into_iter()
         .map(Source::name)
         .collect();
@@ -356,7 +356,7 @@ fn holder(policy: Policy) {
          bad_pinned={bad_pinned} pinned_reported={pinned_reported}"
     ));
     drop(regions);
-    vrange::reclaim::stop();
+    vrange::reclaimer::stop();
 }
 
 // ---- The test process ----

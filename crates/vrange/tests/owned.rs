@@ -73,7 +73,7 @@ fn armed_range_reports_kernel_drops_exactly() {
     // MADV_PAGEOUT discards lazy folios advised on its own CPU: pin, and restart the reclaimer
     // from this thread so that it inherits the affinity and arms on this CPU.
     mem::pin_thread_to_current_cpu().unwrap();
-    vrange::reclaim::stop();
+    vrange::reclaimer::stop();
     vrange::set_option("VRANGE_ARM_DELAY_MS", "0").unwrap();
     let m = Mapping::aligned(2 * MIB, 2 * MIB, false);
     fill(m.page(0), 2 * MIB, 2);

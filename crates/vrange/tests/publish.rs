@@ -94,12 +94,12 @@ fn publisher() {
     say("ready");
     assert_eq!(command().as_deref(), Some("go"));
     vrange::purge(0);
-    assert!(vrange::reclaim::is_running(), "the reclaimer runs");
+    assert!(vrange::reclaimer::is_running(), "the reclaimer runs");
     let pid = std::process::id();
     let t0 = Instant::now();
     // At least 600 ms: two or more writes, so that a refusal said twice would show.
     let ok = loop {
-        let ok = vrange::publish::read(pid).is_ok();
+        let ok = vrange::published::read(pid).is_ok();
         let waited = t0.elapsed();
         if (ok && waited > Duration::from_millis(600)) || waited > Duration::from_millis(1500) {
             break ok;
@@ -517,18 +517,18 @@ fn stale_lab() {
 
     // A reader: vrange stat's read, and the sweep of vrange run and of stat on a dead pid.
     let (stale, kept) = litter(&own, dead, reused_pid, live_pid);
-    let values = vrange::publish::read(live_pid).expect("the live file is read");
+    let values = vrange::published::read(live_pid).expect("the live file is read");
     assert!(
         values.contains(&("volatile_bytes".to_string(), 42)),
         "{values:?}"
     );
     assert_swept(&own, &stale, &kept, "the reader");
     assert!(
-        vrange::publish::read(reused_pid).is_err_and(|e| e.is_absent()),
+        vrange::published::read(reused_pid).is_err_and(|e| e.is_absent()),
         "a file from before the pid was reused is not believed"
     );
     let (stale, kept) = litter(&own, dead, reused_pid, live_pid);
-    vrange::publish::sweep();
+    vrange::published::sweep();
     assert_swept(&own, &stale, &kept, "sweep");
 
     // In a directory named by VRANGE_STATS_DIR the final snapshots of the gone stay; only

@@ -68,8 +68,8 @@ fn malformed_variables_are_reported_once_each_and_the_defaults_used() {
         ("VRANGE_VMPRESSURE", "2"),
         ("VRANGE_PRESSURE_SHARE", "0"),
     ]);
-    let size = vrange::settings::SIZE_GRAMMAR;
-    let switch = vrange::settings::SWITCH_GRAMMAR;
+    let size = vrange_sys::settings::SIZE_GRAMMAR;
+    let switch = vrange_sys::settings::SWITCH_GRAMMAR;
     let expected = [
         format!("vrange: VRANGE_RECLAIMER=maybe is not valid ({switch}); using on"),
         "vrange: VRANGE_ARM_DELAY_MS=1s is not valid (milliseconds); using 1000".into(),

@@ -2,13 +2,13 @@
  *
  *   guest closefrom DIR   closes 3..63 the way daemons and closefrom(3) users do, opens six
  *                         files of 16 bytes in DIR, churns large blocks (the reclaimer, with a
- *                         1 MiB budget, wakes and purges), closes everything above 2 again with
+ *                         16 MiB budget, wakes and purges), closes everything above 2 again with
  *                         close_range, opens six more, churns again, then forks: the child
  *                         churns and closes its twelve files. Every file must still hold 16
  *                         bytes and every close must succeed.
- *   guest lazyfds         one 64 KiB block held: no descriptor of vrange's may exist; after it
- *                         is freed (volatile memory), vrange's descriptors sit at or above the
- *                         floor given as argv[2] and are close-on-exec.
+ *   guest lazyfds         one 64 KiB block held: no descriptor of vrange's may exist; once it
+ *                         has been free (volatile) for a while, vrange's descriptors sit at or
+ *                         above the floor given as argv[2] and are close-on-exec.
  *   guest enomem          a request larger than memory and swap together fails with ENOMEM,
  *                         through malloc, calloc, realloc and posix_memalign.
  *
@@ -174,7 +174,8 @@ static int lazyfds_case(int floor) {
         fail(buf);
     }
     free(p);
-    sleep_ms(300);
+    /* The reclaimer opens its sources once volatile memory has lasted a whole tick (100 ms). */
+    sleep_ms(600);
     n = scan_fds(floor, &bad, 0);
     if (n == 0 || bad >= 0) {
         char buf[128];

@@ -2,7 +2,7 @@
 //! with [`set_option`] under the same names. Stored in atomics, so the mark path (budget) and
 //! the reclaimer thread read them without locking.
 //!
-//! Values follow the grammar of [`crate::settings`] (sizes with `K`, `KiB`, ... units, all
+//! Values follow the grammar of [`vrange_sys::settings`] (sizes with `K`, `KiB`, ... units, all
 //! powers of 1024; switches `on`/`off`, `yes`/`no`, `true`/`false`, `1`/`0`; keywords in any
 //! case). A malformed variable is reported once, in one line on stderr naming the variable, what
 //! it accepts and the value used instead (the default), and [`set_option`] refuses it.
@@ -26,13 +26,15 @@
 //! 10 s are refused: capping them could leave the stall above the window, a trigger the kernel
 //! refuses.
 
-use crate::settings::{self, parse_number, parse_size, parse_switch, Size};
+use crate::config::{Headroom, Psi};
 use crate::OptionError;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::Once;
+use std::time::Duration;
 use vrange_sys::pressure::PSI_WINDOW_MAX_US;
+use vrange_sys::settings::{self, parse_number, parse_size, parse_switch, Size};
 
 /// `VRANGE_HEADROOM=auto`.
 pub(crate) const HEADROOM_AUTO: u64 = u64::MAX;
@@ -103,84 +105,152 @@ fn accepted(name: &str) -> Option<&'static str> {
 pub(crate) fn get() -> &'static Config {
     static ENV: Once = Once::new();
     ENV.call_once(|| {
+        let mut typed = crate::Config::defaults();
         for name in OPTIONS {
             if let Some(value) = settings::var(name) {
                 // A malformed variable keeps the default; say so once rather than fail the
                 // program that happens to link vrange. No allocation: vrange-malloc may get
                 // here from inside malloc.
-                if let Err(OptionError::InvalidValue { accepted }) = apply(name, value) {
-                    settings::warn(name, value, accepted, &Current(name));
+                if let Err(OptionError::InvalidValue { accepted }) = parse(&mut typed, name, value)
+                {
+                    settings::warn(name, value, accepted, &Shown(&typed, name));
                 }
             }
         }
+        store(&typed);
     });
     &CONFIG
 }
 
-/// Sets one option by its environment-variable name, e.g. `set_option("VRANGE_BUDGET", "64M")`.
+/// The settings now, as the typed [`crate::Config`].
+pub(crate) fn snapshot() -> crate::Config {
+    let c = get();
+    let mut t = crate::Config::defaults();
+    t.reclaimer = c.enabled.load(Relaxed);
+    t.arm_delay = Duration::from_millis(c.arm_delay_ms.load(Relaxed));
+    t.budget = c.budget.load(Relaxed);
+    t.headroom = match c.headroom.load(Relaxed) {
+        HEADROOM_AUTO => Headroom::Auto,
+        0 => Headroom::Off,
+        n => Headroom::Bytes(n),
+    };
+    t.poll_interval = Duration::from_millis(c.poll_ms.load(Relaxed));
+    t.psi = match c.psi_kind.load(Relaxed) {
+        0 => None,
+        kind => Some(Psi {
+            full: kind == 2,
+            stall: Duration::from_micros(c.psi_stall_us.load(Relaxed)),
+            window: Duration::from_micros(c.psi_window_us.load(Relaxed)),
+        }),
+    };
+    t.vmpressure = c.vmpressure.load(Relaxed);
+    t.pressure_share = c.pressure_share.load(Relaxed) as u8;
+    t
+}
+
+/// Stores validated settings and bumps the version, so the reclaimer reopens its sources.
+pub(crate) fn store(t: &crate::Config) {
+    let c = &CONFIG;
+    c.enabled.store(t.reclaimer, Relaxed);
+    c.arm_delay_ms.store(millis(t.arm_delay), Relaxed);
+    c.budget.store(t.budget, Relaxed);
+    c.headroom.store(
+        match t.headroom {
+            Headroom::Auto => HEADROOM_AUTO,
+            Headroom::Off => 0,
+            Headroom::Bytes(n) => n.min(HEADROOM_AUTO - 1),
+        },
+        Relaxed,
+    );
+    // A zero period would spin: 1 ms is the fastest tick (documented).
+    c.poll_ms.store(millis(t.poll_interval).max(1), Relaxed);
+    match t.psi {
+        None => c.psi_kind.store(0, Relaxed),
+        Some(p) => {
+            c.psi_kind.store(if p.full { 2 } else { 1 }, Relaxed);
+            c.psi_stall_us.store(micros(p.stall), Relaxed);
+            c.psi_window_us.store(micros(p.window), Relaxed);
+        }
+    }
+    c.vmpressure.store(t.vmpressure, Relaxed);
+    c.pressure_share.store(u64::from(t.pressure_share), Relaxed);
+    c.version.fetch_add(1, Relaxed);
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Why typed settings cannot be applied, as the option they would be set with.
+pub(crate) fn validate(t: &crate::Config) -> Result<(), OptionError> {
+    if !(1..=100).contains(&t.pressure_share) {
+        return Err(OptionError::InvalidValue { accepted: PERCENT });
+    }
+    if let Some(p) = t.psi {
+        let (stall, window) = (micros(p.stall), micros(p.window));
+        if stall == 0 || stall > window || window > PSI_WINDOW_MAX_US {
+            return Err(OptionError::InvalidValue { accepted: PSI });
+        }
+    }
+    Ok(())
+}
+
+/// Sets one option by its environment-variable name, e.g. `set_option("VRANGE_BUDGET", "64M")`:
+/// the string form of [`crate::Config`].
 ///
 /// # Errors
 /// [`OptionError::UnknownName`] for a name not in [`OPTIONS`], [`OptionError::InvalidValue`]
 /// for a malformed value; nothing changes then.
 pub fn set_option(name: &str, value: &str) -> Result<(), OptionError> {
-    get();
-    apply(name, value.as_bytes())?;
-    crate::reclaim::config_changed();
-    Ok(())
+    crate::Config::current().with_option(name, value)?.apply()
 }
 
-/// Sets option `option` from a client's own environment variable `var` (vrange-malloc's
-/// `VRANGE_MALLOC_BUDGET` sets `VRANGE_BUDGET`); a malformed value is reported under `var`'s
-/// name, with the value the option keeps. No allocation.
-pub(crate) fn set_from_env(var: &str, value: &[u8], option: &str) {
-    get();
-    match apply(option, value) {
-        Ok(()) => crate::reclaim::config_changed(),
-        Err(OptionError::InvalidValue { accepted }) => {
-            settings::warn(var, value, accepted, &Current(option));
-        }
-        Err(_) => debug_assert!(false, "{option} is not an option"),
-    }
-}
-
-fn apply(name: &str, v: &[u8]) -> Result<(), OptionError> {
+/// Parses option `name` (one of [`OPTIONS`]) in the environment's grammar into `t`.
+pub(crate) fn parse(t: &mut crate::Config, name: &str, v: &[u8]) -> Result<(), OptionError> {
     let accepted = accepted(name).ok_or(OptionError::UnknownName)?;
     let bad = OptionError::InvalidValue { accepted };
-    let c = &CONFIG;
     match name {
-        "VRANGE_RECLAIMER" => c.enabled.store(parse_switch(v).ok_or(bad)?, Relaxed),
-        "VRANGE_ARM_DELAY_MS" => c
-            .arm_delay_ms
-            .store(parse_number(v).map_err(|_| bad)?, Relaxed),
-        "VRANGE_BUDGET" => c.budget.store(parse_size(v).map_err(|_| bad)?, Relaxed),
-        "VRANGE_HEADROOM" => c.headroom.store(
-            if settings::is_keyword(v, "auto") {
-                HEADROOM_AUTO
-            } else if settings::is_keyword(v, "off") {
-                0
-            } else {
-                parse_size(v).map_err(|_| bad)?
-            },
-            Relaxed,
-        ),
-        // 0 is accepted as the fastest tick, 1 ms (documented above): a zero period would spin.
-        "VRANGE_POLL_MS" => c
-            .poll_ms
-            .store(parse_number(v).map_err(|_| bad)?.max(1), Relaxed),
-        "VRANGE_PSI" => {
-            let (kind, stall, window) = parse_psi(v).ok_or(bad)?;
-            c.psi_kind.store(kind, Relaxed);
-            c.psi_stall_us.store(stall, Relaxed);
-            c.psi_window_us.store(window, Relaxed);
+        "VRANGE_RECLAIMER" => t.reclaimer = parse_switch(v).ok_or(bad)?,
+        "VRANGE_ARM_DELAY_MS" => {
+            t.arm_delay = Duration::from_millis(parse_number(v).map_err(|_| bad)?);
         }
-        "VRANGE_VMPRESSURE" => c.vmpressure.store(parse_switch(v).ok_or(bad)?, Relaxed),
+        "VRANGE_BUDGET" => t.budget = parse_size(v).map_err(|_| bad)?,
+        "VRANGE_HEADROOM" => {
+            t.headroom = if settings::is_keyword(v, "auto") {
+                Headroom::Auto
+            } else if settings::is_keyword(v, "off") {
+                Headroom::Off
+            } else {
+                match parse_size(v).map_err(|_| bad)? {
+                    0 => Headroom::Off,
+                    n => Headroom::Bytes(n),
+                }
+            }
+        }
+        "VRANGE_POLL_MS" => {
+            t.poll_interval = Duration::from_millis(parse_number(v).map_err(|_| bad)?);
+        }
+        "VRANGE_PSI" => {
+            t.psi = match parse_psi(v).ok_or(bad)? {
+                (0, _, _) => None,
+                (kind, stall, window) => Some(Psi {
+                    full: kind == 2,
+                    stall: Duration::from_micros(stall),
+                    window: Duration::from_micros(window),
+                }),
+            }
+        }
+        "VRANGE_VMPRESSURE" => t.vmpressure = parse_switch(v).ok_or(bad)?,
         "VRANGE_PRESSURE_SHARE" => match parse_number(v) {
-            Ok(p @ 1..=100) => c.pressure_share.store(p, Relaxed),
+            Ok(p @ 1..=100) => t.pressure_share = p as u8,
             _ => return Err(bad),
         },
         _ => return Err(OptionError::UnknownName),
     }
-    c.version.fetch_add(1, Relaxed);
     Ok(())
 }
 
@@ -203,35 +273,36 @@ fn parse_psi(v: &[u8]) -> Option<(u8, u64, u64)> {
     (it.next().is_none() && fits).then_some((kind, stall, window))
 }
 
-/// The current value of option `name`, shown in the grammar it is set with.
-struct Current<'a>(&'a str);
+/// Option `name` of a typed configuration, shown in the grammar it is set with (the "using"
+/// part of a warning, which the user can paste back).
+pub(crate) struct Shown<'a>(pub &'a crate::Config, pub &'a str);
 
-impl fmt::Display for Current<'_> {
+impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &CONFIG;
+        let c = self.0;
         let switch = |on: bool| if on { "on" } else { "off" };
-        match self.0 {
-            "VRANGE_RECLAIMER" => f.write_str(switch(c.enabled.load(Relaxed))),
-            "VRANGE_ARM_DELAY_MS" => write!(f, "{}", c.arm_delay_ms.load(Relaxed)),
-            "VRANGE_BUDGET" => write!(f, "{}", Size(c.budget.load(Relaxed))),
-            "VRANGE_HEADROOM" => match c.headroom.load(Relaxed) {
-                HEADROOM_AUTO => f.write_str("auto"),
-                0 => f.write_str("off"),
-                n => write!(f, "{}", Size(n)),
+        match self.1 {
+            "VRANGE_RECLAIMER" => f.write_str(switch(c.reclaimer)),
+            "VRANGE_ARM_DELAY_MS" => write!(f, "{}", millis(c.arm_delay)),
+            "VRANGE_BUDGET" => write!(f, "{}", Size(c.budget)),
+            "VRANGE_HEADROOM" => match c.headroom {
+                Headroom::Auto => f.write_str("auto"),
+                Headroom::Off => f.write_str("off"),
+                Headroom::Bytes(n) => write!(f, "{}", Size(n)),
             },
-            "VRANGE_POLL_MS" => write!(f, "{}", c.poll_ms.load(Relaxed)),
-            "VRANGE_PSI" => match c.psi_kind.load(Relaxed) {
-                0 => f.write_str("off"),
-                kind => write!(
+            "VRANGE_POLL_MS" => write!(f, "{}", millis(c.poll_interval)),
+            "VRANGE_PSI" => match c.psi {
+                None => f.write_str("off"),
+                Some(p) => write!(
                     f,
                     "{} {} {}",
-                    if kind == 2 { "full" } else { "some" },
-                    c.psi_stall_us.load(Relaxed),
-                    c.psi_window_us.load(Relaxed)
+                    if p.full { "full" } else { "some" },
+                    micros(p.stall),
+                    micros(p.window)
                 ),
             },
-            "VRANGE_VMPRESSURE" => f.write_str(switch(c.vmpressure.load(Relaxed))),
-            "VRANGE_PRESSURE_SHARE" => write!(f, "{}", c.pressure_share.load(Relaxed)),
+            "VRANGE_VMPRESSURE" => f.write_str(switch(c.vmpressure)),
+            "VRANGE_PRESSURE_SHARE" => write!(f, "{}", c.pressure_share),
             _ => f.write_str("?"),
         }
     }
@@ -282,11 +353,16 @@ mod tests {
     fn current_values_read_back() {
         let _one_at_a_time = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         for name in OPTIONS {
-            let shown = Current(name).to_string();
-            let before = CONFIG.version.load(Relaxed);
-            assert_eq!(apply(name, shown.as_bytes()), Ok(()), "{name}={shown}");
-            assert_eq!(Current(name).to_string(), shown, "{name}");
-            assert_eq!(CONFIG.version.load(Relaxed), before + 1);
+            let now = snapshot();
+            let shown = Shown(&now, name).to_string();
+            let mut parsed = now;
+            assert_eq!(
+                parse(&mut parsed, name, shown.as_bytes()),
+                Ok(()),
+                "{name}={shown}"
+            );
+            assert_eq!(parsed, now, "{name}");
+            assert_eq!(Shown(&parsed, name).to_string(), shown, "{name}");
         }
     }
 
@@ -294,8 +370,12 @@ mod tests {
     fn unknown_names_and_bad_values_change_nothing() {
         let _one_at_a_time = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
         let before = CONFIG.version.load(Relaxed);
-        let shown: Vec<String> = OPTIONS.iter().map(|n| Current(n).to_string()).collect();
-        assert_eq!(apply("VRANGE_NOPE", b"1"), Err(OptionError::UnknownName));
+        let now = snapshot();
+        let mut t = now;
+        assert_eq!(
+            parse(&mut t, "VRANGE_NOPE", b"1"),
+            Err(OptionError::UnknownName)
+        );
         for (name, value) in [
             ("VRANGE_RECLAIMER", "maybe"),
             ("VRANGE_ARM_DELAY_MS", "1s"),
@@ -310,7 +390,7 @@ mod tests {
             ("VRANGE_PRESSURE_SHARE", "101"),
         ] {
             assert_eq!(
-                apply(name, value.as_bytes()),
+                parse(&mut t, name, value.as_bytes()),
                 Err(OptionError::InvalidValue {
                     accepted: accepted(name).unwrap()
                 }),
@@ -318,7 +398,6 @@ mod tests {
             );
         }
         assert_eq!(CONFIG.version.load(Relaxed), before);
-        let after: Vec<String> = OPTIONS.iter().map(|n| Current(n).to_string()).collect();
-        assert_eq!(after, shown);
+        assert_eq!(t, now, "a refused value changed the parsed settings");
     }
 }

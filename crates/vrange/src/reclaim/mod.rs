@@ -14,9 +14,10 @@
 //! Each tick also arms hybrid ranges volatile for longer than the arm delay.
 //!
 //! # Descriptors
-//! The thread opens its sources (and its wake-up eventfd) only once the process has volatile
-//! memory to purge; until then it sleeps on a futex, and the process holds no descriptor of
-//! vrange's. Every source is a `sys::fd::GuestFd`: above the descriptor floor, close-on-exec,
+//! The thread opens its sources (and its wake-up eventfd) only once the process has had
+//! volatile memory to purge for a whole tick; until then it sleeps on a futex, and the process
+//! holds no descriptor of vrange's (a short-lived process, or one that frees memory only
+//! briefly, never does). Every source is a `sys::fd::GuestFd`: above the descriptor floor, close-on-exec,
 //! verified before each use. A program that closes them (`closefrom`, `close_range`) is noticed
 //! at the next wake-up or within a second: the sources are reopened and the loss is counted in
 //! `sys::fd::counts`.
@@ -30,15 +31,14 @@
 //! regions hold no pin (the pins were the parent's): it unmarks them before use, like a fresh
 //! mapping.
 
-mod config;
+pub(crate) mod config;
 mod victims;
 
-pub(crate) use config::{get as settings, set_from_env};
 pub use config::{set_option, OPTIONS};
 
 use crate::stats::{self, Source};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
 use std::sync::Mutex;
 use std::time::Duration;
 use vrange_sys::cgroup;
@@ -65,9 +65,6 @@ static BUDGET_SINCE: AtomicU64 = AtomicU64::new(0);
 static WAKER: AtomicPtr<Waker> = AtomicPtr::new(std::ptr::null_mut());
 /// Bumped by every wake-up; the thread sleeps on it while it has no sources.
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
-/// Whether the thread has opened its sources (set by the thread; a mark asks for them once).
-static SOURCES_OPEN: AtomicBool = AtomicBool::new(false);
-static SOURCES_ASKED: AtomicBool = AtomicBool::new(false);
 /// Serialises start and stop; held across fork.
 static START: SpinLock = SpinLock::new();
 /// Held while purging, so that purges do not overlap and a shared region is not unmapped
@@ -185,13 +182,6 @@ pub(crate) fn noticed_mark() {
     if STATE.load(Relaxed) == IDLE {
         start();
     }
-    if !SOURCES_OPEN.load(Relaxed)
-        && !SOURCES_ASKED.load(Relaxed)
-        && !SOURCES_ASKED.swap(true, Relaxed)
-    {
-        // The first volatile memory: the thread opens its sources now, not at its next tick.
-        wake();
-    }
     let budget = config::get().budget.load(Relaxed);
     if budget != 0
         && stats::volatile_resident() > budget
@@ -265,7 +255,7 @@ impl Watch {
         let cfg = config::get();
         let version = cfg.version.load(Acquire);
         let mut poller = Poller::new();
-        let mut active = 1 << Source::Explicit as u8;
+        let mut active = sources_without_descriptors();
         if let Some(w) = waker_ident() {
             let _ = poller.add(w, Signal::Wake);
         }
@@ -314,11 +304,7 @@ impl Watch {
         if headroom.is_some() {
             active |= 1 << Source::Headroom as u8;
         }
-        if cfg.budget.load(Relaxed) != 0 {
-            active |= 1 << Source::Budget as u8;
-        }
         ACTIVE.store(active, Relaxed);
-        SOURCES_OPEN.store(true, Relaxed);
         Watch {
             poller,
             cgroup,
@@ -357,15 +343,30 @@ impl Watch {
     }
 }
 
-/// Whether the process has volatile memory, so the thread needs its sources.
-fn needs_sources() -> bool {
-    stats::volatile_resident() > 0 || config::get().budget.load(Relaxed) != 0
+/// Whether the thread needs its sources now: the process has had volatile memory for a whole
+/// tick. `since` is when the thread first saw it (reset when it goes). A process that lives
+/// less than a tick, or frees memory only briefly, never holds a descriptor of vrange's; the
+/// budget and explicit purges need none.
+fn needs_sources(since: &mut Option<u64>, now: u64, tick: Duration) -> bool {
+    if stats::volatile_resident() == 0 {
+        *since = None;
+        return false;
+    }
+    let first = *since.get_or_insert(now);
+    now.saturating_sub(first) >= tick.as_nanos() as u64
+}
+
+/// The sources that work before (and without) any descriptor: explicit purges, and the budget
+/// when one is set.
+fn sources_without_descriptors() -> u8 {
+    let budget = config::get().budget.load(Relaxed) != 0;
+    (1 << Source::Explicit as u8) | (u8::from(budget) << Source::Budget as u8)
 }
 
 /// Waits one tick: in poll(2) on the sources, or on the futex before there are any.
-fn wait(watch: &mut Option<Watch>, poll: Duration) -> Ready {
+fn wait(watch: &mut Option<Watch>, since: &mut Option<u64>, poll: Duration) -> Ready {
     let seq = WAKE_SEQ.load(Acquire);
-    if watch.is_none() && needs_sources() {
+    if watch.is_none() && needs_sources(since, now_ns(), poll) {
         *watch = Some(Watch::open());
     }
     match watch {
@@ -382,18 +383,23 @@ fn wait(watch: &mut Option<Watch>, poll: Duration) -> Ready {
 fn run() {
     let cfg = config::get();
     let mut watch: Option<Watch> = None;
+    let mut volatile_since = None;
+    ACTIVE.store(sources_without_descriptors(), Relaxed);
     let mut last_check = now_ns();
     // Under thrashing vmpressure fires hundreds of times a second: answer each source at most
     // once per poll interval.
     let mut answered = [0u64; 4];
     while STATE.load(Acquire) == RUNNING {
         let poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
-        let ready = wait(&mut watch, poll);
+        let ready = wait(&mut watch, &mut volatile_since, poll);
         let t = now_ns();
         if STATE.load(Acquire) != RUNNING {
             break;
         }
         let reasons = WAKE_REASONS.swap(0, AcqRel);
+        if reasons & WAKE_CONFIG != 0 && watch.is_none() {
+            ACTIVE.store(sources_without_descriptors(), Relaxed);
+        }
         let volatile = stats::volatile_resident();
         let share = cfg.pressure_share.load(Relaxed);
         let gap = cfg.poll_ms.load(Relaxed).saturating_mul(1_000_000);
@@ -437,8 +443,6 @@ fn run() {
         crate::publish::tick(now_ns());
     }
     ACTIVE.store(0, Relaxed);
-    SOURCES_OPEN.store(false, Relaxed);
-    SOURCES_ASKED.store(false, Relaxed);
 }
 
 fn check_headroom(watch: &Watch, t: u64) {
@@ -522,8 +526,6 @@ extern "C" fn after_fork_child() {
     }
     WAKER.store(std::ptr::null_mut(), Release);
     fd::close_private_after_fork();
-    SOURCES_OPEN.store(false, Relaxed);
-    SOURCES_ASKED.store(false, Relaxed);
     // The parent's pins on shared regions are the parent's: the child's inherited mappings
     // hold none, like fresh mappings, until the child unmarks them.
     crate::registry::for_each_live(|_, slot| {

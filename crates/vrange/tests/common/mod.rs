@@ -378,7 +378,7 @@ pub fn role_command(test: &str, role: &str) -> std::process::Command {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for name in vrange::reclaim::OPTIONS {
+    for name in vrange::OPTIONS {
         cmd.env_remove(name);
     }
     cmd

@@ -1,13 +1,14 @@
 //! The one grammar of vrange's settings, shared by the core's `VRANGE_*` variables and
-//! [`set_option`](crate::set_option), vrange-malloc's `VRANGE_MALLOC_*` variables, the C
+//! `vrange::set_option`, vrange-malloc's `VRANGE_MALLOC_*` variables, the C
 //! `vrange_set_option` and the `vrange` command's flags; and the one-line warning for a
 //! malformed environment variable.
 //!
 //! Everything here works on bytes and never allocates: vrange-malloc reads its settings from
 //! inside the first `malloc` of the process, before anything else has run.
 //!
-//! Internal to the vrange crates (hidden from the documentation, not a promise): a typed
-//! configuration will take its place.
+//! The values are parsed into `vrange::Config`, the typed form; this module only knows the
+//! grammar. It lives in the OS layer because it reads the environment with getenv(3) and
+//! warns with write(2), without allocating.
 //!
 //! # Grammar
 //! - A size: optional whitespace, decimal digits, optional whitespace, an optional unit among
@@ -187,22 +188,6 @@ pub fn var(name: &str) -> Option<&'static [u8]> {
     let p = unsafe { libc::getenv(buf.as_ptr().cast()) };
     // SAFETY: getenv returned a NUL-terminated string that outlives this call (or null).
     (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
-}
-
-/// Reads the core's `VRANGE_*` variables now, if they were not read yet (they are otherwise
-/// read when the reclaimer first starts). vrange-malloc calls it at load time, so that every
-/// warning comes at start-up, before the program may have put another file at descriptor 2.
-/// No allocation.
-pub fn read_env() {
-    crate::reclaim::settings();
-}
-
-/// Sets core option `option` (one of [`OPTIONS`](crate::reclaim::OPTIONS)) from a client's own
-/// environment variable `var` and its `value`, as vrange-malloc's `VRANGE_MALLOC_BUDGET` sets
-/// `VRANGE_BUDGET`. A malformed value changes nothing and is reported with [`warn`] under
-/// `var`'s name, with the value the option keeps. No allocation.
-pub fn set_from_env(var: &str, value: &[u8], option: &str) {
-    crate::reclaim::set_from_env(var, value, option);
 }
 
 /// Reports a malformed (or clamped) environment variable on standard error, as one line:
