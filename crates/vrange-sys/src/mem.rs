@@ -192,7 +192,7 @@ pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> io::Result<()> {
 /// EINVAL where the kernel lacks MADV_PAGEOUT (before 5.4) or for locked memory, ENOMEM for
 /// holes.
 pub fn reclaim_now(ptr: *mut u8, len: usize) -> io::Result<()> {
-    advise(ptr, len, 21 /* MADV_PAGEOUT */)
+    advise(ptr, len, libc::MADV_PAGEOUT)
 }
 
 /// Faults in every page of the range writable without changing content
@@ -201,7 +201,7 @@ pub fn reclaim_now(ptr: *mut u8, len: usize) -> io::Result<()> {
 /// # Errors
 /// EINVAL where unsupported, ENOMEM for holes or when memory runs out.
 pub fn populate_write(ptr: *mut u8, len: usize) -> io::Result<()> {
-    advise(ptr, len, 23 /* MADV_POPULATE_WRITE */)
+    advise(ptr, len, libc::MADV_POPULATE_WRITE)
 }
 
 /// Asks for (or against) transparent huge pages on the range; content is kept.

@@ -266,7 +266,6 @@ fn userfaultfd_dev() -> Result<(), String> {
 }
 
 fn map_droppable_works() -> bool {
-    const MAP_DROPPABLE: i32 = 0x08;
     let page = mem::page_size();
     // SAFETY: a fresh anonymous mapping aliases nothing; it is unmapped right after.
     unsafe {
@@ -274,7 +273,7 @@ fn map_droppable_works() -> bool {
             std::ptr::null_mut(),
             page,
             libc::PROT_READ | libc::PROT_WRITE,
-            MAP_DROPPABLE | libc::MAP_ANONYMOUS,
+            libc::MAP_DROPPABLE | libc::MAP_ANONYMOUS,
             -1,
             0,
         );

@@ -44,6 +44,9 @@ impl VolatileRegion {
     /// [`Error::Os`] when mapping (or, for shared regions, memfd creation) fails.
     pub fn new(len: usize, opts: Options) -> Result<VolatileRegion, Error> {
         let (start, len) = managed::create(len, opts)?;
+        if opts.policy != Policy::Lazy {
+            crate::reclaim::ensure_running();
+        }
         Ok(VolatileRegion::at(start, len))
     }
 
@@ -57,6 +60,7 @@ impl VolatileRegion {
     /// [`Error::Os`] for mapping failures.
     pub fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<VolatileRegion, Error> {
         let (start, len) = managed::open_shared(fd, priority)?;
+        crate::reclaim::ensure_running();
         Ok(VolatileRegion::at(start, len))
     }
 
@@ -130,7 +134,9 @@ impl VolatileRegion {
             return Ok(());
         }
         // SAFETY: forwarded contract; the span lies inside this region.
-        unsafe { managed::mark(span) }
+        unsafe { managed::mark(span)? };
+        crate::reclaim::noticed_mark();
+        Ok(())
     }
 
     /// Pins the whole region again and reports what was purged while it was volatile.

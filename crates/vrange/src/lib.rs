@@ -28,7 +28,6 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod config;
 mod error;
 mod handle;
 mod lazy;
@@ -47,13 +46,13 @@ mod stats;
 mod sync;
 mod witness;
 
-pub use config::{Config, Headroom, Psi};
 pub use error::{Error, OptionError, Result};
 pub use handle::{region_containing, Pinned, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
 pub use managed::Options;
 pub use owned::{Content, OwnedRange, Taken};
 pub use reclaim::{purge, register_fork_handlers, set_option, OPTIONS};
+pub use reclaim::{Config, Headroom, Psi};
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
@@ -127,6 +126,7 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
     if managed::owns(span)? {
         // SAFETY: forwarded contract; the span lies in one library-owned region.
         unsafe { managed::mark(span)? };
+        reclaim::noticed_mark();
         return Ok(span.len());
     }
     // SAFETY: forwarded contract.

@@ -13,9 +13,10 @@ use crate::shared;
 use crate::span::Span;
 use crate::state::{self, Found, Marked};
 use crate::stats;
-use crate::{reclaim, Error, Huge, Unmarked};
+use crate::{Error, Huge, Unmarked};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use vrange_sys::sync::{SpinGuard, SpinLock};
 use vrange_sys::{clock, mem};
 
 /// How a new region is made.
@@ -62,9 +63,6 @@ pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error>
         return Err(e);
     }
     slot.publish();
-    if slot.policy() != Policy::Lazy {
-        reclaim::ensure_running();
-    }
     Ok((start, len))
 }
 
@@ -115,7 +113,6 @@ pub(crate) fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<(usi
         return Err(e);
     }
     slot.publish();
-    reclaim::ensure_running();
     Ok((start, len))
 }
 
@@ -254,7 +251,6 @@ fn mark_range(idx: u32, slot: &Slot, now: u64) {
     slot.touch(now);
     if slot.state().mark() == Marked::Now && slot.header().is_none() {
         stats::volatile_add(idx, slot.len.load(Relaxed));
-        reclaim::noticed_mark();
     }
 }
 
@@ -382,7 +378,7 @@ pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
     }
     let lazy = first.policy() == Policy::Lazy;
     // A shared header must not be unmapped while this process's reclaimer is purging through it.
-    let _quiet = first.header().is_some().then(reclaim::pause);
+    let _quiet = first.header().is_some().then(pause);
     let mut addr = rs;
     let mut mapping_owner = None;
     while addr < rs + rl {
@@ -423,6 +419,18 @@ pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
         registry::free_slot(idx);
     }
     Ok(())
+}
+
+/// Held while purging, so that purges do not overlap and a shared region is not unmapped
+/// under one; held across fork (see `reclaim`'s fork handlers).
+pub(crate) static PURGES: SpinLock = SpinLock::new();
+
+/// Holds off purging (by the reclaimer or an explicit purge) while alive.
+pub(crate) type Paused = SpinGuard<'static>;
+
+/// Holds off purging until the guard drops.
+pub(crate) fn pause() -> Paused {
+    PURGES.lock()
 }
 
 /// Purges one range if it is still exactly as the reclaimer saw it (`seen`). Returns the bytes

@@ -4,7 +4,7 @@
 //! leaves are never freed. The page-state table (`shadow`) and the owner map of managed ranges
 //! (`registry`) are both instances.
 
-use crate::shadow::ADDR_LIMIT;
+use crate::span::ADDR_LIMIT;
 use crate::Error;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicU32, Ordering};

@@ -31,9 +31,6 @@ pub(crate) const PURGED: u16 = 0x4001;
 /// Volatile; the low bits index the witness word.
 pub(crate) const WITNESS: u16 = 0x8000;
 
-/// Highest user address tracked, exclusive (48-bit virtual addresses).
-pub(crate) const ADDR_LIMIT: usize = 1 << 48;
-
 static TABLE: PageMap<AtomicU16> = PageMap::new();
 
 /// Calls `f(page_address, entry)` for every page of `[start, end)` (page-aligned), creating

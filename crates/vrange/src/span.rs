@@ -1,6 +1,7 @@
 //! Validation of caller-supplied ranges, shared by every entry point.
 
-use crate::shadow::ADDR_LIMIT;
+/// Highest user address tracked, exclusive (48-bit virtual addresses).
+pub(crate) const ADDR_LIMIT: usize = 1 << 48;
 use crate::Error;
 use vrange_sys::mem::page_size;
 

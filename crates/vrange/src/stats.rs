@@ -6,7 +6,7 @@
 use crate::registry;
 use crate::state;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 
 /// What made the reclaimer purge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +240,14 @@ pub(crate) fn count_purge_seen() {
     LOSSES.fetch_add(1, Relaxed);
 }
 
+/// Whether the reclaimer thread runs, as the reclaimer last said (it depends on this module,
+/// not the reverse).
+static RECLAIMER_RUNNING: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn set_reclaimer_running(running: bool) {
+    RECLAIMER_RUNNING.store(running, Relaxed);
+}
+
 /// Takes a snapshot: gauges from the registry, counters since start.
 pub fn stats() -> Stats {
     let mut s = Stats::default();
@@ -276,7 +284,7 @@ pub fn stats() -> Stats {
     s.descriptors_held = fds.held;
     s.descriptors_lost = fds.lost;
     s.descriptors_no_room = fds.no_room;
-    s.reclaimer_running = crate::reclaim::is_running();
+    s.reclaimer_running = RECLAIMER_RUNNING.load(Relaxed);
     s.allocator = allocator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
         *out = SourceStats {

@@ -1,6 +1,7 @@
-//! Reclaimer settings: read once from `VRANGE_*` environment variables, changeable at run time
-//! with [`set_option`] under the same names. Stored in atomics, so the mark path (budget) and
-//! the reclaimer thread read them without locking.
+//! Reclaimer settings: the public, typed [`Config`], stored in atomics so that the mark path
+//! (budget) and the reclaimer thread read them without locking. Read once from `VRANGE_*`
+//! environment variables, changeable at run time with [`Config::apply`] or, by name, with
+//! [`set_option`].
 //!
 //! Values follow the grammar of [`vrange_sys::settings`] (sizes with `K`, `KiB`, ... units, all
 //! powers of 1024; switches `on`/`off`, `yes`/`no`, `true`/`false`, `1`/`0`; keywords in any
@@ -26,7 +27,6 @@
 //! 10 s are refused: capping them could leave the stall above the window, a trigger the kernel
 //! refuses.
 
-use crate::config::{Headroom, Psi};
 use crate::OptionError;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
@@ -39,7 +39,8 @@ use vrange_sys::settings::{self, parse_number, parse_size, parse_switch, Size};
 /// `VRANGE_HEADROOM=auto`.
 pub(crate) const HEADROOM_AUTO: u64 = u64::MAX;
 
-pub(crate) struct Config {
+/// The settings in force, as atomics the mark path and the thread read without locking.
+pub(crate) struct Atomics {
     pub enabled: AtomicBool,
     pub arm_delay_ms: AtomicU64,
     pub budget: AtomicU64,
@@ -56,7 +57,7 @@ pub(crate) struct Config {
     pub version: AtomicU64,
 }
 
-static CONFIG: Config = Config {
+static CONFIG: Atomics = Atomics {
     enabled: AtomicBool::new(true),
     arm_delay_ms: AtomicU64::new(1000),
     budget: AtomicU64::new(0),
@@ -102,10 +103,10 @@ fn accepted(name: &str) -> Option<&'static str> {
 }
 
 /// The settings, with the environment applied on first use.
-pub(crate) fn get() -> &'static Config {
+pub(crate) fn get() -> &'static Atomics {
     static ENV: Once = Once::new();
     ENV.call_once(|| {
-        let mut typed = crate::Config::defaults();
+        let mut typed = Config::defaults();
         for name in OPTIONS {
             if let Some(value) = settings::var(name) {
                 // A malformed variable keeps the default; say so once rather than fail the
@@ -122,10 +123,10 @@ pub(crate) fn get() -> &'static Config {
     &CONFIG
 }
 
-/// The settings now, as the typed [`crate::Config`].
-pub(crate) fn snapshot() -> crate::Config {
+/// The settings now, as the typed [`Config`].
+pub(crate) fn snapshot() -> Config {
     let c = get();
-    let mut t = crate::Config::defaults();
+    let mut t = Config::defaults();
     t.reclaimer = c.enabled.load(Relaxed);
     t.arm_delay = Duration::from_millis(c.arm_delay_ms.load(Relaxed));
     t.budget = c.budget.load(Relaxed);
@@ -149,7 +150,7 @@ pub(crate) fn snapshot() -> crate::Config {
 }
 
 /// Stores validated settings and bumps the version, so the reclaimer reopens its sources.
-pub(crate) fn store(t: &crate::Config) {
+pub(crate) fn store(t: &Config) {
     let c = &CONFIG;
     c.enabled.store(t.reclaimer, Relaxed);
     c.arm_delay_ms.store(millis(t.arm_delay), Relaxed);
@@ -186,7 +187,7 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// Why typed settings cannot be applied, as the option they would be set with.
-pub(crate) fn validate(t: &crate::Config) -> Result<(), OptionError> {
+pub(crate) fn validate(t: &Config) -> Result<(), OptionError> {
     if !(1..=100).contains(&t.pressure_share) {
         return Err(OptionError::InvalidValue { accepted: PERCENT });
     }
@@ -200,17 +201,17 @@ pub(crate) fn validate(t: &crate::Config) -> Result<(), OptionError> {
 }
 
 /// Sets one option by its environment-variable name, e.g. `set_option("VRANGE_BUDGET", "64M")`:
-/// the string form of [`crate::Config`].
+/// the string form of [`Config`].
 ///
 /// # Errors
 /// [`OptionError::UnknownName`] for a name not in [`OPTIONS`], [`OptionError::InvalidValue`]
 /// for a malformed value; nothing changes then.
 pub fn set_option(name: &str, value: &str) -> Result<(), OptionError> {
-    crate::Config::current().with_option(name, value)?.apply()
+    Config::current().with_option(name, value)?.apply()
 }
 
 /// Parses option `name` (one of [`OPTIONS`]) in the environment's grammar into `t`.
-pub(crate) fn parse(t: &mut crate::Config, name: &str, v: &[u8]) -> Result<(), OptionError> {
+pub(crate) fn parse(t: &mut Config, name: &str, v: &[u8]) -> Result<(), OptionError> {
     let accepted = accepted(name).ok_or(OptionError::UnknownName)?;
     let bad = OptionError::InvalidValue { accepted };
     match name {
@@ -275,7 +276,7 @@ fn parse_psi(v: &[u8]) -> Option<(u8, u64, u64)> {
 
 /// Option `name` of a typed configuration, shown in the grammar it is set with (the "using"
 /// part of a warning, which the user can paste back).
-pub(crate) struct Shown<'a>(pub &'a crate::Config, pub &'a str);
+pub(crate) struct Shown<'a>(pub &'a Config, pub &'a str);
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -305,6 +306,124 @@ impl fmt::Display for Shown<'_> {
             "VRANGE_PRESSURE_SHARE" => write!(f, "{}", c.pressure_share),
             _ => f.write_str("?"),
         }
+    }
+}
+
+// ---- The typed form ----
+
+/// The reclaimer and its pressure sources. Fields are public; the struct is `non_exhaustive`,
+/// so start from [`Config::current`] (or [`Config::defaults`]) rather than a literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Whether the reclaimer thread runs (`VRANGE_RECLAIMER`). Without it only explicit purges
+    /// happen, and hybrid ranges are never armed.
+    pub reclaimer: bool,
+    /// How long a hybrid range stays volatile before it is handed to the kernel's lazy-free
+    /// path (`VRANGE_ARM_DELAY_MS`).
+    pub arm_delay: Duration,
+    /// Resident volatile bytes allowed before the oldest are purged; 0: no budget
+    /// (`VRANGE_BUDGET`).
+    pub budget: u64,
+    /// When the memory cgroup's headroom is low enough to purge (`VRANGE_HEADROOM`).
+    pub headroom: Headroom,
+    /// The reclaimer's tick: headroom, budget and arming checks, event pacing; below 1 ms it
+    /// is 1 ms (`VRANGE_POLL_MS`).
+    pub poll_interval: Duration,
+    /// The PSI trigger on the system's and the cgroup's memory pressure, or none
+    /// (`VRANGE_PSI`).
+    pub psi: Option<Psi>,
+    /// cgroup v1 vmpressure medium and critical events (`VRANGE_VMPRESSURE`).
+    pub vmpressure: bool,
+    /// Percent of volatile bytes purged per PSI or medium event, 1 to 100
+    /// (`VRANGE_PRESSURE_SHARE`).
+    pub pressure_share: u8,
+}
+
+/// The headroom source's threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headroom {
+    /// The cgroup's limit / 16, within [4 MiB, 256 MiB].
+    Auto,
+    /// No headroom source.
+    Off,
+    /// Purge when limit − usage falls below this many bytes.
+    Bytes(u64),
+}
+
+/// A PSI trigger: fires when tasks stalled on memory for `stall` within `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Psi {
+    /// "full" (all non-idle tasks stalled at once) rather than "some" (at least one).
+    pub full: bool,
+    /// Stall time that fires the trigger, more than zero and at most `window`.
+    pub stall: Duration,
+    /// At most 10 s. Rounded up to what the kernel accepts from the process: at least 500 ms,
+    /// and a multiple of 2 s without CAP_SYS_RESOURCE.
+    pub window: Duration,
+}
+
+impl Config {
+    /// The compiled-in defaults (README's "Settings" table), ignoring the environment.
+    pub fn defaults() -> Config {
+        Config {
+            reclaimer: true,
+            arm_delay: Duration::from_millis(1000),
+            budget: 0,
+            headroom: Headroom::Auto,
+            poll_interval: Duration::from_millis(100),
+            psi: Some(Psi {
+                full: false,
+                stall: Duration::from_millis(100),
+                window: Duration::from_secs(2),
+            }),
+            vmpressure: true,
+            pressure_share: 25,
+        }
+    }
+
+    /// The settings in force: the defaults with the environment applied (read once, at the
+    /// first use of vrange) and every change applied since. No allocation.
+    pub fn current() -> Config {
+        snapshot()
+    }
+
+    /// This configuration with option `name` (a `VRANGE_*` name, see
+    /// [`OPTIONS`](crate::OPTIONS)) set from `value` in the environment's grammar.
+    ///
+    /// # Errors
+    /// [`OptionError::UnknownName`], or [`OptionError::InvalidValue`] saying what the option
+    /// accepts.
+    pub fn with_option(mut self, name: &str, value: &str) -> Result<Config, OptionError> {
+        parse(&mut self, name, value.as_bytes())?;
+        Ok(self)
+    }
+
+    /// Makes this configuration the one in force. The reclaimer reopens its sources at its next
+    /// tick; a disabled reclaimer may start.
+    ///
+    /// # Errors
+    /// [`OptionError::InvalidValue`] for a `pressure_share` outside 1 to 100 or a PSI trigger
+    /// the kernel would refuse (stall zero or above the window, window above 10 s); nothing
+    /// changes then.
+    pub fn apply(self) -> Result<(), OptionError> {
+        validate(&self)?;
+        get();
+        store(&self);
+        crate::reclaim::config_changed();
+        Ok(())
+    }
+
+    /// Option `name` of this configuration, in the grammar it is set with (for messages: the
+    /// value to show in a warning about a malformed setting). No allocation.
+    pub fn show<'a>(&'a self, name: &'a str) -> impl fmt::Display + 'a {
+        Shown(self, name)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config::defaults()
     }
 }
 

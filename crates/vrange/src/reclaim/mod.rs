@@ -34,8 +34,9 @@
 pub(crate) mod config;
 mod victims;
 
-pub use config::{set_option, OPTIONS};
+pub use config::{set_option, Config, Headroom, Psi, OPTIONS};
 
+use crate::managed::{pause, PURGES};
 use crate::stats::{self, Source};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
@@ -46,8 +47,10 @@ use vrange_sys::cgroup::MemCgroup;
 use vrange_sys::clock::now_ns;
 use vrange_sys::fd::{self, Ident};
 use vrange_sys::futex;
-use vrange_sys::pressure::{Headroom, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker};
-use vrange_sys::sync::{SpinGuard, SpinLock};
+use vrange_sys::pressure::{
+    Headroom as HeadroomFile, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker,
+};
+use vrange_sys::sync::SpinLock;
 
 const IDLE: u8 = 0;
 const RUNNING: u8 = 1;
@@ -67,9 +70,6 @@ static WAKER: AtomicPtr<Waker> = AtomicPtr::new(std::ptr::null_mut());
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// Serialises start and stop; held across fork.
 static START: SpinLock = SpinLock::new();
-/// Held while purging, so that purges do not overlap and a shared region is not unmapped
-/// under one; held across fork.
-static PURGES: SpinLock = SpinLock::new();
 static THREAD: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
 /// Which sources the running thread listens to (bits by `Source`).
 static ACTIVE: AtomicU8 = AtomicU8::new(0);
@@ -77,6 +77,12 @@ static ACTIVE: AtomicU8 = AtomicU8::new(0);
 /// Whether the reclaimer thread is running.
 pub fn is_running() -> bool {
     STATE.load(Relaxed) == RUNNING
+}
+
+/// Records the state for `stats()`, which must not depend on this module.
+fn set_state(state: u8) {
+    STATE.store(state, Release);
+    stats::set_reclaimer_running(state == RUNNING);
 }
 
 /// The pressure sources the running reclaimer listens to or polls (empty when not running).
@@ -101,16 +107,16 @@ fn start() {
     let _starting = START.lock();
     if STATE.load(Acquire) == IDLE {
         if !cfg.enabled.load(Relaxed) {
-            STATE.store(DISABLED, Release);
+            set_state(DISABLED);
         } else {
-            STATE.store(RUNNING, Release);
+            set_state(RUNNING);
             let spawned = vrange_sys::process::spawn_without_signals("vrange-reclaim", run);
             match spawned {
                 Ok(handle) => {
                     *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
                     crate::publish::started();
                 }
-                Err(_) => STATE.store(IDLE, Release),
+                Err(_) => set_state(IDLE),
             }
         }
     }
@@ -121,7 +127,7 @@ fn start() {
 pub fn stop() {
     let _stopping = START.lock();
     let handle = if STATE.load(Acquire) == RUNNING {
-        STATE.store(STOPPING, Release);
+        set_state(STOPPING);
         wake();
         THREAD.lock().unwrap_or_else(|e| e.into_inner()).take()
     } else {
@@ -131,7 +137,7 @@ pub fn stop() {
         let _ = h.join();
     }
     if STATE.load(Acquire) != DISABLED {
-        STATE.store(IDLE, Release);
+        set_state(IDLE);
     }
     drop_waker();
 }
@@ -201,13 +207,6 @@ pub(crate) fn config_changed() {
     wake();
 }
 
-/// Holds off purging (by the thread or [`purge`]) while alive.
-pub(crate) type Paused = SpinGuard<'static>;
-
-pub(crate) fn pause() -> Paused {
-    PURGES.lock()
-}
-
 /// Purges up to `bytes` bytes of volatile managed ranges now, lowest class and least recently
 /// used first, whole ranges at a time (so it may free more than asked). Returns the bytes
 /// freed: the lengths of the ranges purged. Runs in the caller's thread.
@@ -244,7 +243,7 @@ fn respond(source: Source, since: u64, target: u64) {
 struct Watch {
     poller: Poller,
     cgroup: Option<MemCgroup>,
-    headroom: Option<Headroom>,
+    headroom: Option<HeadroomFile>,
     _psi: Vec<PsiTrigger>,
     _vmpressure: Vec<VmPressure>,
     version: u64,
@@ -298,7 +297,7 @@ impl Watch {
             }
         }
         let headroom = match (&cgroup, cfg.headroom.load(Relaxed)) {
-            (Some(cg), setting) if setting != 0 => Headroom::new(cg).ok().flatten(),
+            (Some(cg), setting) if setting != 0 => HeadroomFile::new(cg).ok().flatten(),
             _ => None,
         };
         if headroom.is_some() {
@@ -322,7 +321,7 @@ impl Watch {
                 let _ = h.refresh_ceiling();
             }
             (None, Some(cg)) if config::get().headroom.load(Relaxed) != 0 => {
-                self.headroom = Headroom::new(cg).ok().flatten();
+                self.headroom = HeadroomFile::new(cg).ok().flatten();
                 if self.headroom.is_some() {
                     ACTIVE.fetch_or(1 << Source::Headroom as u8, Relaxed);
                 }
@@ -536,7 +535,7 @@ extern "C" fn after_fork_child() {
     WAKE_REASONS.store(0, Relaxed);
     ACTIVE.store(0, Relaxed);
     if STATE.load(Relaxed) != DISABLED {
-        STATE.store(IDLE, Relaxed);
+        set_state(IDLE);
     }
     // SAFETY: taken by before_fork, no live guard.
     unsafe { START.force_unlock() };

@@ -1,0 +1,150 @@
+//! How many bytes a memory cgroup can still charge before reclaim starts, read with one
+//! pread(2) per question.
+
+use super::*;
+
+/// How many bytes a memory cgroup can still charge before reclaim starts, for a loop that asks
+/// often: holds the control files open, so [`Headroom::bytes`] is one pread(2) of the usage
+/// file (about 20 bytes) into a stack buffer, no allocation, no path lookup; a few
+/// microseconds. The ceiling (`min(limit, memory.high)`) is read at creation and by
+/// [`Headroom::refresh_ceiling`]. [`MemCgroup::headroom`] is the one-shot version.
+///
+/// On v1, usage includes per-CPU charge caches, so it is exact only to some hundreds of KiB.
+#[derive(Debug)]
+pub struct Headroom {
+    usage: GuestFd,
+    limit: GuestFd,
+    high: Option<GuestFd>,
+    version: Version,
+    ceiling: u64,
+}
+
+impl Headroom {
+    /// A reader for `cg`, or `None` when it has neither a limit nor (v2) `memory.high`.
+    ///
+    /// # Errors
+    /// Opening or reading the control files.
+    pub fn new(cg: &MemCgroup) -> io::Result<Option<Headroom>> {
+        let open = |name: &str| {
+            let path = cg.file(name);
+            let file = File::open(&path)
+                .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
+            GuestFd::adopt(file.into(), Inherit::Private)
+        };
+        let (usage, limit, high) = match cg.version() {
+            Version::V1 => (
+                open("memory.usage_in_bytes")?,
+                open("memory.limit_in_bytes")?,
+                None,
+            ),
+            Version::V2 => (
+                open("memory.current")?,
+                open("memory.max")?,
+                Some(open("memory.high")?),
+            ),
+        };
+        let mut headroom = Headroom {
+            usage,
+            limit,
+            high,
+            version: cg.version(),
+            ceiling: u64::MAX,
+        };
+        headroom.refresh_ceiling()?;
+        Ok((headroom.ceiling != u64::MAX).then_some(headroom))
+    }
+
+    /// Re-reads the limit (and `memory.high`); two preads, no allocation. Returns the ceiling,
+    /// `u64::MAX` if both became unlimited.
+    ///
+    /// # Errors
+    /// Reading the files (ENODEV once the cgroup is removed).
+    pub fn refresh_ceiling(&mut self) -> io::Result<u64> {
+        let limit = read_limit(&self.limit, self.version)?;
+        let high = match &self.high {
+            Some(f) => read_limit(f, self.version)?,
+            None => u64::MAX,
+        };
+        self.ceiling = limit.min(high);
+        Ok(self.ceiling)
+    }
+
+    /// The ceiling in bytes as last read.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    /// Whether its descriptors are still the ones opened.
+    pub fn is_intact(&self) -> bool {
+        self.usage.is_intact()
+            && self.limit.is_intact()
+            && self.high.as_ref().is_none_or(GuestFd::is_intact)
+    }
+
+    /// Bytes charged to the cgroup now; one pread.
+    ///
+    /// # Errors
+    /// Reading the file (ENODEV once the cgroup is removed).
+    pub fn usage(&self) -> io::Result<u64> {
+        read_number(&self.usage)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "usage file is not a number"))
+    }
+
+    /// `ceiling - usage`, 0 when over; one pread.
+    ///
+    /// # Errors
+    /// As [`Headroom::usage`].
+    pub fn bytes(&self) -> io::Result<u64> {
+        Ok(self.ceiling.saturating_sub(self.usage()?))
+    }
+}
+
+/// A limit file: `u64::MAX` for unlimited ("max" on v2, the huge page-rounded number on v1).
+fn read_limit(file: &GuestFd, version: Version) -> io::Result<u64> {
+    match (read_number(file)?, version) {
+        (None, _) => Ok(u64::MAX),
+        (Some(v), Version::V1) if v >= crate::cgroup::V1_UNLIMITED => Ok(u64::MAX),
+        (Some(v), _) => Ok(v),
+    }
+}
+
+/// Reads a small control file from offset 0 into a stack buffer: the number it holds, or
+/// `None` if it holds a word ("max"). Reading at offset 0 regenerates a cgroup file's content.
+/// The descriptor must still be vrange's (see `sys::fd`): EBADF otherwise, nothing read.
+fn read_number(file: &GuestFd) -> io::Result<Option<u64>> {
+    let fd = file
+        .get()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+    let mut buf = [0u8; 32];
+    let n = pread(fd, &mut buf)?;
+    Ok(parse_number(&buf[..n]))
+}
+
+fn parse_number(bytes: &[u8]) -> Option<u64> {
+    // Not `trim_ascii`: the crate's minimum Rust (1.75) predates it.
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace());
+    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace());
+    let digits = match (start, end) {
+        (Some(s), Some(e)) => &bytes[s..=e],
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_parse_like_cgroup_files() {
+        assert_eq!(parse_number(b"24621056\n"), Some(24_621_056));
+        assert_eq!(parse_number(b"max\n"), None);
+        assert_eq!(parse_number(b""), None);
+        assert_eq!(parse_number(b"99999999999999999999999\n"), None);
+    }
+}
