@@ -9,10 +9,12 @@
 #![allow(clippy::disallowed_methods)]
 
 mod common;
-use common::*;
+use common::Mapping;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use vrange::{Options, Policy, VolatileRegion};
+use vrange_testkit::pattern::{check, fill};
+use vrange_testkit::serial;
 
 /// This process's descriptors at or above `from`, with what they name.
 fn fds_from(from: i32) -> Vec<(i32, String)> {
@@ -163,10 +165,14 @@ fn the_reclaimer_thread_blocks_every_signal() {
             .flatten()
             .find_map(|t| {
                 let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-                status.lines().next()?.ends_with("vrange-reclaim").then(|| {
-                    let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
-                    u64::from_str_radix(mask.trim(), 16).ok()
-                })?
+                status
+                    .lines()
+                    .next()?
+                    .ends_with("vrange-reclaim")
+                    .then(|| {
+                        let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+                        u64::from_str_radix(mask.trim(), 16).ok()
+                    })?
             });
         blocked.is_some()
     });
