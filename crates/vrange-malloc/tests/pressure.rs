@@ -3,8 +3,8 @@
 //!
 //! # Scenario
 //! A cgroup v1 child with a hard limit of `LIMIT_MIB` and no swap. Two processes of
-//! `tests/c/peak_and_next.c` (compiled at test time) run in it, both under the shim or both
-//! without it:
+//! `peak_and_next.c` (compiled at test time; the `vrange bench pressure` suite's workload,
+//! kept in `crates/vrange-cli/src/bench/`) run in it, both under the shim or both without it:
 //!
 //! 1. the *peak* process allocates `PEAK_MIB` in blocks of `PEAK_BLOCK_KIB` (below glibc's
 //!    128 KiB mmap threshold, so glibc serves them from its heap), each followed by a small
@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::{join_before_exec, MemCgroup};
-use vrange_testkit::build::shim;
+use vrange_testkit::build::{bench_workload, shim};
 use vrange_testkit::proc::{Exit, Proc};
 use vrange_testkit::procfs::{rss_lazy_kb, vmstat};
 use vrange_testkit::scratch::Scratch;
@@ -224,7 +224,7 @@ fn env() -> Result<Env, String> {
     }
     let dir = Scratch::new("pressure");
     let exe = dir.join("peak_and_next");
-    compile("peak_and_next.c", &exe, &[]);
+    compile(bench_workload("peak_and_next.c"), &exe, &[]);
     if let Err(e) = std::fs::metadata(shim()) {
         return Err(format!("no shim: {e}"));
     }
