@@ -3,53 +3,29 @@
 //! same table in Markdown, its CSV files and an SVG plot marked as a smoke test with the
 //! machine on it. Nothing here checks that anything is fast: quick runs are smoke tests.
 //! Suites that need root or a memory cgroup print `skipped: <reason>`; so does this test then,
-//! unless `CI` is set, where it fails.
+//! unless `CI` is set, where it fails. The suites run one at a time (`serial`): they measure,
+//! and two at once would share the machine's cores.
 
-#[path = "../../vrange-malloc/support/shim.rs"]
-mod shim;
+mod common;
+use common::{lib, vrange};
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
-
-/// One suite at a time: they measure, and two at once would share the two cores.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn lib() -> &'static Path {
-    static SO: OnceLock<PathBuf> = OnceLock::new();
-    SO.get_or_init(|| shim::build_shim(&shim::target_dir()).unwrap_or_else(|e| panic!("{e}")))
-}
+use vrange_testkit::scratch::Scratch;
+use vrange_testkit::{is_root, serial, skip};
 
 struct Out {
     /// What the command printed.
     text: String,
     /// The suite's report in Markdown (`SUITE.md`).
     md: String,
-    dir: PathBuf,
-}
-
-impl Drop for Out {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Where it wrote its files, removed on drop.
+    dir: Scratch,
 }
 
 fn bench(suite: &str, extra: &[&str]) -> Out {
-    let dir =
-        std::env::temp_dir().join(format!("vrange-bench-test-{suite}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vrange"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("VRANGE_") {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd
+    let dir = Scratch::new(&format!("bench-{suite}"));
+    let out = vrange()
         .args(["bench", suite, "--quick", "--out"])
-        .arg(&dir)
+        .arg(dir.path())
         .arg("--lib")
         .arg(lib())
         .args(extra)
@@ -243,13 +219,8 @@ fn files(out: &Out, names: &[&str]) {
     }
 }
 
-fn skip_or_fail(why: &str) {
-    vrange_testkit::skip(why);
-}
-
 fn needs_cgroups() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Some("not root".into());
     }
     if vrange_sys::cgroup::MemCgroup::current().is_none() {
@@ -327,7 +298,7 @@ fn lazyfree_quick_times_madv_free_by_folio_size() {
         positive(&r[3], "per GiB");
     }
     if out.text.contains("skipped: mTHP") {
-        skip_or_fail("mTHP sizes not measured (see the output)");
+        skip("mTHP sizes not measured (see the output)");
     }
     files(&out, &["lazyfree.csv", "lazyfree.svg"]);
 }
@@ -345,7 +316,7 @@ fn pagetable_quick_reports_vmpte_per_method() {
         positive(&r[5], "time");
     }
     if let Some(r) = rows.iter().find(|r| r[1].starts_with("skipped")) {
-        skip_or_fail(&r[1]);
+        skip(&r[1]);
     }
     files(&out, &["pagetable.csv", "pagetable.svg"]);
 }
@@ -354,11 +325,11 @@ fn pagetable_quick_reports_vmpte_per_method() {
 fn pressure_quick_runs_the_peak_and_the_next_process() {
     let _s = serial();
     if let Some(why) = needs_cgroups() {
-        return skip_or_fail(&why);
+        return skip(&why);
     }
     let out = bench("pressure", &[]);
     if out.text.contains("skipped: pressure") {
-        return skip_or_fail("pressure suite skipped (see its output)");
+        return skip("pressure suite skipped (see its output)");
     }
     let (header, rows) = table(&out, "allocator");
     assert_eq!(header[2], "next process");

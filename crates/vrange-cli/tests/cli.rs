@@ -10,12 +10,8 @@ use std::time::{Duration, Instant};
 
 const PYTHON: &str = "/usr/bin/python3";
 
-use vrange_testkit::skip;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+use vrange_testkit::proc::without_vrange_env;
+use vrange_testkit::{is_root, skip};
 
 /// The uid the unprivileged runs use (nobody).
 const NOBODY: u32 = 65534;
@@ -47,11 +43,7 @@ fn as_nobody(exe: &std::path::Path, args: &[&str]) -> std::process::Output {
     ])
     .arg(exe)
     .args(args);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("VRANGE_") {
-            c.env_remove(k);
-        }
-    }
+    without_vrange_env(&mut c);
     c.output().expect("run setpriv")
 }
 

@@ -6,16 +6,7 @@
 mod common;
 use common::{lib, vrange};
 
-use std::process::Output;
-
-fn show(out: &Output) -> String {
-    format!(
-        "{}\n--- stdout ---\n{}--- stderr ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use vrange_testkit::proc::show;
 
 /// Checks that `args` are refused with exit status 2 and a message naming `flag` and `value`.
 fn refused(args: &[&str], flag: &str, value: &str) {

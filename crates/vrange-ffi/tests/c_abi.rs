@@ -9,111 +9,29 @@
 //! when it is up to date). Needs `cc`, `g++` and `pkg-config` (`apt-get install pkg-config`).
 //! `CC` and `CXX` override the compilers.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
-
-/// The repository root (this crate is `crates/vrange-ffi`).
-fn repo_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .and_then(Path::parent)
-        .expect("crates/vrange-ffi lies two levels below the repository root")
-        .to_path_buf()
-}
-
-/// Where cargo put this profile's artifacts: the test executable is
-/// `<target>/[<triple>/]<profile>/deps/c_abi-<hash>`.
-struct Profile {
-    dir: PathBuf,
-    name: String,
-    target_dir: PathBuf,
-    triple: Option<String>,
-}
-
-fn profile() -> Profile {
-    let exe = std::env::current_exe().expect("path of the test executable");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test executable lies in <profile>/deps")
-        .to_path_buf();
-    let dir_name = dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
-    // The `test` and `dev` profiles share target/debug; every other profile has its own dir.
-    let name = match dir_name {
-        "debug" => "dev".to_string(),
-        other => other.to_string(),
-    };
-    let parent = dir
-        .parent()
-        .expect("profile dir has a parent")
-        .to_path_buf();
-    // With --target, the profile dir sits in <target>/<triple>/; the target dir has the tag.
-    let (target_dir, triple) = match parent.parent() {
-        Some(grand)
-            if !parent.join("CACHEDIR.TAG").exists() && grand.join("CACHEDIR.TAG").exists() =>
-        {
-            let triple = parent
-                .file_name()
-                .and_then(OsStr::to_str)
-                .map(str::to_string);
-            (grand.to_path_buf(), triple)
-        }
-        _ => (parent, None),
-    };
-    Profile {
-        dir,
-        name,
-        target_dir,
-        triple,
-    }
-}
-
-fn show(output: &Output) -> String {
-    format!(
-        "--- stdout ---\n{}--- stderr ---\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
-}
+// Under the names this file has always called them by.
+use vrange_testkit::build::{cargo_build, profile, workspace_root as repo_root};
+use vrange_testkit::proc::{output as run, show};
+use vrange_testkit::scratch::Scratch;
 
 /// Builds libvrange.so for this profile (once per test process) and returns its directory,
 /// which also holds the `vrange.pc` and the `libvrange.so.0` link written by build.rs.
 fn library_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let p = profile();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "vrange-ffi", "--profile", &p.name])
-            .arg("--manifest-path")
-            .arg(repo_root().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&p.target_dir);
-        if let Some(triple) = &p.triple {
-            cmd.args(["--target", triple]);
-        }
-        let out = run(&mut cmd);
-        assert!(
-            out.status.success(),
-            "building libvrange.so failed: {cmd:?}\n{}",
-            show(&out)
-        );
+        let dir = cargo_build("vrange-ffi", &profile().name)
+            .unwrap_or_else(|e| panic!("building libvrange.so failed: {e}"));
         for file in ["libvrange.so", "libvrange.so.0", "vrange.pc"] {
             assert!(
-                p.dir.join(file).exists(),
-                "{cmd:?} did not produce {}",
-                p.dir.join(file).display()
+                dir.join(file).exists(),
+                "cargo build -p vrange-ffi did not produce {}",
+                dir.join(file).display()
             );
         }
-        p.dir
+        dir
     })
 }
 
@@ -158,25 +76,6 @@ fn pkg_config_flags() -> Vec<String> {
     flags
 }
 
-/// A scratch directory outside the source tree, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("vrange-c-abi-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn compiler(var: &str, default: &str) -> String {
     std::env::var(var)
         .ok()
@@ -201,7 +100,7 @@ fn compile(compiler: &str, args: &[&str], source: &Path, exe: &Path, flags: &[St
 fn run_c_test(name: &str, defines: &[&str]) {
     let flags = pkg_config_flags();
     let scratch = Scratch::new(name);
-    let exe = scratch.0.join(name);
+    let exe = scratch.join(name);
     let source = repo_root().join(format!("tests/c/{name}.c"));
     let mut args = vec!["-std=c11", "-Wall", "-Wextra", "-Werror"];
     args.extend_from_slice(defines);
@@ -261,7 +160,7 @@ fn header_compiles_and_links_as_cxx() {
     let scratch = Scratch::new("cxx");
     let source = repo_root().join("tests/c/header_cxx.cpp");
     for std in ["c++11", "c++17"] {
-        let exe = scratch.0.join(format!("header_{std}"));
+        let exe = scratch.join(format!("header_{std}"));
         compile(
             &compiler("CXX", "g++"),
             &[
@@ -310,7 +209,7 @@ fn readme_c_example_is_the_test_file_and_runs() {
     );
     let flags = pkg_config_flags();
     let scratch = Scratch::new("readme");
-    let exe = scratch.0.join("readme_example");
+    let exe = scratch.join("readme_example");
     compile(
         &compiler("CC", "cc"),
         &["-Wall", "-Wextra", "-Werror"],

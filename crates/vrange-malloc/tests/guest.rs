@@ -15,7 +15,11 @@ mod common;
 use common::*;
 use std::process::Command;
 use std::sync::OnceLock;
-use vrange_sys::cgroup::{join_before_exec, unique_name, MemCgroup};
+use vrange_sys::cgroup::join_before_exec;
+use vrange_testkit::cgroup;
+use vrange_testkit::proc::{output, show};
+use vrange_testkit::scratch::Scratch;
+use vrange_testkit::{missing, skip};
 
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -177,12 +181,9 @@ fn python_raises_memory_error_in_a_small_cgroup() {
     if let Some(why) = missing(&[PYTHON]) {
         return skip(why);
     }
-    let Some(parent) = MemCgroup::current() else {
-        return skip("no memory cgroup");
-    };
-    let child = match parent.create_child(&unique_name("vrange-malloc-enomem-"), 1 << 30) {
+    let child = match cgroup::child("vrange-malloc-enomem-", 1 << 30) {
         Ok(c) => c,
-        Err(e) => return skip(format!("cannot create a memory cgroup: {e}")),
+        Err(why) => return skip(why),
     };
     let prog = "try:\n    b = bytearray(1 << 40)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')\n";
     for shim in [false, true] {

@@ -9,12 +9,11 @@
 //! `VRANGE_PT_CONTROL_BLOCKS=25600` for the whole range). Each run is a re-executed copy of this test binary inside a child memory cgroup (1 GiB), with
 //! 4 KiB pages (THP off for the allocator: with huge pages there are no PTE tables to leak).
 
-#[path = "../../vrange/tests/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 use vrange_malloc::heap;
-use vrange_sys::cgroup::{unique_name, MemCgroup, Version};
+use vrange_sys::cgroup::join_before_exec;
+use vrange_testkit::cgroup;
+use vrange_testkit::role::{role, role_command, say, Role};
 
 const BLOCK: usize = 2 << 20;
 const BLOCKS: usize = 25_600;
@@ -30,7 +29,7 @@ fn status_kb(field: &str) -> u64 {
 /// The role: runs the loop with the allocator configured by the environment.
 #[test]
 fn pagetable_role() {
-    if common::role().as_deref() != Some("loop") {
+    if role().as_deref() != Some("loop") {
         return;
     }
     let page = vrange::page_size();
@@ -62,7 +61,7 @@ fn pagetable_role() {
     }
     let pte = status_kb("VmPTE:");
     let s = vrange::stats();
-    common::say(format!(
+    say(format!(
         "done vmpte_kb={pte} max_vmpte_kb={} rss_kb={} purged_mib={} secs={:.1}",
         max_pte.max(pte),
         status_kb("VmRSS:"),
@@ -78,25 +77,22 @@ struct Run {
 }
 
 fn run(mode: &str, blocks: usize) -> Option<Run> {
-    let Some(parent) = MemCgroup::current().filter(|c| c.version() == Version::V1) else {
-        vrange_testkit::skip("no cgroup v1 memory controller");
-        return None;
-    };
-    let child = match parent.create_child(&unique_name("vrange-pt"), 1 << 30) {
+    let child = match cgroup::current_v1("the setup the experiment was measured in")
+        .and_then(|parent| cgroup::child_of(&parent, "vrange-pt", 1 << 30))
+    {
         Ok(c) => c,
-        Err(e) => {
-            vrange_testkit::skip(format_args!("cannot create a child memory cgroup: {e}"));
+        Err(why) => {
+            vrange_testkit::skip(why);
             return None;
         }
     };
-    let mut cmd = common::role_command("pagetable_role", "loop");
+    let mut cmd = role_command("pagetable_role", "loop");
     cmd.env("VRANGE_MALLOC_MODE", mode)
         .env("VRANGE_MALLOC_THP", "never")
         .env("VRANGE_MALLOC_BUDGET", "64M")
         .env("VRANGE_PT_BLOCKS", blocks.to_string());
-    common::join_cgroup_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs"))
-        .expect("join the cgroup");
-    let mut role = common::Role::spawn(mode, cmd);
+    join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join the cgroup");
+    let mut role = Role::spawn(mode, cmd);
     let r = role.expect("done", Duration::from_secs(240));
     let exit = role.wait(Duration::from_secs(30));
     println!(
@@ -121,7 +117,7 @@ fn run(mode: &str, blocks: usize) -> Option<Run> {
 
 #[test]
 fn freed_chunks_give_back_their_page_tables() {
-    if common::role().is_some() {
+    if role().is_some() {
         return;
     }
     let Some(ours) = run("hybrid", BLOCKS) else {

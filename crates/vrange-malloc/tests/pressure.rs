@@ -3,8 +3,8 @@
 //!
 //! # Scenario
 //! A cgroup v1 child with a hard limit of `LIMIT_MIB` and no swap. Two processes of
-//! `tests/c/peak_and_next.c` (compiled at test time) run in it, both under the shim or both
-//! without it:
+//! `peak_and_next.c` (compiled at test time; the `vrange bench pressure` suite's workload,
+//! kept in `crates/vrange-cli/src/bench/`) run in it, both under the shim or both without it:
 //!
 //! 1. the *peak* process allocates `PEAK_MIB` in blocks of `PEAK_BLOCK_KIB` (below glibc's
 //!    128 KiB mmap threshold, so glibc serves them from its heap), each followed by a small
@@ -42,14 +42,15 @@
 
 mod common;
 use common::*;
-#[path = "../../vrange/tests/common/mod.rs"]
-mod core_common;
-use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::Command;
 use std::time::{Duration, Instant};
-use vrange_sys::cgroup::{unique_name, MemCgroup, Version};
+use vrange_sys::cgroup::{join_before_exec, MemCgroup};
+use vrange_testkit::build::{bench_workload, shim};
+use vrange_testkit::proc::{Exit, Proc};
+use vrange_testkit::procfs::{rss_lazy_kb, vmstat};
+use vrange_testkit::scratch::Scratch;
+use vrange_testkit::{cgroup, is_root, missing, serial, skip};
 
 const MIB: u64 = 1 << 20;
 /// The child cgroup's hard limit.
@@ -75,146 +76,10 @@ const NEEDED_MIB: u64 = PEAK_MIB + NEXT_MIB - LIMIT_MIB;
 /// lazy-free (its live small blocks, metadata, libraries and runtime).
 const ARMED_SLACK_MIB: u64 = 32;
 
-/// Serialises the tests of this file: two pressure scenarios at once would compete for the
-/// machine's two cores and blur each other's timing.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Allocator {
     Glibc,
     VrangeMalloc,
-}
-
-/// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Exit {
-    Code(i32),
-    /// Killed by this signal (9 is what the OOM killer sends).
-    Signal(i32),
-    /// Still running at the deadline; it was killed and reaped.
-    TimedOut,
-}
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Exit::Code(c) => write!(f, "exit {c}"),
-            Exit::Signal(libc::SIGKILL) => write!(f, "SIGKILL"),
-            Exit::Signal(s) => write!(f, "signal {s}"),
-            Exit::TimedOut => write!(f, "timed out"),
-        }
-    }
-}
-
-/// A process of the scenario. Dropping it kills and reaps it if it has not ended, so that no
-/// path leaves one behind (and the cgroup can be removed).
-struct Proc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    stderr: Option<std::thread::JoinHandle<String>>,
-    ended: Option<Exit>,
-}
-
-impl Proc {
-    /// Spawns `cmd` with piped stdio; its stdout is read line by line, its stderr kept.
-    fn spawn(mut cmd: Command) -> Proc {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        let out = child.stdout.take().expect("piped stdout");
-        let mut err = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = err.read_to_string(&mut text);
-            text
-        });
-        Proc {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            stderr: Some(stderr),
-            ended: None,
-        }
-    }
-
-    /// The next stdout line starting with `tag`, waiting until `deadline`; earlier lines are
-    /// skipped.
-    fn line(&self, tag: &str, deadline: Instant) -> Option<String> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self.lines.recv_timeout(left).ok()?;
-            if line.starts_with(tag) {
-                return Some(line);
-            }
-        }
-    }
-
-    /// Waits for the process to end, at most `timeout`; past it the process is killed.
-    fn wait(&mut self, timeout: Duration) -> Exit {
-        use std::os::unix::process::ExitStatusExt;
-        if let Some(e) = self.ended {
-            return e;
-        }
-        let deadline = Instant::now() + timeout;
-        let exit = loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => {
-                    break match status.signal() {
-                        Some(s) => Exit::Signal(s),
-                        None => Exit::Code(status.code().unwrap_or(-1)),
-                    }
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break Exit::TimedOut;
-                }
-            }
-        };
-        self.ended = Some(exit);
-        exit
-    }
-
-    /// Everything the process wrote to stderr (once it has ended).
-    fn stderr(&mut self) -> String {
-        self.stderr
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if self.ended.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Makes the child of `cmd` join the cgroup whose `cgroup.procs` is `procs` before it execs
-/// (vrange's own test helper).
-fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) {
-    core_common::join_cgroup_before_exec(cmd, procs)
-        .unwrap_or_else(|e| panic!("open {}: {e}", procs.display()));
 }
 
 /// How long the peak process idles before the next process starts.
@@ -350,23 +215,16 @@ struct Env {
 }
 
 fn env() -> Result<Env, String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Err("not root: creating a memory cgroup needs root".into());
     }
-    let parent = MemCgroup::current().ok_or("this process has no readable memory cgroup")?;
-    if parent.version() != Version::V1 {
-        return Err(format!(
-            "the memory cgroup {} is v2; this test needs cgroup v1 (vmpressure events)",
-            parent.path().display()
-        ));
-    }
+    let parent = cgroup::current_v1("vmpressure events")?;
     if let Some(why) = missing(&["/usr/bin/gcc"]) {
         return Err(why);
     }
     let dir = Scratch::new("pressure");
     let exe = dir.join("peak_and_next");
-    compile("peak_and_next.c", &exe, &[]);
+    compile(bench_workload("peak_and_next.c"), &exe, &[]);
     if let Err(e) = std::fs::metadata(shim()) {
         return Err(format!("no shim: {e}"));
     }
@@ -399,35 +257,14 @@ fn read_u64(path: &Path) -> u64 {
         .unwrap_or_else(|| panic!("read {}", path.display()))
 }
 
-/// A counter of /proc/vmstat.
-fn vmstat(name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == name).then(|| v.trim().parse().ok()).flatten()
-    })
-}
-
-/// The Rss and LazyFree KiB of a process (zeros once it is gone).
-fn smaps(pid: u32) -> (u64, u64) {
-    vrange_sys::procfs::smaps_rollup(Some(pid as i32))
-        .map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
-}
-
 /// Runs the scenario once in a fresh child cgroup, removed on every path (its `Drop` moves any
 /// process left to the parent first; the processes, dropped before it, are killed and reaped).
 /// `None` (with a printed reason) if the cgroup cannot be created here.
 fn run(env: &Env, s: &Setup) -> Option<Outcome> {
-    let child = match env
-        .parent
-        .create_child(&unique_name("vrange-malloc-pressure-"), LIMIT_MIB * MIB)
-    {
+    let child = match cgroup::child_of(&env.parent, "vrange-malloc-pressure-", LIMIT_MIB * MIB) {
         Ok(child) => child,
-        Err(e) => {
-            skip(format!(
-                "cannot create a memory cgroup under {}: {e}",
-                env.parent.path().display()
-            ));
+        Err(why) => {
+            skip(why);
             return None;
         }
     };
@@ -446,9 +283,9 @@ fn run(env: &Env, s: &Setup) -> Option<Outcome> {
     for (k, v) in s.peak_env {
         cmd.env(k, v);
     }
-    join_cgroup_before_exec(&mut cmd, &procs);
+    join_before_exec(&mut cmd, &procs).expect("open cgroup.procs");
     let mut peak = Proc::spawn(cmd);
-    let pid = peak.child.id();
+    let pid = peak.pid();
     if peak.line("DONE", Instant::now() + DEADLINE).is_none() {
         let exit = peak.wait(Duration::from_secs(1));
         panic!(
@@ -458,12 +295,12 @@ fn run(env: &Env, s: &Setup) -> Option<Outcome> {
         );
     }
     let usage_after_free = cg.usage().expect("the cgroup's usage");
-    let (rss_done_kb, _) = smaps(pid);
+    let (rss_done_kb, _) = rss_lazy_kb(pid);
     let idle_started = Instant::now();
     match s.idle {
         Idle::For(d) => std::thread::sleep(d),
         Idle::UntilArmed => loop {
-            let (rss, lazy) = smaps(pid);
+            let (rss, lazy) = rss_lazy_kb(pid);
             if rss <= lazy + (ARMED_SLACK_MIB << 10) || idle_started.elapsed() >= ARM_WAIT {
                 break;
             }
@@ -472,7 +309,7 @@ fn run(env: &Env, s: &Setup) -> Option<Outcome> {
         Idle::No => {}
     }
     let idle_ms = idle_started.elapsed().as_millis();
-    let (rss_start_kb, lazy_free_kb) = smaps(pid);
+    let (rss_start_kb, lazy_free_kb) = rss_lazy_kb(pid);
 
     let mut cmd = command(
         env,
@@ -484,7 +321,7 @@ fn run(env: &Env, s: &Setup) -> Option<Outcome> {
             s.pause_us.to_string(),
         ],
     );
-    join_cgroup_before_exec(&mut cmd, &procs);
+    join_before_exec(&mut cmd, &procs).expect("open cgroup.procs");
     let lazyfreed_before = vmstat("pglazyfreed");
     let started = Instant::now();
     let mut next = Proc::spawn(cmd);
@@ -497,19 +334,17 @@ fn run(env: &Env, s: &Setup) -> Option<Outcome> {
     let oom_kills = cg.oom_kills().expect("the cgroup's OOM kill count");
     let failcnt = read_u64(&cg.file("memory.failcnt"));
     let max_usage = read_u64(&cg.file("memory.max_usage_in_bytes"));
-    let (rss_end_kb, _) = smaps(pid);
+    let (rss_end_kb, _) = rss_lazy_kb(pid);
 
     // End of input: the peak process reuses its memory and exits.
-    peak.stdin = None;
+    peak.close_stdin();
     let peak_reused = peak.line("REUSED", Instant::now() + DEADLINE);
     let peak_exit = peak.wait(DEADLINE);
     let peak_stderr = peak.stderr();
     let purged_mib = summaries(&peak_stderr).last().map(|s| s.purged_mib);
 
     drop((next, peak));
-    let dir = cg.path().to_path_buf();
-    drop(child);
-    assert!(!dir.exists(), "{} was left behind", dir.display());
+    cgroup::remove(child);
     Some(Outcome {
         label: s.label,
         allocator: s.allocator,

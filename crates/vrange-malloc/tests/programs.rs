@@ -6,7 +6,7 @@
 //! closes stderr in its own exit handler, before the shim's summary runs: its test is also the
 //! regression test for the summary surviving that (the shim writes to a copy of stderr).
 //!
-//! The shim is built by the tests themselves (`common::shim`): cargo builds no cdylib for an
+//! The shim is built by the tests themselves (`vrange_testkit::build::shim`): cargo builds no cdylib for an
 //! integration test. A program that is not installed makes its test print "skipped: ..." and
 //! pass, unless `CI` is set: there every test must run.
 
@@ -15,6 +15,9 @@ use common::*;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Instant;
+use vrange_testkit::proc::{output, show};
+use vrange_testkit::scratch::Scratch;
+use vrange_testkit::{missing, skip};
 
 const PYTHON: &str = "/usr/bin/python3";
 const SQLITE: &str = "/usr/bin/sqlite3";

@@ -17,6 +17,9 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use vrange_testkit::proc::{output, show};
+use vrange_testkit::scratch::Scratch;
+use vrange_testkit::{missing, skip};
 
 const GCC: &str = "/usr/bin/gcc";
 

@@ -691,10 +691,7 @@ mod tests {
     fn child_cgroup_round_trip() {
         let cg = match discover() {
             Ok(cg) => cg,
-            Err(reason) => {
-                println!("skipped: no memory cgroup: {reason}");
-                return;
-            }
+            Err(reason) => return vrange_testkit::skip(format_args!("no memory cgroup: {reason}")),
         };
         let child = cg
             .create_child(&unique_name("vrange-test-"), 64 << 20)

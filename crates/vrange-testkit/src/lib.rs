@@ -1,11 +1,39 @@
 //! Test tooling shared by every crate of the workspace (a dev-dependency only; never shipped).
 //!
+//! What lives here is what more than one test file, crate or benchmark needs; what only one
+//! crate's tests need stays in that crate's `tests/common`. It builds on `vrange-sys` (the OS
+//! layer) and never on the core, so the core's own tests can use it.
+//!
+//! - [`skip`] (below), [`missing`], [`is_root`], [`serial`]: whether and when a test runs;
+//! - [`pattern`]: deterministic page contents, to tell kept, lost and corrupted pages apart;
+//! - [`fork`]: forked children of the multi-threaded harness, and a pipe pair to talk to them;
+//! - [`proc`]: spawned processes ([`proc::Proc`]) and how they ended ([`proc::Exit`]);
+//! - [`role`]: the test binary re-executed to play a role, talking in lines;
+//! - [`cgroup`]: child memory cgroups for tests (the cgroup access itself is `vrange_sys`'s);
+//! - [`hog`]: a process that takes memory, and makes itself the OOM killer's choice;
+//! - [`procfs`]: kernel counters only tests read;
+//! - [`build`]: the workspace's artifacts cargo does not build for a test (the shim, the C
+//!   library), and the C workloads the `vrange bench` suites ship;
+//! - [`scratch`]: scratch directories;
+//! - [`bench`]: the criterion benchmarks' labels and results.
+//!
 //! # Skips
 //! One policy for every test that needs something this machine may lack (a memory cgroup,
 //! mlock, a program): [`skip`] prints `skipped: <reason>` and the test returns, except under
 //! CI (`CI` set to anything but empty, `0` or `false`), where every test must run and a skip
 //! fails the test. Each skip is also appended to the file named by `VRANGE_SKIP_LOG`, if set,
 //! so that `.ci/run` can list them at the end.
+
+pub mod bench;
+pub mod build;
+pub mod cgroup;
+pub mod fork;
+pub mod hog;
+pub mod pattern;
+pub mod proc;
+pub mod procfs;
+pub mod role;
+pub mod scratch;
 
 use std::fmt::Display;
 use std::io::Write;
@@ -37,4 +65,30 @@ pub fn skip(reason: impl Display) {
         "{test}: {reason} (CI is set, so this test must run: fix the environment)"
     );
     println!("skipped: {reason}");
+}
+
+/// The programs in `paths` that do not exist, as a skip reason (`None`: all present).
+pub fn missing(paths: &[&str]) -> Option<String> {
+    let gone: Vec<&str> = paths
+        .iter()
+        .copied()
+        .filter(|p| !std::path::Path::new(p).exists())
+        .collect();
+    (!gone.is_empty()).then(|| format!("{} not installed", gone.join(", ")))
+}
+
+/// Whether the tests run as root (memory cgroups, other users' processes).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Serialises the tests of one test binary that must not overlap: pressure scenarios (their
+/// timings are the point, and two would share the machine's cores), suites that measure, and
+/// tests that fork (a fork copies every mapping of the process, so a concurrent test's pages
+/// would be shared, and MADV_FREE/MADV_PAGEOUT skip shared pages; its pipe descriptors would be
+/// held open by the wrong child). One lock per test process.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -12,8 +12,7 @@
 //!
 //! `VRANGE_BENCH_QUICK=1` runs 4 KiB, 2 MiB and 64 MiB with 10 samples (CI smoke test).
 
-mod support;
-use support::{criterion_dir, format_ns, fresh_median, size_label};
+use vrange_testkit::bench::{criterion_dir, format_ns, fresh_median, size_label};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use std::time::{Duration, SystemTime};

@@ -17,8 +17,7 @@
 //! `VRANGE_BENCH_QUICK=1` runs only 4 KiB and 2 MiB with 10 samples of 1 s (CI smoke test).
 //! After the run, a table of medians is printed from criterion's fresh `estimates.json` files.
 
-mod support;
-use support::{criterion_dir, format_ns, fresh_median, size_label};
+use vrange_testkit::bench::{criterion_dir, format_ns, fresh_median, size_label};
 
 use criterion::{black_box, BenchmarkId, Criterion, SamplingMode, Throughput};
 use std::fmt::Write as _;

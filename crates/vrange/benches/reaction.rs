@@ -14,11 +14,11 @@
 //! root and a cgroup v1 memory hierarchy for the last three; prints `skipped: <reason>`
 //! otherwise. Re-executes itself for the holder and the hog (`VRANGE_REACTION_ROLE`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use vrange::{Options, Policy, Source, VolatileRegion};
-use vrange_sys::cgroup::{unique_name, MemCgroup};
+use vrange_testkit::proc::{Exit, Proc};
+use vrange_testkit::{cgroup, hog};
 
 const MIB: usize = 1 << 20;
 
@@ -98,59 +98,47 @@ fn budget(trials: usize) -> u64 {
     median(t)
 }
 
-fn spawn(role: &str, source: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .env("VRANGE_REACTION_ROLE", role)
-        .env("VRANGE_REACTION_SOURCE", source)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("re-exec")
-}
-
-fn say(child: &mut Child, line: &str) -> bool {
-    let stdin = child.stdin.as_mut().unwrap();
-    writeln!(stdin, "{line}")
-        .and_then(|()| stdin.flush())
-        .is_ok()
+fn spawn(role: &str, source: &str) -> Proc {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("VRANGE_REACTION_ROLE", role)
+        .env("VRANGE_REACTION_SOURCE", source);
+    Proc::spawn(cmd)
 }
 
 /// (events that purged, bytes purged, median-ish reaction: last, max, mean ns, OOM kills).
 fn cgroup_source(source: &str) -> Result<String, String> {
-    let parent = MemCgroup::current().ok_or("no memory cgroup")?;
-    let cg = parent
-        .create_child(&unique_name("vrange-reaction"), 256 * MIB as u64)
-        .map_err(|e| format!("cannot create a child cgroup: {e}"))?;
+    const DEADLINE: Duration = Duration::from_secs(60);
+    let cg = cgroup::child("vrange-reaction", 256 * MIB as u64)?;
     let ooms = cg.cgroup().oom_kills().unwrap_or(0);
     let mut holder = spawn("holder", source);
-    if let Err(e) = cg.add_pid(holder.id() as i32) {
-        let _ = holder.kill();
-        let _ = holder.wait();
-        return Err(e.to_string());
-    }
-    say(&mut holder, "go");
-    let mut out = BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready", "holder: {line}");
+    cg.add_pid(holder.pid()).map_err(|e| e.to_string())?;
+    holder.send("go");
+    let ready = holder.next_line(DEADLINE);
+    assert_eq!(
+        ready.as_deref().map(str::trim),
+        Ok("ready"),
+        "holder: {}",
+        holder.stderr_so_far()
+    );
     let mut hog = spawn("hog", source);
-    if let Err(e) = cg.add_pid(hog.id() as i32) {
-        for child in [&mut hog, &mut holder] {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        return Err(e.to_string());
-    }
-    say(&mut hog, "go");
-    let hog_status = hog.wait().unwrap();
+    cg.add_pid(hog.pid()).map_err(|e| e.to_string())?;
+    hog.send("go");
+    let hog_exit = hog.wait(DEADLINE);
     std::thread::sleep(Duration::from_millis(300));
-    line.clear();
-    if say(&mut holder, "report") {
-        let _ = out.read_line(&mut line);
-    }
-    let holder_status = holder.wait().unwrap();
+    let line = if holder.send("report") {
+        holder.next_line(DEADLINE).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let holder_exit = holder.wait(DEADLINE);
     let ooms = cg.cgroup().oom_kills().unwrap_or(0) - ooms;
-    let fate = |ok: bool| if ok { "survived" } else { "KILLED" };
+    let fate = |e: Exit| {
+        if e == Exit::Code(0) {
+            "survived".to_string()
+        } else {
+            format!("KILLED ({e})")
+        }
+    };
     Ok(format!(
         "{} | holder {}, hog {} | OOM kills {ooms}",
         if line.trim().is_empty() {
@@ -158,8 +146,8 @@ fn cgroup_source(source: &str) -> Result<String, String> {
         } else {
             line.trim()
         },
-        fate(holder_status.success()),
-        fate(hog_status.success())
+        fate(holder_exit),
+        fate(hog_exit)
     ))
 }
 
@@ -224,13 +212,7 @@ fn holder(source: &str) {
 fn hog() {
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).unwrap();
-    let mut held = Vec::new();
-    for _ in 0..40 {
-        let mut v = vec![0u8; 4 * MIB];
-        v.iter_mut().step_by(4096).for_each(|b| *b = 1);
-        held.push(v);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    hog::touch(40 * 4 * MIB, 4 * MIB, Duration::from_millis(10)).expect("map the hog's memory");
 }
 
 fn main() {

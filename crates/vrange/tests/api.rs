@@ -4,8 +4,7 @@
 //! The tests of this binary run one at a time: a purge purges every volatile region of the
 //! process, and `Config` is process-wide.
 
-mod common;
-use common::*;
+use vrange_testkit::serial;
 use std::time::Duration;
 use vrange::{Config, Headroom, OptionError, Options, Policy, Psi, VolatileRegion};
 

@@ -1,9 +1,10 @@
 //! Bad input gets madvise(2)'s errno and changes nothing.
 
 mod common;
-use common::*;
+use common::{force_purge, Mapping};
 use vrange::{mark_volatile, page_size, unmark, volatile_pages, Error};
 use vrange_sys::mem;
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
 
 fn both(ptr: *mut u8, len: usize) -> (Result<usize, Error>, Result<vrange::Unmarked, Error>) {
     // SAFETY: test-owned memory; the calls must fail before touching anything.

@@ -2,9 +2,10 @@
 //! stack buffer. This binary forces that path for every test in it and checks the same answers.
 
 mod common;
-use common::*;
+use common::{force_purge, Mapping};
 use vrange::{mark_volatile, page_size, unmark, Error};
 use vrange_sys::vma::force_parsing_fallback;
+use vrange_testkit::pattern::{check_at, fill};
 
 #[test]
 fn parsing_fallback_gives_the_same_answers() {

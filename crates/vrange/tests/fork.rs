@@ -68,9 +68,14 @@
 //! this test's pages and change what MADV_PAGEOUT does to them.
 
 mod common;
-use common::*;
+use common::{force_purge, Mapping};
 use std::time::Duration;
 use vrange::{mark_volatile, page_size, unmark, volatile_pages};
+use vrange_testkit::fork::{fork_linked, Forked, Link};
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::proc::Exit;
+use vrange_testkit::procfs::lazy_free_kb;
+use vrange_testkit::serial;
 
 const PAGES: usize = 16;
 const DEADLINE: Duration = Duration::from_secs(20);

@@ -9,10 +9,12 @@
 #![allow(clippy::disallowed_methods)]
 
 mod common;
-use common::*;
+use common::Mapping;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use vrange::{Options, Policy, VolatileRegion};
+use vrange_testkit::pattern::{check, fill};
+use vrange_testkit::serial;
 
 /// This process's descriptors at or above `from`, with what they name.
 fn fds_from(from: i32) -> Vec<(i32, String)> {

@@ -7,9 +7,14 @@
 //! does.
 
 mod common;
-use common::*;
+use common::pin_cpu;
 use std::time::{Duration, Instant};
 use vrange::{page_size, Error, Options, Policy, Priority, Source, VolatileRegion};
+use vrange_testkit::fork::fork_linked;
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::proc::Exit;
+use vrange_testkit::procfs::lazy_free_kb;
+use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
 

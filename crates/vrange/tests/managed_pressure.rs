@@ -3,11 +3,11 @@
 //! memory hog fits, and every unmark must still report exactly what was lost.
 //!
 //! # Design
-//! Each process is a fresh execution of this test binary (see `common::role_command`): the
+//! Each process is a fresh execution of this test binary (see `vrange_testkit::role`): the
 //! harness is multi-threaded, and each role needs a reclaimer of its own and must be in the
 //! child cgroup before it allocates anything (cgroup v1 does not move charges with a process).
 //! The test process creates the child cgroup and spawns, each joining the cgroup between fork
-//! and exec (`common::join_cgroup_before_exec`):
+//! and exec (`vrange_sys::cgroup::join_before_exec`):
 //!
 //! 1. the *holder*, which sets its options, maps `REGIONS` regions of `REGION` bytes, fills
 //!    each with its own pattern, marks `VOLATILE_REGIONS` of them volatile (64 MiB) and keeps
@@ -36,14 +36,18 @@
 //! the reclaimer can make room; its control run, with the reclaimer off, must end in an OOM
 //! kill.
 
-mod common;
-use common::*;
 use std::fmt::Write as _;
-use std::io;
 use std::time::{Duration, Instant};
 use vrange::{page_size, Huge, Options, Policy, Priority, Source, Stats, VolatileRegion};
-use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
-use vrange_sys::{mem, procfs};
+use vrange_sys::cgroup::{join_before_exec, ChildCgroup, MemCgroup};
+use vrange_sys::procfs;
+use vrange_testkit::cgroup::{self, peak};
+use vrange_testkit::hog;
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::proc::Exit;
+use vrange_testkit::procfs::vmstat;
+use vrange_testkit::role::{command, role, role_command, say, Reply, Role};
+use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
 /// The child cgroup's hard limit.
@@ -75,7 +79,7 @@ const HYBRID_TEST: &str = "hybrid_under_fast_pressure_hog_survives_and_reports_e
 const KERNEL_TEST: &str = "hybrid_under_fast_pressure_kernel_alone_reports_exactly";
 const MANAGED_TEST: &str = "managed_under_slow_pressure_reclaimer_alone_prevents_oom";
 
-/// Role and environment names (see `common::role`).
+/// Role and environment names (see `vrange_testkit::role`).
 const HYBRID_HOLDER: &str = "hybrid-holder";
 const MANAGED_HOLDER: &str = "managed-holder";
 const HOG: &str = "hog";
@@ -124,39 +128,19 @@ fn env_u64(name: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
 }
 
-/// Makes this process the OOM killer's first choice in its cgroup.
-fn prefer_oom_kill() {
-    std::fs::write("/proc/self/oom_score_adj", "1000").expect("write oom_score_adj");
-}
-
 /// The hog: touches `HOG_BYTES_ENV` bytes of fresh small pages, `HOG_STEP_ENV` bytes at a time
 /// with `HOG_PAUSE_ENV` µs between steps, then exits normally.
 fn hog() {
-    prefer_oom_kill();
+    hog::prefer_oom_kill().expect("write oom_score_adj");
     let (bytes, step, pause) = (
         env_u64(HOG_BYTES_ENV) as usize,
         env_u64(HOG_STEP_ENV) as usize,
         Duration::from_micros(env_u64(HOG_PAUSE_ENV)),
     );
-    let page = page_size();
-    let p = mem::map_anon(bytes, page).expect("map the hog's memory");
-    // Small pages: the charge grows one page at a time, so reclaim runs often and gradually.
-    let _ = mem::advise_huge(p.as_ptr(), bytes, false);
     let started = Instant::now();
-    let mut done = 0;
-    while done < bytes {
-        let end = (done + step).min(bytes);
-        for off in (done..end).step_by(page) {
-            // SAFETY: inside the fresh mapping.
-            unsafe { p.as_ptr().add(off).write_volatile(1) };
-        }
-        done = end;
-        if done < bytes && !pause.is_zero() {
-            std::thread::sleep(pause);
-        }
-    }
+    hog::touch(bytes, step, pause).expect("map the hog's memory");
     say(format_args!(
-        "HOG touched={done} ms={}",
+        "HOG touched={bytes} ms={}",
         started.elapsed().as_millis()
     ));
 }
@@ -361,36 +345,6 @@ fn holder(policy: Policy) {
 
 // ---- The test process ----
 
-/// Whether creating a child cgroup failed because this environment does not allow it.
-fn not_allowed(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::PermissionDenied | io::ErrorKind::Unsupported
-    ) || [libc::EROFS, libc::EOPNOTSUPP, libc::ENOTSUP, libc::ENOSYS]
-        .contains(&e.raw_os_error().unwrap_or(0))
-}
-
-/// A counter of /proc/vmstat.
-fn vmstat(name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == name).then(|| v.trim().parse().ok()).flatten()
-    })
-}
-
-fn peak(cg: &MemCgroup) -> Option<u64> {
-    let name = match cg.version() {
-        Version::V1 => "memory.max_usage_in_bytes",
-        Version::V2 => "memory.peak",
-    };
-    std::fs::read_to_string(cg.file(name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 fn mib(bytes: Option<u64>) -> String {
     bytes.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / MIB as f64))
 }
@@ -536,22 +490,21 @@ impl Outcome {
 /// stalls anywhere on the machine (other tests, other users), and a purge before the pressure
 /// would leave less volatile memory than the scenario needs. Such retries are printed.
 fn run(s: Setup) -> Option<Outcome> {
-    let Some(parent) = MemCgroup::current() else {
-        vrange_testkit::skip("this process has no readable memory cgroup");
-        return None;
+    let parent = match cgroup::current() {
+        Ok(parent) => parent,
+        Err(why) => {
+            vrange_testkit::skip(why);
+            return None;
+        }
     };
     let mut disturbed = Vec::new();
     for _ in 0..ATTEMPTS {
-        let child = match parent.create_child(&unique_name("vrange-managed-"), LIMIT as u64) {
+        let child = match cgroup::child_of(&parent, "vrange-managed-", LIMIT as u64) {
             Ok(child) => child,
-            Err(e) if not_allowed(&e) => {
-                vrange_testkit::skip(format_args!(
-                    "cannot create a memory cgroup under {}: {e}",
-                    parent.path().display()
-                ));
+            Err(why) => {
+                vrange_testkit::skip(why);
                 return None;
             }
-            Err(e) => panic!("create a child of {}: {e}", parent.path().display()),
         };
         match attempt(&s, child) {
             Ok(out) => return Some(out),
@@ -583,7 +536,7 @@ fn attempt(s: &Setup, child: ChildCgroup) -> Result<Outcome, String> {
             cmd.env(name, "off");
         }
     }
-    join_cgroup_before_exec(&mut cmd, &procs).expect("open cgroup.procs");
+    join_before_exec(&mut cmd, &procs).expect("open cgroup.procs");
     let mut holder = Role::spawn("holder", cmd);
     let ready = holder.expect("READY", SYNC);
     if ready.u64("purged") != 0 {
@@ -606,7 +559,7 @@ fn attempt(s: &Setup, child: ChildCgroup) -> Result<Outcome, String> {
     cmd.env(HOG_BYTES_ENV, hog_bytes.to_string())
         .env(HOG_STEP_ENV, s.step.min(hog_bytes as usize).to_string())
         .env(HOG_PAUSE_ENV, s.pause.as_micros().to_string());
-    join_cgroup_before_exec(&mut cmd, &procs).expect("open cgroup.procs");
+    join_before_exec(&mut cmd, &procs).expect("open cgroup.procs");
     let lazyfreed_before = vmstat("pglazyfreed");
     let hog_started = Instant::now();
     let mut hog = Role::spawn("hog", cmd);
@@ -651,12 +604,7 @@ fn attempt(s: &Setup, child: ChildCgroup) -> Result<Outcome, String> {
     drop(holder);
     drop(hog);
     let dir = cg.path().to_path_buf();
-    drop(child);
-    assert!(
-        !dir.exists(),
-        "{} removed with its ChildCgroup",
-        dir.display()
-    );
+    cgroup::remove(child);
 
     assert_eq!(
         ready.str("cgroup"),

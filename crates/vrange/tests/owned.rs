@@ -7,7 +7,9 @@ use vrange::{Content, OwnedRange, Policy, Priority};
 use vrange_sys::mem;
 
 mod common;
-use common::{check, check_at, fill, is_zero, serial, Mapping};
+use common::Mapping;
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
 

@@ -33,18 +33,20 @@
 //! Children only do simple things (no locks, no allocation beyond what vrange's mark does with
 //! mmap); the harness process reads cgroup files and asserts.
 
-// Plays the program vrange is a guest in: closes, duplicates and inspects descriptors by
-// number, which vrange's own code may only do through vrange_sys (clippy.toml).
-#![allow(clippy::disallowed_methods)]
-
 mod common;
-use common::*;
+use common::Mapping;
 use std::fs;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 use vrange::{mark_volatile, page_size, unmark, volatile_pages};
-use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
+use vrange_sys::cgroup::{ChildCgroup, MemCgroup, Version};
 use vrange_sys::{mem, procfs};
+use vrange_testkit::cgroup::{self, peak};
+use vrange_testkit::fork::{fork_linked, Link};
+use vrange_testkit::hog;
+use vrange_testkit::pattern::{check_at, fill, is_zero};
+use vrange_testkit::proc::Exit;
+use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
 /// The child cgroup's hard limit.
@@ -221,37 +223,18 @@ fn verify(ptr: *mut u8, s: &Setup) -> Verdict {
     v
 }
 
-/// Makes this process the OOM killer's first choice, so that if the limit is ever exceeded the
-/// hog dies and the worker lives to report it. Best effort.
-fn prefer_oom_kill() {
-    const PATH: &[u8] = b"/proc/self/oom_score_adj\0";
-    // SAFETY: PATH is NUL-terminated; the descriptor is closed below.
-    unsafe {
-        let fd = libc::open(PATH.as_ptr().cast(), libc::O_WRONLY);
-        if fd >= 0 {
-            libc::write(fd, b"1000".as_ptr().cast(), 4);
-            libc::close(fd);
-        }
-    }
-}
-
-/// The hog: waits for the word, then (if it is not 0) touches `HOG` bytes of fresh memory, and
-/// exits.
+/// The hog: makes itself the OOM killer's first choice (so that if the limit is ever exceeded
+/// the hog dies and the worker lives to report it), waits for the word, then (if it is not 0)
+/// touches `HOG` bytes of fresh memory, and exits.
 fn hog(link: &Link) -> i32 {
-    prefer_oom_kill();
+    let _ = hog::prefer_oom_kill();
     match link.recv::<1>(RUN) {
         Ok([0]) => return 0,
         Ok(_) => {}
         Err(_) => return 1,
     }
-    let Ok(p) = mem::map_anon(HOG, page_size()) else {
+    if hog::touch(HOG, HOG, Duration::ZERO).is_err() {
         return 3;
-    };
-    // Small pages: the charge grows one page at a time, so reclaim runs often and gradually.
-    let _ = mem::advise_huge(p.as_ptr(), HOG, false);
-    for off in (0..HOG).step_by(page_size()) {
-        // SAFETY: inside the fresh mapping.
-        unsafe { p.as_ptr().add(off).write_volatile(1) };
     }
     0
 }
@@ -329,24 +312,6 @@ fn worker(link: &Link, s: &Setup) -> i32 {
     0
 }
 
-/// Whether creating a child cgroup failed because this environment does not allow it.
-fn not_allowed(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::PermissionDenied | io::ErrorKind::Unsupported
-    ) || [libc::EROFS, libc::EOPNOTSUPP, libc::ENOTSUP, libc::ENOSYS]
-        .contains(&e.raw_os_error().unwrap_or(0))
-}
-
-/// Peak usage of the cgroup in bytes, where the hierarchy records it.
-fn peak(cg: &MemCgroup) -> Option<u64> {
-    let name = match cg.version() {
-        Version::V1 => "memory.max_usage_in_bytes",
-        Version::V2 => "memory.peak",
-    };
-    fs::read_to_string(cg.file(name)).ok()?.trim().parse().ok()
-}
-
 fn mib(bytes: Option<u64>) -> String {
     bytes.map_or("?".into(), |b| format!("{} MiB", b >> 20))
 }
@@ -397,20 +362,12 @@ struct Outcome {
 /// this environment cannot create memory cgroups.
 fn run(s: Setup) -> Option<Outcome> {
     let _serial = serial();
-    let Some(parent) = MemCgroup::current() else {
-        vrange_testkit::skip("this process has no readable memory cgroup");
-        return None;
-    };
-    let child = match parent.create_child(&unique_name("vrange-pressure-"), LIMIT as u64) {
+    let child = match cgroup::child("vrange-pressure-", LIMIT as u64) {
         Ok(child) => child,
-        Err(e) if not_allowed(&e) => {
-            vrange_testkit::skip(format_args!(
-                "cannot create a memory cgroup under {}: {e}",
-                parent.path().display()
-            ));
+        Err(why) => {
+            vrange_testkit::skip(why);
             return None;
         }
-        Err(e) => panic!("create a child of {}: {e}", parent.path().display()),
     };
     let cg = child.cgroup().clone();
     let dir = cg.path().to_path_buf();
@@ -448,12 +405,7 @@ fn run(s: Setup) -> Option<Outcome> {
     let summary = numbers(&cg);
     let elapsed = started.elapsed();
 
-    drop(child);
-    assert!(
-        !dir.exists(),
-        "{} removed with its ChildCgroup",
-        dir.display()
-    );
+    cgroup::remove(child);
 
     assert_eq!(
         words[H_FAILED], 0,

@@ -15,8 +15,6 @@
 //! Every test holds `serial()`: the pressure tests must not overlap (their timings are the
 //! point), and a fork must not inherit another test's descriptors.
 
-mod common;
-use common::*;
 use std::ffi::CString;
 use std::fs;
 use std::io;
@@ -28,6 +26,8 @@ use vrange_sys::pressure::{
     has_cap_sys_resource, psi_window_us, Headroom, Level, Poller, Propagation, PsiTrigger, Signal,
     VmPressure, Waker, PSI_UNPRIVILEGED_STEP_US, SYSTEM_PSI_FILE,
 };
+use vrange_testkit::fork::{fork_linked, Forked, Link};
+use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
 /// The child cgroup's hard limit.
@@ -47,15 +47,6 @@ const VMPRESSURE_DEADLINE: Duration = Duration::from_secs(8);
 /// How long a PSI trigger may take: the unprivileged aggregation runs every 2 s and a trigger
 /// fires at most once per 2 s window, so two periods plus slack.
 const PSI_DEADLINE: Duration = Duration::from_secs(10);
-
-/// Whether creating a cgroup failed because this environment does not allow it.
-fn not_allowed(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::PermissionDenied | io::ErrorKind::Unsupported
-    ) || [libc::EROFS, libc::EOPNOTSUPP, libc::ENOTSUP, libc::ENOSYS]
-        .contains(&e.raw_os_error().unwrap_or(0))
-}
 
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
@@ -117,15 +108,7 @@ struct Thrasher {
 
 /// A child memory cgroup for a thrasher, or why there can be none here.
 fn thrasher_cgroup() -> Result<ChildCgroup, String> {
-    let parent = MemCgroup::current().ok_or("this process has no readable memory cgroup")?;
-    match parent.create_child(&unique_name("vrange-sources-"), LIMIT as u64) {
-        Ok(child) => Ok(child),
-        Err(e) if not_allowed(&e) => Err(format!(
-            "cannot create a memory cgroup under {}: {e}",
-            parent.path().display()
-        )),
-        Err(e) => panic!("create a child of {}: {e}", parent.path().display()),
-    }
+    vrange_testkit::cgroup::child("vrange-sources-", LIMIT as u64)
 }
 
 /// Forks a thrasher, moves it into `cgroup` (and into `also`, a v2 cgroup's directory, if
@@ -477,9 +460,7 @@ fn vmpressure_fires_under_cgroup_pressure() {
         .unwrap()
         .is_empty()
     {}
-    let dir = cgroup.cgroup().path().to_path_buf();
-    drop(cgroup);
-    assert!(!dir.exists(), "{} left behind", dir.display());
+    vrange_testkit::cgroup::remove(cgroup);
     assert!(medium.is_stale() && critical.is_stale());
     let t0 = Instant::now();
     let last = poller.wait(Some(Duration::from_secs(2))).unwrap();

@@ -11,12 +11,11 @@
 //! Needs root (a mount namespace, files owned by another user); elsewhere the tests print
 //! "skipped: ..." (and fail under CI).
 
-mod common;
-
-use common::{command, role, role_command, say, Role};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use vrange_testkit::proc::Exit;
+use vrange_testkit::role::{command, role, role_command, say, Role};
 
 const LAB: &str = "lab";
 const PUBLISHER: &str = "publisher";
@@ -28,8 +27,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 /// Runs the current test's lab role in a new mount namespace with its own /dev/shm, and fails
 /// the test with the lab's output if the lab fails.
 fn run_lab(test: &str) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !vrange_testkit::is_root() {
         return vrange_testkit::skip("needs root (a mount namespace and files of another owner)");
     }
     let mut cmd = role_command(test, LAB);
@@ -68,7 +66,7 @@ fn run_lab(test: &str) {
     lab.expect("done", Duration::from_secs(120));
     let exit = lab.wait(TIMEOUT);
     assert!(
-        matches!(exit, common::Exit::Code(0)),
+        matches!(exit, Exit::Code(0)),
         "the lab ended with {exit}\n{}",
         lab.diagnostics()
     );
@@ -188,7 +186,7 @@ impl Lab {
         p.close_stdin();
         let exit = p.wait(TIMEOUT);
         let out = p.diagnostics();
-        assert!(matches!(exit, common::Exit::Code(0)), "{exit}\n{out}");
+        assert!(matches!(exit, Exit::Code(0)), "{exit}\n{out}");
         let said = out
             .lines()
             .filter(|l| l.contains("not publishing"))

@@ -2,8 +2,10 @@
 //! and unmark must report exactly those.
 
 mod common;
-use common::*;
+use common::{force_purge, pin_cpu, Mapping};
 use vrange::{mark_volatile, page_size, unmark, Region};
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::procfs::lazy_free_kb;
 
 #[test]
 fn forced_purge_is_reported_exactly() {

@@ -4,11 +4,10 @@
 //! a range must equal the number of its pages that read zero. Deterministic in what it checks,
 //! not in which pages the kernel happens to discard.
 
-mod common;
-use common::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use vrange::{page_size, Huge, Region};
+use vrange_testkit::pattern::{check_at, fill, is_zero};
 
 const CHECKS: usize = 1_000_000;
 

@@ -2,8 +2,9 @@
 //! volatile memory (the semantics table in docs/DESIGN.md).
 
 mod common;
-use common::*;
+use common::{force_purge, pin_cpu, Mapping};
 use vrange::{mark_volatile, page_size, unmark, volatile_pages, Region};
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
 
 fn mark(m: &Mapping, first: usize, pages: usize) -> usize {
     // SAFETY: test-owned memory; the mapping is ours and unreferenced.

@@ -4,7 +4,7 @@
 //!
 //! # Design
 //! The test process creates a shared region (a memfd) and hands its descriptor to a *peer*, a
-//! fresh execution of this test binary (see `common::role_command`), either by inheritance
+//! fresh execution of this test binary (see `vrange_testkit::role`), either by inheritance
 //! (close-on-exec cleared on the child's copy only, the number in `VRANGE_TEST_FD`) or over a
 //! UNIX socket with SCM_RIGHTS (an abstract address in `VRANGE_TEST_SOCKET`; the peer then
 //! checks it inherited no such descriptor). The peer maps it with `open_shared` and obeys
@@ -22,8 +22,6 @@
 // number, which vrange's own code may only do through vrange_sys (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-mod common;
-use common::*;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
@@ -31,6 +29,10 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 use vrange::{page_size, Options, Policy, Priority, VolatileRegion};
 use vrange_sys::procfs;
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::proc::{inherit_fd, Exit};
+use vrange_testkit::role::{command, role, role_command, say, Reply, Role};
+use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
 const SYNC: Duration = Duration::from_secs(20);

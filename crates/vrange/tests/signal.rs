@@ -4,10 +4,11 @@
 //! whole run with a watchdog so that a deadlock fails instead of hanging.
 
 mod common;
-use common::*;
+use common::{force_purge, Mapping};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use vrange::page_size;
+use vrange_testkit::pattern::{check_at, fill};
 
 static RANGE_PTR: AtomicUsize = AtomicUsize::new(0);
 static RANGE_LEN: AtomicUsize = AtomicUsize::new(0);

@@ -80,7 +80,8 @@ pub struct Args {
     /// Where the reports (Markdown), CSV files and plots go.
     #[arg(long, default_value = "vrange-bench")]
     pub out: PathBuf,
-    /// libvrange_malloc.so to preload (default: next to this executable, else built with cargo).
+    /// libvrange_malloc.so to preload (default: where `vrange run` finds it, beside this
+    /// executable).
     #[arg(long)]
     pub lib: Option<PathBuf>,
     /// ebizzy: thread counts, comma-separated (default: 1, 2, 4, ... and the core count).
@@ -135,13 +136,22 @@ impl Ctx {
         self.args.quick
     }
 
-    /// libvrange_malloc.so: `--lib`, next to this executable, or built with cargo (once).
+    /// libvrange_malloc.so: `--lib`, else where `vrange run` finds it (beside this
+    /// executable). The command never builds it: it may run far from any source tree.
     pub fn lib(&self) -> Result<PathBuf, String> {
         static LIB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
         LIB.get_or_init(|| match &self.args.lib {
             Some(p) if p.exists() => Ok(p.clone()),
             Some(p) => Err(format!("--lib {}: no such file", p.display())),
-            None => crate::run::default_lib().map_or_else(proc::build_shim, Ok),
+            None => crate::run::default_lib().ok_or_else(|| {
+                let exe = std::env::current_exe().unwrap_or_else(|_| "vrange".into());
+                format!(
+                    "libvrange_malloc.so not found beside {} or in ../lib; build it with `cargo build \
+                     --release -p vrange-malloc-preload` (cargo puts it beside \
+                     target/release/vrange), or pass --lib",
+                    exe.display()
+                )
+            }),
         })
         .clone()
     }

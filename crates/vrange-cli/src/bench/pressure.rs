@@ -6,10 +6,11 @@
 //! killer's first choice, so an allocator that keeps its free memory shows as the next process
 //! killed. Then the peak process callocs its blocks again (memory given back must read zero).
 //!
-//! The C program is `crates/vrange-malloc/tests/c/peak_and_next.c`, the one the allocator's
-//! own pressure test (`tests/pressure.rs`, glibc against vrange-malloc) runs; this suite runs it
-//! for every allocator and samples the peak process's RSS every 10 ms while the next process
-//! runs (the plot). No published numbers exist for this scenario.
+//! The C program is `peak_and_next.c` beside this file (compiled at run time), the one the
+//! allocator's own pressure test (`crates/vrange-malloc/tests/pressure.rs`, glibc against
+//! vrange-malloc) runs too; this suite runs it for every allocator and samples the peak
+//! process's RSS every 10 ms while the next process runs (the plot). No published numbers
+//! exist for this scenario.
 //!
 //! Needs root and a memory cgroup; skipped otherwise.
 
@@ -20,7 +21,7 @@ use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
 
-const SOURCE: &str = include_str!("../../../vrange-malloc/tests/c/peak_and_next.c");
+const SOURCE: &str = include_str!("peak_and_next.c");
 /// Longer than vrange-malloc's arm delay (1 s), the same for every allocator.
 const IDLE: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(30);

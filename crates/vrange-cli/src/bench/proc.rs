@@ -1,9 +1,6 @@
 //! Child processes for the suites: compiling the C workloads, starting processes inside a
 //! memory cgroup, reading their output line by line, and the child cgroups themselves.
 
-#[path = "../../../vrange-malloc/support/shim.rs"]
-mod shim;
-
 use std::io::{BufRead, Read};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -11,25 +8,6 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
-
-/// Builds libvrange_malloc.so with cargo (only works from a source tree): into the target
-/// directory this executable lives in when it is one, else the workspace's.
-pub fn build_shim() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let target = exe
-        .ancestors()
-        .skip(2)
-        .take(2)
-        .find(|d| d.join("CACHEDIR.TAG").exists())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(shim::target_dir);
-    eprintln!(
-        "vrange bench: libvrange_malloc.so not found next to {}; building it into {}",
-        exe.display(),
-        target.display()
-    );
-    shim::build_shim(&target)
-}
 
 /// Writes `source` as `dir/name.c` and compiles it to `dir/name` with `$CC` (default gcc).
 pub fn compile(dir: &Path, name: &str, source: &str) -> Result<PathBuf, String> {

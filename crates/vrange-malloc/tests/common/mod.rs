@@ -1,65 +1,24 @@
-//! Helpers shared by the tests that run other programs under the LD_PRELOAD shim
-//! (`programs.rs`, `pressure.rs`): building `libvrange_malloc.so`, compiling the C helpers in
-//! `tests/c/`, scratch directories, skipping, and reading the summary the shim prints at exit.
+//! What the allocator's tests that run other programs under the LD_PRELOAD shim share
+//! (`programs.rs`, `guest.rs`, `settings.rs`, `pressure.rs`): compiling the C helpers in
+//! `tests/c/`, running a command with or without the shim, and reading the summary the shim
+//! prints at exit. Building the shim, scratch directories and skips are `vrange-testkit`'s.
 #![allow(dead_code)] // each test file uses its own subset
 
-#[path = "../../support/shim.rs"]
-mod build;
-use build::target_dir;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::process::Command;
+use vrange_testkit::build::shim;
+use vrange_testkit::proc::{output, show, without_vrange_env};
 
-pub use vrange_testkit::skip;
-
-/// The programs in `paths` that do not exist, as a skip reason (`None`: all present).
-pub fn missing(paths: &[&str]) -> Option<String> {
-    let gone: Vec<&str> = paths
-        .iter()
-        .copied()
-        .filter(|p| !Path::new(p).exists())
-        .collect();
-    (!gone.is_empty()).then(|| format!("{} not installed", gone.join(", ")))
-}
-
-/// A C source of `tests/c/`.
-pub fn c_source(name: &str) -> PathBuf {
+/// A C source: a name is a file of `tests/c/`, an absolute path stays as it is.
+pub fn c_source(source: impl AsRef<Path>) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
-        .join(name)
-}
-
-/// `libvrange_malloc.so`, built once per test process into the target directory the tests
-/// were built in.
-pub fn shim() -> &'static Path {
-    static SO: OnceLock<PathBuf> = OnceLock::new();
-    SO.get_or_init(|| build::build_shim(&target_dir()).unwrap_or_else(|e| panic!("{e}")))
-}
-
-/// Runs `cmd` to completion, capturing its output; panics if it cannot be started.
-pub fn output(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
-}
-
-/// A command's stdout and stderr, for failure messages.
-pub fn show(out: &Output) -> String {
-    format!(
-        "--- stdout ---\n{}--- stderr ---\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+        .join(source)
 }
 
 /// Keeps the shim and its settings out of a command (the test itself may run under them).
 pub fn without_shim(cmd: &mut Command) -> &mut Command {
-    cmd.env_remove("LD_PRELOAD");
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("VRANGE_")) {
-            cmd.env_remove(name);
-        }
-    }
-    cmd
+    without_vrange_env(cmd.env_remove("LD_PRELOAD"))
 }
 
 /// Runs a command under the shim (after any `extra` preloads) with the exit summary on.
@@ -74,9 +33,9 @@ pub fn with_shim<'a>(cmd: &'a mut Command, extra: &[&Path]) -> &'a mut Command {
         .env("VRANGE_MALLOC_STATS", "1")
 }
 
-/// Compiles `source` (a file of `tests/c/`) with `/usr/bin/gcc -O2 -Wall -Wextra -Werror` and
+/// Compiles `source` (a file of `tests/c/`, or an absolute path) with `/usr/bin/gcc -O2 -Wall -Wextra -Werror` and
 /// `flags` into `out`, without the shim.
-pub fn compile(source: &str, out: &Path, flags: &[&str]) {
+pub fn compile(source: impl AsRef<Path>, out: &Path, flags: &[&str]) {
     let mut cmd = Command::new("/usr/bin/gcc");
     cmd.args(["-O2", "-Wall", "-Wextra", "-Werror"])
         .args(flags)
@@ -85,38 +44,6 @@ pub fn compile(source: &str, out: &Path, flags: &[&str]) {
         .arg(c_source(source));
     let o = output(without_shim(&mut cmd));
     assert!(o.status.success(), "{cmd:?} failed\n{}", show(&o));
-}
-
-/// A scratch directory, removed with everything in it on drop.
-pub struct Scratch(PathBuf);
-
-impl Scratch {
-    /// A fresh directory under the system's temporary directory; `tag` names the test.
-    pub fn new(tag: &str) -> Scratch {
-        use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("vrange-malloc-{tag}-{}-{n}", std::process::id()));
-        // A leftover of a crashed run with the same pid.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-        Scratch(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The first line of the shim's exit summary (`VRANGE_MALLOC_STATS=1`), one per process:

@@ -1,4 +1,5 @@
-/* The two processes of tests/pressure.rs, run in one memory cgroup, with or without the shim.
+/* The two processes of `vrange bench pressure`, run in one memory cgroup under each allocator;
+ * vrange-malloc's tests/pressure.rs runs this file too (glibc against the shim).
  *
  *   peak_and_next peak MIB BLOCK_KIB
  *     Allocates MIB MiB in blocks of BLOCK_KIB KiB, each followed by a small allocation that

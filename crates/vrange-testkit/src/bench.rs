@@ -1,5 +1,5 @@
-//! Helpers shared by the benchmarks: size labels and reading this run's criterion medians.
-#![allow(dead_code)]
+//! What the criterion benchmarks share: size labels, and reading this run's medians back to
+//! print them side by side.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

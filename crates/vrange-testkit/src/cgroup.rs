@@ -1,0 +1,83 @@
+//! Child memory cgroups for tests: where a test gets one, and why it cannot here.
+//!
+//! Reading and managing cgroups is `vrange_sys::cgroup`'s (the library uses it too); this
+//! module holds the test fixtures around it: unique names, the one judgement of which failures
+//! mean "this environment does not allow it" (a skip reason) rather than a bug (a panic), and
+//! the counters tests report.
+
+use std::io;
+use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
+
+/// Whether creating a child cgroup failed because this environment does not allow it
+/// (no permission, a read-only or controller-less hierarchy), not because something is wrong.
+pub fn not_allowed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::PermissionDenied | io::ErrorKind::Unsupported
+    ) || [libc::EROFS, libc::EOPNOTSUPP, libc::ENOTSUP, libc::ENOSYS]
+        .contains(&e.raw_os_error().unwrap_or(0))
+}
+
+/// This process's memory cgroup, or why there is none (a skip reason).
+pub fn current() -> Result<MemCgroup, String> {
+    MemCgroup::current().ok_or_else(|| "this process has no readable memory cgroup".to_string())
+}
+
+/// This process's memory cgroup if it is cgroup v1, or why not (a skip reason). `why` says
+/// what the test needs v1 for ("vmpressure events", ...).
+pub fn current_v1(why: &str) -> Result<MemCgroup, String> {
+    let cg = current()?;
+    if cg.version() != Version::V1 {
+        return Err(format!(
+            "the memory cgroup {} is v2; this test needs cgroup v1 ({why})",
+            cg.path().display()
+        ));
+    }
+    Ok(cg)
+}
+
+/// A fresh child of `parent`, named after `prefix` and unique in this process, with a hard
+/// limit of `limit` bytes and no swap; removed when dropped. `Err` (a skip reason) where this
+/// environment does not allow it ([`not_allowed`]); panics on any other failure.
+pub fn child_of(parent: &MemCgroup, prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
+    match parent.create_child(&unique_name(prefix), limit) {
+        Ok(child) => Ok(child),
+        Err(e) if not_allowed(&e) => Err(format!(
+            "cannot create a memory cgroup under {}: {e}",
+            parent.path().display()
+        )),
+        Err(e) => panic!("create a child of {}: {e}", parent.path().display()),
+    }
+}
+
+/// A fresh child of this process's memory cgroup: [`current`], then [`child_of`].
+pub fn child(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
+    child_of(&current()?, prefix, limit)
+}
+
+/// Removes a test's child cgroup (moving any process still in it to the parent first) and
+/// asserts that its directory is gone: a test must never leave one behind. Reap the processes
+/// that ran in it first.
+#[track_caller]
+pub fn remove(child: ChildCgroup) {
+    let dir = child.cgroup().path().to_path_buf();
+    drop(child);
+    assert!(
+        !dir.exists(),
+        "{} left behind: removing its ChildCgroup did not remove it",
+        dir.display()
+    );
+}
+
+/// The cgroup's peak usage in bytes, where the hierarchy records it.
+pub fn peak(cg: &MemCgroup) -> Option<u64> {
+    let name = match cg.version() {
+        Version::V1 => "memory.max_usage_in_bytes",
+        Version::V2 => "memory.peak",
+    };
+    std::fs::read_to_string(cg.file(name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}

@@ -1,0 +1,274 @@
+//! Spawned processes: how a process ended ([`Exit`]), a running process read line by line and
+//! reaped on every path ([`Proc`]), and small helpers for commands a test runs to completion.
+
+// `inherit_fd` clears close-on-exec on a descriptor by number in the child between fork and
+// exec: the test plays the program that passes a descriptor on, not vrange.
+#![allow(clippy::disallowed_methods)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a child process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// `exit(code)` or `_exit(code)`.
+    Code(i32),
+    /// Killed by this signal (`SIGKILL` is also what the OOM killer sends: a test that expects
+    /// an OOM kill checks the cgroup's count too).
+    Signal(i32),
+    /// Still running at the deadline; it was killed with SIGKILL and reaped.
+    TimedOut,
+}
+
+impl Exit {
+    /// The exit code a forked child uses when its body panicked ([`crate::fork::fork_linked`]).
+    pub const PANICKED: i32 = 2;
+
+    /// From a `waitpid` status. Allocation-free.
+    pub fn from_wait_status(status: i32) -> Exit {
+        if libc::WIFSIGNALED(status) {
+            Exit::Signal(libc::WTERMSIG(status))
+        } else {
+            Exit::Code(libc::WEXITSTATUS(status))
+        }
+    }
+
+    /// From what [`std::process::Child`] reports.
+    pub fn from_status(status: ExitStatus) -> Exit {
+        match status.signal() {
+            Some(s) => Exit::Signal(s),
+            None => Exit::Code(status.code().unwrap_or(-1)),
+        }
+    }
+
+    /// As one word, for passing through a [`crate::fork::Link`].
+    pub fn encode(self) -> u64 {
+        match self {
+            Exit::Code(c) => c as u32 as u64,
+            Exit::Signal(s) => 1 << 32 | s as u32 as u64,
+            Exit::TimedOut => 2 << 32,
+        }
+    }
+
+    /// The inverse of [`Exit::encode`].
+    pub fn decode(word: u64) -> Exit {
+        match word >> 32 {
+            0 => Exit::Code(word as u32 as i32),
+            1 => Exit::Signal(word as u32 as i32),
+            _ => Exit::TimedOut,
+        }
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(Exit::PANICKED) => {
+                write!(f, "exit {} (a forked child's panic)", Exit::PANICKED)
+            }
+            Exit::Code(c) => write!(f, "exit {c}"),
+            Exit::Signal(libc::SIGKILL) => write!(f, "SIGKILL"),
+            Exit::Signal(libc::SIGSEGV) => write!(f, "SIGSEGV"),
+            Exit::Signal(libc::SIGABRT) => write!(f, "SIGABRT"),
+            Exit::Signal(s) => write!(f, "signal {s}"),
+            Exit::TimedOut => write!(f, "timed out (killed)"),
+        }
+    }
+}
+
+/// A spawned process with piped stdio: its stdout read line by line, its stderr kept. Dropping
+/// it kills (SIGKILL) and reaps the process if it has not ended, so no path of a failing test
+/// leaves one behind (and its cgroup can be removed).
+pub struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+    stderr_reader: Option<JoinHandle<()>>,
+    ended: Option<Exit>,
+}
+
+impl Proc {
+    /// Spawns `cmd` with piped stdin, stdout and stderr; panics if it cannot be started.
+    pub fn spawn(mut cmd: Command) -> Proc {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr_pipe = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                match stderr_pipe.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => sink
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_str(&String::from_utf8_lossy(&buf[..n])),
+                }
+            }
+        });
+        Proc {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stderr,
+            stderr_reader: Some(stderr_reader),
+            ended: None,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends one line to the process's stdin; false if it no longer reads.
+    pub fn send(&mut self, line: &str) -> bool {
+        match self.stdin.as_mut() {
+            Some(s) => writeln!(s, "{line}").and_then(|_| s.flush()).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Closes the process's stdin: it reads end of file.
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// The next stdout line, waiting at most `timeout`.
+    pub fn next_line(&self, timeout: Duration) -> Result<String, RecvTimeoutError> {
+        self.lines.recv_timeout(timeout)
+    }
+
+    /// A stdout line already received, without waiting.
+    pub fn pending_line(&self) -> Option<String> {
+        self.lines.try_recv().ok()
+    }
+
+    /// The next stdout line starting with `tag`, waiting until `deadline`; earlier lines are
+    /// skipped. `None` at the deadline or when the process closed its stdout.
+    pub fn line(&self, tag: &str, deadline: Instant) -> Option<String> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).ok()?;
+            if line.starts_with(tag) {
+                return Some(line);
+            }
+        }
+    }
+
+    /// How the process ended, if it has (without waiting).
+    pub fn ended(&mut self) -> Option<Exit> {
+        if self.ended.is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.ended = Some(Exit::from_status(status));
+            }
+        }
+        self.ended
+    }
+
+    /// Waits for the process to end, at most `timeout`; past it the process is killed and
+    /// reaped and [`Exit::TimedOut`] returned.
+    pub fn wait(&mut self, timeout: Duration) -> Exit {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.ended() {
+                return e;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                self.ended = Some(Exit::TimedOut);
+                return Exit::TimedOut;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Everything the process wrote to stderr: waits until it closes stderr (it has ended).
+    pub fn stderr(&mut self) -> String {
+        if let Some(t) = self.stderr_reader.take() {
+            let _ = t.join();
+        }
+        self.stderr_so_far()
+    }
+
+    /// What the process has written to stderr so far.
+    pub fn stderr_so_far(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.ended().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `cmd` to completion, capturing its output; panics if it cannot be started.
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// A command's exit status, stdout and stderr, for failure messages.
+pub fn show(out: &Output) -> String {
+    format!(
+        "{}\n--- stdout ---\n{}--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Keeps every `VRANGE_*` variable of the test's own environment out of `cmd`: each test
+/// decides the settings of the processes it starts.
+pub fn without_vrange_env(cmd: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with("VRANGE_")) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
+/// Keeps descriptor `fd` open across exec in the child of `cmd` (clears close-on-exec on the
+/// child's copy only). The caller must keep `fd` open until the child is spawned.
+pub fn inherit_fd(cmd: &mut Command, fd: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook only calls fcntl(2) and builds an io::Error from errno.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}

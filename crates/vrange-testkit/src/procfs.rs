@@ -1,0 +1,25 @@
+//! Kernel counters only tests read. The library's own `/proc` readers are `vrange_sys::procfs`.
+
+use vrange_sys::procfs;
+
+/// A counter of /proc/vmstat (system-wide), such as `pglazyfreed`.
+pub fn vmstat(name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// The Rss and LazyFree KiB of a process (zeros once it is gone).
+pub fn rss_lazy_kb(pid: i32) -> (u64, u64) {
+    procfs::smaps_rollup(Some(pid)).map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
+}
+
+/// LazyFree KiB of the mapping of this process containing `ptr`.
+pub fn lazy_free_kb(ptr: *const u8) -> u64 {
+    procfs::smaps_of(ptr as usize)
+        .unwrap()
+        .expect("mapped")
+        .lazy_free_kb
+}

@@ -1,0 +1,190 @@
+//! The test binary re-executed to play a role.
+//!
+//! A fork of the multi-threaded harness may only make system calls ([`crate::fork`]). A test
+//! that needs a child with a runtime of its own (its own reclaimer thread, its own cgroup from
+//! its first allocation) re-executes the test binary instead: [`role_command`] runs only the
+//! named test, with `VRANGE_TEST_ROLE` naming the role, and the test function calls [`role`]
+//! first and plays the role instead of running the test. The processes talk in lines: the test
+//! writes commands to the child's stdin ([`Role::send`]), the child answers on stdout with
+//! [`say`] ("VRT TAG key=value ..."). Everything else the child prints is kept for failure
+//! messages.
+
+use crate::proc::{without_vrange_env, Exit, Proc};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
+
+/// The environment variable naming the role of a re-executed test process.
+pub const ROLE_ENV: &str = "VRANGE_TEST_ROLE";
+
+/// The role this process was started to play, if it is a re-executed role process.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE_ENV).ok()
+}
+
+/// A command that re-executes this test binary to run only `test` as `role`, with piped stdio
+/// and no `VRANGE_*` setting inherited from the test's environment.
+pub fn role_command(test: &str, role: &str) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = Command::new(exe);
+    without_vrange_env(&mut cmd)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// In a role process: one answer line to the test process, "VRT " and `line`.
+pub fn say(line: impl std::fmt::Display) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "VRT {line}")
+        .and_then(|_| out.flush())
+        .expect("stdout");
+}
+
+/// In a role process: the next command line from the test process (trimmed); `None` at end of
+/// input (the test process is gone or done).
+pub fn command() -> Option<String> {
+    let mut line = String::new();
+    match std::io::stdin().read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim().to_string()),
+    }
+}
+
+/// One answer of a role process: a tag and `key=value` fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub tag: String,
+    pub fields: Vec<(String, String)>,
+}
+
+impl Reply {
+    fn parse(line: &str) -> Reply {
+        let mut words = line.split_whitespace();
+        let tag = words.next().unwrap_or_default().to_string();
+        let fields = words
+            .map(|w| match w.split_once('=') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (w.to_string(), String::new()),
+            })
+            .collect();
+        Reply { tag, fields }
+    }
+
+    /// The field `key` as text.
+    pub fn str(&self, key: &str) -> &str {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no field {key} in {self:?}"))
+    }
+
+    /// The field `key` as a number.
+    pub fn u64(&self, key: &str) -> u64 {
+        let v = self.str(key);
+        v.parse()
+            .unwrap_or_else(|_| panic!("field {key}={v:?} is not a number in {self:?}"))
+    }
+}
+
+/// A running role process: a [`Proc`] that answers in "VRT" lines. Dropping it kills (SIGKILL)
+/// and reaps the process if it has not been waited for.
+pub struct Role {
+    name: String,
+    proc: Proc,
+    transcript: Vec<String>,
+}
+
+impl Role {
+    /// Spawns `cmd` (made by [`role_command`]), calling the process `name` in messages.
+    pub fn spawn(name: &str, cmd: Command) -> Role {
+        Role {
+            name: name.to_string(),
+            proc: Proc::spawn(cmd),
+            transcript: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.proc.pid()
+    }
+
+    /// Sends one command line; false if the process no longer reads.
+    pub fn send(&mut self, line: &str) -> bool {
+        self.proc.send(line)
+    }
+
+    /// The next answer, waiting at most `timeout`.
+    pub fn next(&mut self, timeout: Duration) -> Result<Reply, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.proc.next_line(left) {
+                // libtest may have printed "test name ... " without a newline just before.
+                Ok(line) => match line.find("VRT ") {
+                    Some(at) => {
+                        if at > 0 {
+                            self.transcript.push(line[..at].to_string());
+                        }
+                        return Ok(Reply::parse(&line[at + 4..]));
+                    }
+                    None => self.transcript.push(line),
+                },
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("no answer within {timeout:?}"))
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err("its stdout closed".to_string()),
+            }
+        }
+    }
+
+    /// The next answer, which must be tagged `tag`; panics with the process's output otherwise.
+    pub fn expect(&mut self, tag: &str, timeout: Duration) -> Reply {
+        match self.next(timeout) {
+            Ok(r) if r.tag == tag => r,
+            Ok(r) => {
+                let diagnostics = self.diagnostics();
+                panic!("{}: expected {tag}, got {r:?}\n{diagnostics}", self.name)
+            }
+            Err(e) => {
+                let exit = self.wait(Duration::from_secs(5));
+                let diagnostics = self.diagnostics();
+                panic!(
+                    "{}: expected {tag}: {e}; it ended with {exit}\n{diagnostics}",
+                    self.name
+                )
+            }
+        }
+    }
+
+    /// Closes the process's stdin (its [`command`] returns `None`).
+    pub fn close_stdin(&mut self) {
+        self.proc.close_stdin();
+    }
+
+    /// Waits for the process to end, at most `timeout`; past it the process is killed and
+    /// reaped and [`Exit::TimedOut`] returned.
+    pub fn wait(&mut self, timeout: Duration) -> Exit {
+        self.proc.wait(timeout)
+    }
+
+    /// What the process printed besides its answers, and its stderr, for failure messages.
+    pub fn diagnostics(&mut self) -> String {
+        // Whatever is still in the pipe.
+        while let Some(line) = self.proc.pending_line() {
+            self.transcript.push(line);
+        }
+        format!(
+            "--- {} stdout ---\n{}\n--- {} stderr ---\n{}",
+            self.name,
+            self.transcript.join("\n"),
+            self.name,
+            self.proc.stderr_so_far()
+        )
+    }
+}
