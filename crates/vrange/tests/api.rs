@@ -4,9 +4,9 @@
 //! The tests of this binary run one at a time: a purge purges every volatile region of the
 //! process, and `Config` is process-wide.
 
-use vrange_testkit::serial;
 use std::time::Duration;
 use vrange::{Config, Headroom, OptionError, Options, Policy, Psi, VolatileRegion};
+use vrange_testkit::serial;
 
 fn managed(len: usize) -> VolatileRegion {
     VolatileRegion::new(
