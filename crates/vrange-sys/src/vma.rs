@@ -217,7 +217,9 @@ fn check_by_query(start: usize, end: usize) -> io::Result<Option<Coverage>> {
     while cursor < end {
         let vma = match query(cursor)? {
             Answer::Mapped(vma) => vma,
-            Answer::Unmapped => return Ok(Some(Coverage::Hole)),
+            // A hole is an error path: confirm it by reading the maps, so that a lookup that
+            // raced with another thread's mmap/munmap never turns into a false error.
+            Answer::Unmapped => return check_by_parsing(start, end).map(Some),
             Answer::NoQuery => return Ok(None),
         };
         if !vma.is_private_anon_rw() {
