@@ -69,7 +69,7 @@ enum Command {
         --watch prints a header, then one line per interval: the local time, the seconds \
         elapsed, RSS, LazyFree, AnonHugePages and VmPTE, and from the published statistics \
         the volatile bytes, those not resident now (purged or never touched) and all purged \
-        so far, in MiB (–: not published). It ends when the process exits (a last line says \
+        so far, in MiB (a dash: not published). It ends when the process exits (a last line says \
         so), after --count lines, or on Ctrl-C."
     )]
     Stat {
