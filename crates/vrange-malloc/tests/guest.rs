@@ -66,7 +66,7 @@ fn closed_and_reused_descriptors_are_never_written_or_closed() {
         show(&out)
     );
     assert!(
-        sums[1].purged_mib > 0.0,
+        sums.iter().any(|s| s.purged_mib > 0.0),
         "the reclaimer never purged, so its descriptors were never exercised\n{}",
         show(&out)
     );

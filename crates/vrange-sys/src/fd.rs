@@ -261,6 +261,16 @@ fn close_ident(ident: &Ident) {
     }
 }
 
+/// Whether descriptors 0, 1 and 2 are all open. While one is closed, a file vrange opens, even
+/// for a moment, takes its number, and a program that is about to restore it with `dup2`
+/// (CPython's subprocess tests close their standard descriptors around a spawn) would have
+/// its restored descriptor closed by vrange's close. vrange defers its own file work until
+/// they are open again. Three fcntl(2) calls; async-signal-safe.
+pub fn std_fds_open() -> bool {
+    // SAFETY: F_GETFD has no memory effects; a closed descriptor is EBADF.
+    (0..3).all(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0)
+}
+
 // ---- Counters ----
 
 static LOST: AtomicU64 = AtomicU64::new(0);

@@ -365,7 +365,7 @@ fn sources_without_descriptors() -> u8 {
 /// Waits one tick: in poll(2) on the sources, or on the futex before there are any.
 fn wait(watch: &mut Option<Watch>, since: &mut Option<u64>, poll: Duration) -> Ready {
     let seq = WAKE_SEQ.load(Acquire);
-    if watch.is_none() && needs_sources(since, now_ns(), poll) {
+    if watch.is_none() && needs_sources(since, now_ns(), poll) && fd::std_fds_open() {
         *watch = Some(Watch::open());
     }
     match watch {
@@ -416,7 +416,10 @@ fn run() {
                 respond(source, t, victims::amount(source, volatile, share));
             }
         }
-        if let Some(w) = &mut watch {
+        // Opening files (sources, /proc, the statistics file) waits while the program has a
+        // standard descriptor closed: see `fd::std_fds_open`.
+        let files_ok = fd::std_fds_open();
+        if let Some(w) = watch.as_mut().filter(|_| files_ok) {
             let mut reopen = !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0;
             if !reopen && t.saturating_sub(last_check) >= 1_000_000_000 {
                 last_check = t;
@@ -439,7 +442,9 @@ fn run() {
         let p = pause();
         stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
         drop(p);
-        crate::publish::tick(now_ns());
+        if files_ok {
+            crate::publish::tick(now_ns());
+        }
     }
     ACTIVE.store(0, Relaxed);
 }
