@@ -23,7 +23,7 @@
 //! stays: `VRANGE_POLL_MS=0` polls every millisecond (the fastest tick there is), and the PSI
 //! window is raised to the kernel's minimum (500 ms, or a multiple of 2 s without
 //! CAP_SYS_RESOURCE), which depends on the privileges of the thread that opens the trigger and
-//! is applied there (`sys::pressure::psi_window_us`). Windows above the kernel's maximum of
+//! is applied there (`vrange_sys::pressure::psi_window_us`). Windows above the kernel's maximum of
 //! 10 s are refused: capping them could leave the stall above the window, a trigger the kernel
 //! refuses.
 
