@@ -116,6 +116,8 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
             }
             // SAFETY: forwarded: a live block of this chunk.
             unsafe { arena::free(c as *mut Chunk, addr) };
+            // Outside every allocator lock: see `vrange::reclaimer::catch_up`.
+            vrange::reclaimer::catch_up();
             true
         }
         Some(Owner::Large(m)) => {
@@ -125,6 +127,7 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
             }
             // SAFETY: forwarded: a live large block.
             unsafe { large::free(m as *mut Large) };
+            vrange::reclaimer::catch_up();
             true
         }
     }

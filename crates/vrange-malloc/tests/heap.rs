@@ -199,3 +199,57 @@ fn double_free_aborts() {
         assert!(unsafe { heap::free(a) });
     }
 }
+
+/// Regression (`vrange bench pagetable` in CI, OOM-killed in its memory cgroup): frees kept
+/// free memory resident beyond the budget for as long as the reclaimer thread did not run.
+#[test]
+fn frees_keep_the_budget_while_the_reclaimer_thread_cannot_run() {
+    let _serial = serial();
+    vrange::set_option("VRANGE_BUDGET", "8M").unwrap();
+    let len = 1024 * KIB;
+    let blocks: Vec<*mut u8> = (0..128)
+        .map(|i| {
+            let b = heap::alloc(len, 16).expect("served").ptr.as_ptr();
+            fill(b, len, i as u8);
+            b
+        })
+        .collect();
+    // The first free starts the reclaimer thread.
+    // SAFETY: live, freed once.
+    assert!(unsafe { heap::free(blocks[0]) });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let tid = loop {
+        match vrange_testkit::sched::thread_named("vrange-reclaim") {
+            Some(tid) => break tid,
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            None => panic!("no reclaimer thread"),
+        }
+    };
+    let mut max = 0;
+    let starved = match vrange_testkit::sched::starve(tid) {
+        Ok(g) => g,
+        Err(e) => {
+            vrange::set_option("VRANGE_BUDGET", "0").unwrap();
+            for &b in &blocks[1..] {
+                // SAFETY: live, freed once.
+                unsafe { heap::free(b) };
+            }
+            return vrange_testkit::skip(format!("cannot starve the reclaimer thread: {e}"));
+        }
+    };
+    for &b in &blocks[1..] {
+        // SAFETY: live, freed once.
+        assert!(unsafe { heap::free(b) });
+        max = max.max(vrange::stats().volatile_bytes);
+    }
+    drop(starved);
+    vrange::set_option("VRANGE_BUDGET", "0").unwrap();
+    // The budget, the slack (the budget again, at least 16 MiB) and one chunk freed whole.
+    assert!(
+        max <= (8 + 16 + 2) << 20,
+        "{} MiB of free memory resident while the reclaimer thread could not run",
+        max >> 20
+    );
+}

@@ -14,6 +14,7 @@
 //! - [`procfs`]: kernel counters only tests read;
 //! - [`build`]: the workspace's artifacts cargo does not build for a test (the shim, the C
 //!   library), and the C workloads the `vrange bench` suites ship;
+//! - [`sched`]: starving a thread of this process (the reclaimer falling behind);
 //! - [`scratch`]: scratch directories;
 //! - [`bench`]: the criterion benchmarks' labels and results.
 //!
@@ -33,6 +34,7 @@ pub mod pattern;
 pub mod proc;
 pub mod procfs;
 pub mod role;
+pub mod sched;
 pub mod scratch;
 
 use std::fmt::Display;

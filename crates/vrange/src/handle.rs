@@ -136,6 +136,7 @@ impl VolatileRegion {
         // SAFETY: forwarded contract; the span lies inside this region.
         unsafe { managed::mark(span)? };
         crate::reclaim::noticed_mark();
+        crate::reclaim::catch_up();
         Ok(())
     }
 

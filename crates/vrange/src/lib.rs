@@ -62,7 +62,7 @@ pub use vrange_sys::probe::{features, Features, ThpMode};
 /// The reclaimer thread: whether it runs, what it listens to, and stopping it. It starts by
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
-    pub use crate::reclaim::{active_sources, is_running, stop};
+    pub use crate::reclaim::{active_sources, catch_up, is_running, stop};
 }
 
 /// Statistics other processes publish (`vrange stat`, `vrange run --stats`): each process whose
@@ -127,6 +127,7 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
         // SAFETY: forwarded contract; the span lies in one library-owned region.
         unsafe { managed::mark(span)? };
         reclaim::noticed_mark();
+        reclaim::catch_up();
         return Ok(span.len());
     }
     // SAFETY: forwarded contract.

@@ -151,6 +151,55 @@ fn budget_purges_the_oldest_beyond_it() {
     assert!(check(regions[3].as_ptr(), regions[3].len(), 13));
 }
 
+/// Regression: the budget was kept by the reclaimer thread alone, so a process marking memory
+/// while that thread could not run (a busy machine) held any amount of volatile memory, and in
+/// a memory cgroup was OOM-killed with memory only vrange could free (`vrange bench pagetable`
+/// in CI). Now the marking thread purges by itself once the thread is a budget behind.
+#[test]
+fn budget_holds_while_the_reclaimer_thread_cannot_run() {
+    let _s = serial();
+    quiet();
+    vrange::set_option("VRANGE_BUDGET", "8M").unwrap();
+    let regions: Vec<VolatileRegion> = (0..64)
+        .map(|i| filled(4 * MIB, Policy::Managed, 100 + i))
+        .collect();
+    // The reclaimer runs by now (regions start it).
+    let Some(tid) = vrange_testkit::sched::thread_named("vrange-reclaim") else {
+        panic!("no reclaimer thread");
+    };
+    let before = vrange::stats().source(Source::Budget).bytes;
+    let mut max = 0;
+    {
+        let _starved = match vrange_testkit::sched::starve(tid) {
+            Ok(g) => g,
+            Err(e) => {
+                vrange::set_option("VRANGE_BUDGET", "0").unwrap();
+                return vrange_testkit::skip(format!("cannot starve the reclaimer thread: {e}"));
+            }
+        };
+        for r in &regions {
+            // SAFETY: no reference into the region is held while it is volatile.
+            unsafe { r.mark().unwrap() };
+            max = max.max(vrange::stats().volatile_bytes);
+        }
+    }
+    vrange::set_option("VRANGE_BUDGET", "0").unwrap();
+    // The ceiling is the budget again, at least 16 MiB, over the budget; one mark may cross it.
+    assert!(
+        max <= (8 + 16 + 4) * MIB as u64,
+        "{} MiB volatile while the reclaimer thread could not run",
+        max >> 20
+    );
+    assert!(vrange::stats().source(Source::Budget).bytes - before >= 200 * MIB as u64);
+    let purged: Vec<bool> = regions
+        .iter()
+        .map(|r| r.unmark().unwrap().was_purged())
+        .collect();
+    assert!(!purged[63], "the newest stays");
+    assert!(purged[0], "the oldest goes");
+    assert!(check(regions[63].as_ptr(), regions[63].len(), 163));
+}
+
 #[test]
 fn partial_calls_split_ranges_and_report_per_piece() {
     let _s = serial();
