@@ -53,7 +53,7 @@ fn closed_and_reused_descriptors_are_never_written_or_closed() {
         .arg(dir.path())
         // Purges keep waking the reclaimer (writes to its eventfd), while enough free memory
         // stays volatile for it to open its sources in the first place.
-        .env("VRANGE_MALLOC_BUDGET", "16M")
+        .env("VRANGE_MALLOC_BUDGET", "8M")
         // Short ticks: the reclaimer notices the closed sources within the churn.
         .env("VRANGE_POLL_MS", "20");
     let out = output(with_shim(&mut cmd, &[]));
