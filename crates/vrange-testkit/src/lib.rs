@@ -16,7 +16,7 @@
 //!   library), and the C workloads the `vrange bench` suites ship;
 //! - [`sched`]: starving a thread of this process (the reclaimer falling behind);
 //! - [`scratch`]: scratch directories;
-//! - [`bench`]: the criterion benchmarks' labels and results.
+//! - [`mod@bench`]: the criterion benchmarks' labels and results.
 //!
 //! # Skips
 //! One policy for every test that needs something this machine may lack (a memory cgroup,
