@@ -133,6 +133,26 @@
  *     the address vrange_alloc() or vrange_map_shared() returned, and length, rounded up to a
  *     page, the region's length.
  *
+ *   Scratch regions
+ *     vrange_alloc(length, VRANGE_SCRATCH) maps a scratch region: memory that is always
+ *     volatile, written or not, with no call to make ever. The kernel may drop any page of it
+ *     at any time and a dropped page reads zero; memory pressure never OOM-kills the process
+ *     for it. Use it for data that is as good as zero when lost: a sanitizer's shadow, a
+ *     recomputable table. It costs address space only until pages are written (no memory,
+ *     commit charge or page table up front: reserve a terabyte at start-up if that is the
+ *     shadow's size). A fork(2) child sees zeroes there (the mapping is wiped on fork), and
+ *     core dumps leave it out. No other flag may be combined with VRANGE_SCRATCH; vrange()
+ *     and vrange_unmark() refuse scratch memory (EINVAL: it cannot be pinned); vrange_free()
+ *     unmaps it. A process holds at most 64 scratch regions at once.
+ *
+ *     Scratch regions are MAP_DROPPABLE mappings (Linux 6.11). On older kernels
+ *     vrange_alloc() fails with ENOTSUP: no older primitive keeps written memory droppable
+ *     without a call after each write (MADV_FREE is undone by the next write), and memory the
+ *     kernel cannot take back would bring back the OOM kill scratch memory exists to avoid;
+ *     use a hybrid region and mark it there. vrange_stats() counts scratch regions and the
+ *     bytes they reserve; the kernel counts no drops per mapping (mincore(2) tells what is
+ *     resident).
+ *
  *   Shared regions
  *     VRANGE_SHARED makes a region backed by a memfd that other processes can map.
  *     vrange_shared_fd() returns its descriptor, given any address inside the region. The
@@ -189,7 +209,7 @@
  *
  *     vrange_stats() fills *out with a snapshot of managed purging in this process (see
  *     struct vrange_stats below): gauges of managed and hybrid ranges by state, totals since
- *     the start, and counters per source, indexed by VRANGE_SOURCE_*. Pass
+ *     the start, counters per source, indexed by VRANGE_SOURCE_*, and scratch regions. Pass
  *     sizeof(struct vrange_stats) as size: later versions of the struct only append fields,
  *     so programs built against an older header keep working. It writes min(size, its own
  *     sizeof(struct vrange_stats)) bytes, sets out->size to that count, and zeroes the rest of
@@ -249,7 +269,7 @@
  *             private anonymous read-write memory: MAP_SHARED memory (shared anonymous
  *             memory included), file-backed mappings (even MAP_PRIVATE ones), read-only or
  *             PROT_NONE mappings, MAP_HUGETLB memory (regions from vrange_alloc() and
- *             vrange_map_shared() excepted).
+ *             vrange_map_shared() excepted); scratch regions (always volatile).
  *     EINVAL  The range covers part of a region and memory outside it, or part of a shared
  *             region.
  *     EINVAL  (VRANGE_VOLATILE only) the kernel refused the purge hint for part of the range,
@@ -274,7 +294,10 @@
  *             (VRANGE_LAZY | VRANGE_MANAGED), two VRANGE_DROP_* classes, both VRANGE_HUGE
  *             and VRANGE_NOHUGE, or VRANGE_SHARED with VRANGE_LAZY, VRANGE_HUGE or
  *             VRANGE_NOHUGE.
- *     ENOMEM  length is too large, or mmap(2) or libvrange's range table ran out of memory.
+ *     EINVAL  VRANGE_SCRATCH with any other flag.
+ *     ENOMEM  length is too large, or mmap(2) or libvrange's range table ran out of memory,
+ *             or (VRANGE_SCRATCH) the process already holds 64 scratch regions.
+ *     ENOTSUP (VRANGE_SCRATCH) the kernel has no MAP_DROPPABLE (before Linux 6.11).
  *     EMFILE, ENFILE
  *             (VRANGE_SHARED) memfd_create(2) found no free descriptor.
  *
@@ -582,6 +605,8 @@ uint64_t vrange_feature_flags(void);
 #define VRANGE_NOHUGE (1 << 8)
 /** Private regions: 2 MiB-aligned, transparent huge pages advised. */
 #define VRANGE_HUGE (1 << 9)
+/** A scratch region: always volatile, never marked; dropped pages read zero. Alone. */
+#define VRANGE_SCRATCH (1 << 10)
 
 /** What made the reclaimer purge: the indices of struct vrange_stats's sources. */
 enum vrange_source {
@@ -624,6 +649,9 @@ struct vrange_stats {
     uint64_t reclaimer_running;  /**< 1 if the reclaimer thread runs, else 0 */
     uint64_t reclaimer_sources;  /**< bit (1 << VRANGE_SOURCE_*) per source it listens to */
     struct vrange_source_stats sources[VRANGE_SOURCE_COUNT]; /**< by VRANGE_SOURCE_* */
+    /* Version 2 (appended; a caller passing the first version's size gets the fields above) */
+    uint64_t scratch_regions;    /**< scratch regions live now */
+    uint64_t scratch_bytes;      /**< bytes they reserve (address space, not resident memory) */
 };
 
 /**

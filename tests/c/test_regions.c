@@ -1,6 +1,6 @@
 /*
  * C ABI test of libvrange's regions: vrange_alloc() with each policy, managed purging and its
- * order (class, then least recently marked), vrange_stats(), shared regions between processes,
+ * order (class, then least recently marked), vrange_stats(), scratch regions, shared regions between processes,
  * and the error cases. Compiled against include/vrange.h, linked with libvrange.so:
  *
  *     cc -std=c11 -Wall -Wextra -Werror tests/c/test_regions.c \
@@ -26,6 +26,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,8 @@ static const char *errname(int e)
 		return "ENOMEM";
 	case EBADF:
 		return "EBADF";
+	case ENOTSUP:
+		return "ENOTSUP";
 	default:
 		return "?";
 	}
@@ -579,9 +582,73 @@ static void test_stats(void)
 	errno = 0;
 	r = vrange_stats(&s0, 8);
 	expect_errno(r == -1, errno, EINVAL, "vrange_stats with a size of 8");
+	/* A caller built against the first version passes its size: it gets that much. */
+	size_t first = offsetof(struct vrange_stats, scratch_regions);
+	memset(big, 0xA5, sizeof big);
+	r = vrange_stats((struct vrange_stats *)(void *)big, first);
+	check(r == 0 && ((struct vrange_stats *)(void *)big)->size == first && big[first] == 0xA5,
+	      "the first version's size (%zu): that much filled, nothing beyond", first);
 	errno = 0;
-	r = vrange_stats(&s0, sizeof s0 - 8);
-	expect_errno(r == -1, errno, EINVAL, "vrange_stats with a size one field short");
+	r = vrange_stats(&s0, first - 8);
+	expect_errno(r == -1, errno, EINVAL, "vrange_stats with a size one field short of the first version");
+}
+
+/* Scratch regions: always volatile, never marked (MAP_DROPPABLE); refused with ENOTSUP where
+ * the kernel lacks it. */
+static void test_scratch(void)
+{
+	const size_t tib = (size_t)1 << 40;
+	struct vrange_stats s0 = snapshot(), s1, s2;
+	int r;
+
+	errno = 0;
+	char *p = vrange_alloc(tib, VRANGE_SCRATCH);
+	if (!(vrange_feature_flags() & VRANGE_FEATURE_MAP_DROPPABLE)) {
+		check(p == NULL && errno == ENOTSUP,
+		      "without MAP_DROPPABLE a scratch region is refused with ENOTSUP (errno %d)", errno);
+		return;
+	}
+	check(p != NULL && addr(p) % page == 0, "a 1 TiB scratch region (%s)",
+	      p ? "mapped" : strerror(errno));
+	if (p == NULL)
+		return;
+	s1 = snapshot();
+	check(s1.scratch_regions == s0.scratch_regions + 1 &&
+		      s1.scratch_bytes == s0.scratch_bytes + tib,
+	      "vrange_stats counts it and the bytes it reserves");
+	int kept_or_zero = 1;
+	for (size_t gib = 0; gib < 1024; gib += 37) {
+		p[gib << 30] = (char)(gib | 1);
+		char c = p[gib << 30];
+		kept_or_zero &= c == (char)(gib | 1) || c == 0;
+	}
+	check(kept_or_zero, "written pages read back their content (or zero, once dropped)");
+	errno = 0;
+	r = (int)vrange(addr(p), page, VRANGE_VOLATILE, NULL);
+	expect_errno(r == -1, errno, EINVAL, "vrange(VRANGE_VOLATILE) on scratch memory");
+	size_t purged_pages = 0;
+	errno = 0;
+	r = (int)vrange_unmark(p + page, page, &purged_pages);
+	expect_errno(r == -1, errno, EINVAL, "vrange_unmark on scratch memory");
+	errno = 0;
+	void *q = vrange_alloc(page, VRANGE_SCRATCH | VRANGE_MANAGED);
+	expect_errno(q == NULL, errno, EINVAL, "VRANGE_SCRATCH | VRANGE_MANAGED");
+	errno = 0;
+	q = vrange_alloc(page, VRANGE_SCRATCH | VRANGE_SHARED);
+	expect_errno(q == NULL, errno, EINVAL, "VRANGE_SCRATCH | VRANGE_SHARED");
+	errno = 0;
+	r = vrange_set_priority(p, page, VRANGE_DROP_FIRST);
+	expect_errno(r == -1, errno, EINVAL, "vrange_set_priority on scratch memory");
+	errno = 0;
+	r = vrange_free(p, tib / 2);
+	expect_errno(r == -1, errno, EINVAL, "vrange_free of a scratch region with a wrong length");
+	check(vrange_free(p, tib) == 0, "vrange_free of the scratch region");
+	errno = 0;
+	r = vrange_free(p, tib);
+	expect_errno(r == -1, errno, EINVAL, "vrange_free of a scratch region already freed");
+	s2 = snapshot();
+	check(s2.scratch_regions == s0.scratch_regions && s2.scratch_bytes == s0.scratch_bytes,
+	      "a freed scratch region is no longer counted");
 }
 
 static void test_source_names(void)
@@ -969,6 +1036,7 @@ int main(void)
 	test_priority();
 	test_stats();
 	test_source_names();
+	test_scratch();
 	test_hybrid_arming();
 	test_shared_errors();
 	test_shared_in_process();

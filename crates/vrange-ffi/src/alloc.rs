@@ -5,7 +5,7 @@ use crate::{flags, guard, regions};
 use libc::{c_int, c_void, size_t};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::null_mut;
-use vrange_core::{Error, VolatileRegion};
+use vrange_core::{Error, ScratchRegion, VolatileRegion};
 
 /// Allocates a region of `length` bytes (rounded up to a page), zero and pinned, following
 /// `flags`; returns it or NULL with errno.
@@ -15,12 +15,17 @@ use vrange_core::{Error, VolatileRegion};
 #[no_mangle]
 pub unsafe extern "C" fn vrange_alloc(length: size_t, flags: c_int) -> *mut c_void {
     guard(null_mut(), || {
-        let opts = flags::alloc_options(flags)?;
-        let region = VolatileRegion::new(length, opts).map_err(|e| match e {
+        let absurd = |e| match e {
             // An absurd length is out of memory, as for malloc(3) and mmap(2).
             Error::Overflow => Error::Os(libc::ENOMEM),
             e => e,
-        })?;
+        };
+        if flags::scratch(flags)? {
+            let region = ScratchRegion::new(length).map_err(absurd)?;
+            return Ok(region.into_raw().0.cast());
+        }
+        let opts = flags::alloc_options(flags)?;
+        let region = VolatileRegion::new(length, opts).map_err(absurd)?;
         Ok(regions::hand_out(region).0.cast())
     })
 }

@@ -10,7 +10,8 @@
 //! | 4-6   | class: one of `VRANGE_DROP_FIRST`, `_LOW`, `_LAST` at most (none: normal) |
 //! | 7     | reserved |
 //! | 8-9   | at most one of `VRANGE_NOHUGE`, `VRANGE_HUGE` (none: automatic) |
-//! | 10-31 | reserved |
+//! | 10    | `VRANGE_SCRATCH`: a scratch region; no other bit may be set |
+//! | 11-31 | reserved |
 //!
 //! Policy 3 is invalid. Reserved bits must be zero: a caller built against a newer header that
 //! sets a flag this library does not know gets EINVAL rather than a silently different region.
@@ -30,6 +31,20 @@ const PRIORITY_MASK: c_int = VRANGE_DROP_FIRST | VRANGE_DROP_LOW | VRANGE_DROP_L
 pub const VRANGE_NOHUGE: c_int = 1 << 8;
 pub const VRANGE_HUGE: c_int = 1 << 9;
 const HUGE_MASK: c_int = VRANGE_NOHUGE | VRANGE_HUGE;
+pub const VRANGE_SCRATCH: c_int = 1 << 10;
+
+/// Whether `vrange_alloc(length, flags)` asks for a scratch region.
+///
+/// # Errors
+/// [`Error::BadFlags`] for `VRANGE_SCRATCH` with any other bit (a scratch region has no policy,
+/// class or huge-page choice: the kernel alone drops its pages).
+pub fn scratch(flags: c_int) -> Result<bool, Error> {
+    match flags & VRANGE_SCRATCH {
+        0 => Ok(false),
+        _ if flags == VRANGE_SCRATCH => Ok(true),
+        _ => Err(Error::BadFlags),
+    }
+}
 
 /// The reclaim class in `flags` (`Normal` when no `VRANGE_DROP_*` bit is set).
 ///

@@ -43,10 +43,18 @@ pub struct VrangeStats {
     pub reclaimer_running: u64,
     pub reclaimer_sources: u64,
     pub sources: [VrangeSourceStats; SOURCES],
+    // Version 2 (appended): scratch regions.
+    pub scratch_regions: u64,
+    pub scratch_bytes: u64,
 }
 
-// The header's layout: 14 counters, then 7 sources of 7 counters, no padding.
-const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7));
+/// The size of the first version of the struct (up to `sources`): the smallest `size` a caller
+/// built against an older header passes.
+const FIRST_VERSION_SIZE: usize = std::mem::offset_of!(VrangeStats, scratch_regions);
+
+// The header's layout: 14 counters, then 7 sources of 7 counters, then 2 counters, no padding.
+const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 2));
+const _: () = assert!(FIRST_VERSION_SIZE == 8 * (14 + 7 * 7));
 const _: () = assert!(SOURCES == 7);
 
 impl From<&SourceStats> for VrangeSourceStats {
@@ -81,6 +89,8 @@ impl VrangeStats {
             reclaimer_running: u64::from(s.reclaimer_running),
             reclaimer_sources: active.iter().fold(0, |acc, &src| acc | 1 << src as u8),
             sources: std::array::from_fn(|i| VrangeSourceStats::from(&s.sources[i])),
+            scratch_regions: s.scratch_regions,
+            scratch_bytes: s.scratch_bytes,
         }
     }
 }
@@ -105,16 +115,23 @@ pub extern "C" fn vrange_purge(bytes: size_t) -> size_t {
 #[no_mangle]
 pub unsafe extern "C" fn vrange_stats(out: *mut VrangeStats, size: size_t) -> c_int {
     guard(-1, || {
-        let ours = std::mem::size_of::<VrangeStats>();
-        if out.is_null() || size < ours {
+        if out.is_null() || size < FIRST_VERSION_SIZE {
             return Err(Error::BadFlags);
         }
-        let snapshot = VrangeStats::new(&core_api::stats(), &reclaim::active_sources());
-        // SAFETY: out points to size >= ours writable bytes (caller contract, checked size);
-        // write_unaligned makes no alignment assumption; the tail lies inside the same buffer.
+        let ours = std::mem::size_of::<VrangeStats>();
+        let written = size.min(ours);
+        let mut snapshot = VrangeStats::new(&core_api::stats(), &reclaim::active_sources());
+        snapshot.size = written as u64;
+        // SAFETY: out points to size writable bytes (caller contract) and written <= size; the
+        // copy is bytewise (no alignment assumed) from a local of ours >= written bytes; the
+        // zeroed tail lies inside the caller's size bytes.
         unsafe {
-            out.write_unaligned(snapshot);
-            out.cast::<u8>().add(ours).write_bytes(0, size - ours);
+            std::ptr::copy_nonoverlapping(
+                (&snapshot as *const VrangeStats).cast::<u8>(),
+                out.cast::<u8>(),
+                written,
+            );
+            out.cast::<u8>().add(written).write_bytes(0, size - written);
         }
         Ok(0)
     })

@@ -3,14 +3,15 @@
 //! found with the core's owner map ([`vrange_core::region_containing`]).
 
 use std::mem::ManuallyDrop;
-use vrange_core::{Error, VolatileRegion};
+use vrange_core::{Error, ScratchRegion, VolatileRegion};
 
 /// Gives up `region` to the C caller. Returns its start and length.
 pub fn hand_out(region: VolatileRegion) -> (*mut u8, usize) {
     region.into_raw()
 }
 
-/// Frees the region that `ptr` and `len` name exactly (`len` rounded up to a page).
+/// Frees the region (managed, lazy, hybrid, shared or scratch) that `ptr` and `len` name
+/// exactly (`len` rounded up to a page).
 ///
 /// # Errors
 /// [`Error::NotRegion`] (and the core's other errors for bad input) if they name no region.
@@ -19,7 +20,12 @@ pub fn hand_out(region: VolatileRegion) -> (*mut u8, usize) {
 /// The caller gives up the region: nothing may use it afterwards.
 pub unsafe fn free(ptr: *mut u8, len: usize) -> Result<(), Error> {
     // SAFETY: forwarded contract: the caller owns the region and gives it up.
-    drop(unsafe { VolatileRegion::from_raw(ptr, len)? });
+    match unsafe { VolatileRegion::from_raw(ptr, len) } {
+        Ok(region) => drop(region),
+        // SAFETY: as above.
+        Err(Error::NotRegion) => drop(unsafe { ScratchRegion::from_raw(ptr, len)? }),
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 

@@ -36,6 +36,28 @@ pub fn page_size() -> usize {
 /// # Errors
 /// The errno of mmap(2) (ENOMEM when the address space or overcommit limit is exhausted).
 pub fn map_anon(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+    map(len, align, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
+}
+
+/// Maps `len` bytes (a page multiple) of droppable anonymous memory (MAP_DROPPABLE, Linux
+/// 6.11), aligned to `align` (a power of two, at least a page). Content is zero.
+///
+/// The kernel may drop any page of it at any time, written or not, and a dropped page reads
+/// zero; the kernel charges no commit for it (a TiB costs nothing until touched), never
+/// OOM-kills for it, keeps it out of core dumps and gives a fork child zeroes (wipe on fork).
+///
+/// # Errors
+/// The errno of mmap(2): EINVAL on kernels without MAP_DROPPABLE (it is one of the map types
+/// there), ENOMEM when the address space is exhausted.
+///
+/// # References
+/// mmap(2) MAP_DROPPABLE; Linux commit 9651fcedf7b9 ("mm: add MAP_DROPPABLE for designating
+/// always lazily freeable mappings").
+pub fn map_droppable(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+    map(len, align, libc::MAP_DROPPABLE | libc::MAP_ANONYMOUS)
+}
+
+fn map(len: usize, align: usize, flags: libc::c_int) -> io::Result<NonNull<u8>> {
     let page = page_size();
     debug_assert!(align.is_power_of_two() && align >= page && len % page == 0);
     let slack = align - page;
@@ -48,7 +70,7 @@ pub fn map_anon(len: usize, align: usize) -> io::Result<NonNull<u8>> {
             std::ptr::null_mut(),
             total,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            flags,
             -1,
             0,
         )

@@ -267,22 +267,14 @@ fn userfaultfd_dev() -> Result<(), String> {
 
 fn map_droppable_works() -> bool {
     let page = mem::page_size();
-    // SAFETY: a fresh anonymous mapping aliases nothing; it is unmapped right after.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            page,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_DROPPABLE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if p == libc::MAP_FAILED {
-            return false;
+    match mem::map_droppable(page, page) {
+        Ok(p) => {
+            // SAFETY: the mapping was just made here and nothing refers into it.
+            unsafe { mem::unmap(p, page) };
+            true
         }
-        libc::munmap(p, page);
+        Err(_) => false,
     }
-    true
 }
 
 fn process_madvise_works() -> bool {

@@ -20,7 +20,7 @@ pub enum Error {
     NotMapped,
     /// The range is mapped but not private, anonymous, readable and writable memory, so the
     /// kernel purge path cannot serve it (EINVAL). Shared, file-backed, read-only and
-    /// `PROT_NONE` memory land here.
+    /// `PROT_NONE` memory land here, and scratch memory, which is always volatile.
     Unsupported,
     /// The kernel refused the purge hint for part of the range, for example because it is
     /// locked with mlock(2) (EINVAL). The range was pinned again before returning.
@@ -87,7 +87,7 @@ impl fmt::Display for Error {
             Error::BadMode => "unknown vrange mode",
             Error::NotMapped => "range is not fully mapped",
             Error::Unsupported => {
-                "range is not private anonymous read-write memory (shared, file-backed or protected)"
+                "range is not private anonymous read-write memory (shared, file-backed, protected or scratch)"
             }
             Error::Refused => "kernel refused the purge hint (locked memory?)",
             Error::OutOfReach => "range lies above the addresses vrange tracks",

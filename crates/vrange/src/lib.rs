@@ -38,6 +38,7 @@ mod publish;
 mod reclaim;
 mod region;
 mod registry;
+mod scratch;
 mod shadow;
 mod shared;
 mod span;
@@ -55,6 +56,7 @@ pub use reclaim::{purge, register_fork_handlers, set_option, OPTIONS};
 pub use reclaim::{Config, Headroom, Psi};
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
+pub use scratch::{ScratchRegion, MAX_SCRATCH_REGIONS};
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
 pub use vrange_sys::mem::page_size;
 pub use vrange_sys::probe::{features, Features, ThpMode};
@@ -108,7 +110,8 @@ pub enum Mode {
 /// # Errors
 /// [`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`] for bad input;
 /// [`Error::NotMapped`] for holes; [`Error::Unsupported`] for shared, file-backed or protected
-/// memory; [`Error::Straddles`] for a range crossing a region's boundary; [`Error::Partial`] for
+/// memory and for scratch memory ([`ScratchRegion`]: always volatile, it cannot be pinned);
+/// [`Error::Straddles`] for a range crossing a region's boundary; [`Error::Partial`] for
 /// part of a shared region; [`Error::Refused`] when the kernel refuses the hint (locked memory),
 /// in which case every page is pinned again except pages found purged, which keep that state.
 ///
@@ -122,6 +125,9 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
     let span = span::Span::new(ptr as usize, len)?;
     if span.is_empty() {
         return Ok(0);
+    }
+    if scratch::overlaps(span) {
+        return Err(Error::Unsupported);
     }
     if managed::owns(span)? {
         // SAFETY: forwarded contract; the span lies in one library-owned region.
@@ -156,6 +162,9 @@ pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
     let span = span::Span::new(ptr as usize, len)?;
     if span.is_empty() {
         return Ok(Unmarked::default());
+    }
+    if scratch::overlaps(span) {
+        return Err(Error::Unsupported);
     }
     if managed::owns(span)? {
         return managed::unmark(span);

@@ -103,6 +103,10 @@ pub struct Stats {
     pub descriptors_lost: u64,
     /// Descriptors vrange did not open because no number above its floor was free.
     pub descriptors_no_room: u64,
+    /// Scratch regions live now, and the bytes they reserve (address space, not what is
+    /// resident: see [`ScratchRegion::resident_bytes`](crate::ScratchRegion::resident_bytes)).
+    pub scratch_regions: u64,
+    pub scratch_bytes: u64,
     /// Per source, indexed like [`Source::ALL`].
     pub sources: [SourceStats; 7],
     /// What a client allocator built on vrange reports (zero without one).
@@ -285,6 +289,7 @@ pub fn stats() -> Stats {
     s.descriptors_lost = fds.lost;
     s.descriptors_no_room = fds.no_room;
     s.reclaimer_running = RECLAIMER_RUNNING.load(Relaxed);
+    (s.scratch_regions, s.scratch_bytes) = crate::scratch::totals();
     s.allocator = allocator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
         *out = SourceStats {
