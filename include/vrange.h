@@ -7,7 +7,7 @@
  *     vrange, vrange_unmark, vrange_forget, vrange_features, vrange_feature_flags, vrange_alloc,
  *     vrange_free, vrange_set_priority, vrange_shared_fd, vrange_map_shared, vrange_purge,
  *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop,
- *     vrange_version - mark memory as discardable and learn, when taking it back, whether the
+ *     vrange_fill, vrange_version - mark memory as discardable and learn, when taking it back, whether the
  *     system discarded it
  *
  * SYNOPSIS
@@ -16,6 +16,7 @@
  *     ssize_t  vrange(unsigned long start, size_t length, int mode, int *purged);
  *     ssize_t  vrange_unmark(void *start, size_t length, size_t *purged_pages);
  *     int      vrange_forget(void *start, size_t length);
+ *     int      vrange_fill(void *dst, const void *src, size_t len);
  *     ssize_t  vrange_features(char *buf, size_t len);
  *     uint64_t vrange_feature_flags(void);
  *
@@ -90,6 +91,48 @@
  *       vrange uses as proof of survival: the first non-zero word the page held when it
  *       was marked) hides the loss. Unmark before writing if you need an exact report.
  *
+ *   SIGBUS mode
+ *     What happens on access to memory that is still volatile, without unmarking it first:
+ *
+ *         access                   purged                 not purged
+ *         without unmarking        SIGBUS (SIGBUS mode);  original content
+ *                                  zero otherwise
+ *         after unmarking          zero, no signal        original content, never lost
+ *
+ *     Mode VRANGE_VOLATILE | VRANGE_SIGBUS marks a range as VRANGE_VOLATILE does, and until it
+ *     is unmarked, a load or store that touches a page the system discarded raises SIGBUS in
+ *     the thread that touched it, with si_addr the address touched (si_code BUS_ADRERR),
+ *     instead of reading zero. Pages never purged, and every page once unmarked, never signal.
+ *     A handler may place content into the purged page with vrange_fill() and return: the
+ *     access is retried and succeeds (the decompressor's "patch the page back"). Without a
+ *     handler the process dies of the signal, as for any SIGBUS; libvrange installs none.
+ *     vrange_alloc() with VRANGE_SIGBUS in flags makes a region whose marks are all in SIGBUS
+ *     mode (vrange() then takes either mode). VRANGE_SIGBUS is not accepted with
+ *     VRANGE_SHARED or VRANGE_SCRATCH.
+ *
+ *     vrange_fill() copies len bytes from src into [dst, dst + len) (dst and len page
+ *     multiples), filling only pages that are missing, atomically per page, and leaving pages
+ *     that are present as they are. It is async-signal-safe. A page it placed counts as
+ *     intact at the next unmark (its content is what the handler regenerated).
+ *
+ *     SIGBUS mode is built on userfaultfd(2) with UFFD_FEATURE_SIGBUS: one descriptor per
+ *     process, opened at the first use (placed like every libvrange descriptor, see NOTES),
+ *     with the volatile ranges registered in MISSING mode. On arbitrary memory and in
+ *     VRANGE_LAZY regions each SIGBUS mark registers the range (one more system call) and the
+ *     unmark unregisters it before proving the pages. Managed and hybrid SIGBUS regions are
+ *     populated when created (every page faulted in, so only purged pages can fault later)
+ *     and registered once; their mark and unmark stay O(1), and the unmark that reports a
+ *     purge installs zero pages over the range. Hybrid SIGBUS regions are never armed (they
+ *     purge as managed ones). A system call that writes into a purged page of a volatile
+ *     SIGBUS range (read(2) into it) fails with EFAULT where this process may use
+ *     userfaultfd for kernel-mode faults (privileged, or vm.unprivileged_userfaultfd=1);
+ *     elsewhere libvrange opens it with UFFD_USER_MODE_ONLY and such a call faults in a zero
+ *     page instead, which the next unmark reports as purged. A fork(2) child inherits no
+ *     registration: there, purged pages read zero. If the program closes the descriptor, the
+ *     kernel drops the registrations (purged pages read zero) until the next SIGBUS region or
+ *     mark opens a new one, which registers the live SIGBUS regions again. Without userfaultfd
+ *     (or without the permission to use it) the mark and vrange_alloc() fail with ENOTSUP:
+ *     never silently zero. *
  *   Regions
  *     vrange_alloc() maps a region of length bytes (rounded up to a page) owned by libvrange,
  *     zero-filled and pinned (not volatile). Mark and unmark its pages with vrange() and
@@ -289,12 +332,22 @@
  *     On any error nothing is marked: a failed VRANGE_VOLATILE call leaves no page of the
  *     range newly volatile, and a failed unmark changes nothing.
  *
+ *   vrange() in SIGBUS mode, vrange_alloc() with VRANGE_SIGBUS
+ *     ENOTSUP userfaultfd(2) or its SIGBUS feature is absent, or not allowed to this process.
+ *     EINVAL  (vrange()) the range lies in a region created without VRANGE_SIGBUS.
+ *
+ *   vrange_fill()
+ *     EINVAL  dst or len is not a page multiple, or [dst, dst + len) is not SIGBUS-mode memory
+ *             that is volatile.
+ *     EFAULT  src is NULL (with len not 0) or unreadable.
+ *     ENOMEM  memory for the pages could not be charged.
+ *
  *   vrange_alloc()
  *     EINVAL  length is 0; flags has a bit no VRANGE_* flag defines, two policies
  *             (VRANGE_LAZY | VRANGE_MANAGED), two VRANGE_DROP_* classes, both VRANGE_HUGE
  *             and VRANGE_NOHUGE, or VRANGE_SHARED with VRANGE_LAZY, VRANGE_HUGE or
  *             VRANGE_NOHUGE.
- *     EINVAL  VRANGE_SCRATCH with any other flag.
+ *     EINVAL  VRANGE_SCRATCH with any other flag; VRANGE_SIGBUS with VRANGE_SHARED.
  *     ENOMEM  length is too large, or mmap(2) or libvrange's range table ran out of memory,
  *             or (VRANGE_SCRATCH) the process already holds 64 scratch regions.
  *     ENOTSUP (VRANGE_SCRATCH) the kernel has no MAP_DROPPABLE (before Linux 6.11).
@@ -338,7 +391,8 @@
  *
  * NOTES
  *   Constants
- *     VRANGE_VOLATILE (0) and VRANGE_NOVOLATILE (1) are the two values of mode.
+ *     VRANGE_VOLATILE (0) and VRANGE_NOVOLATILE (1) are the two values of mode;
+ *     VRANGE_VOLATILE | VRANGE_SIGBUS marks in SIGBUS mode.
  *     VRANGE_FEATURE_* are the bits of vrange_feature_flags(); vrange_features() gives the
  *     same information (and more) as a human-readable table, as `vrange features` prints it.
  *     Without VRANGE_FEATURE_MADV_FREE marking still works and records state, but the
@@ -362,7 +416,11 @@
  *     reclaimer thread. vrange_alloc(), vrange_free(), vrange_set_priority(),
  *     vrange_shared_fd(), vrange_map_shared(), vrange_purge(), vrange_stats(),
  *     vrange_source_name(), vrange_set_option(), vrange_reclaimer_stop(), vrange_features()
- *     and vrange_feature_flags() are not async-signal-safe either.
+ *     and vrange_feature_flags() are not async-signal-safe either. vrange_fill() is
+ *     async-signal-safe (fstat(2) and ioctl(2) calls); in a process that used SIGBUS mode, an
+ *     unmark of memory outside managed regions adds one fstat(2) and one ioctl(2), and the
+ *     unmark that reports a purge of a managed SIGBUS range adds the same to install its zero
+ *     pages.
  *
  *   Threads
  *     All functions are thread-safe. Different threads may mark and unmark different pages
@@ -579,6 +637,11 @@ ssize_t vrange_features(char *buf, size_t len);
  *  before freeing memory that may still be volatile. Returns 0, or -1 with errno EINVAL. */
 int vrange_forget(void *start, size_t length);
 
+/** Places len bytes from src into the purged (missing) pages of [dst, dst + len), SIGBUS-mode
+ *  memory, page-aligned; present pages are left alone. Returns 0, or -1 with errno set.
+ *  Async-signal-safe: a SIGBUS handler calls it for the faulting page and returns. */
+int vrange_fill(void *dst, const void *src, size_t len);
+
 /** Returns the VRANGE_FEATURE_* bits of the running kernel (probed once, then cached). */
 uint64_t vrange_feature_flags(void);
 
@@ -607,6 +670,9 @@ uint64_t vrange_feature_flags(void);
 #define VRANGE_HUGE (1 << 9)
 /** A scratch region: always volatile, never marked; dropped pages read zero. Alone. */
 #define VRANGE_SCRATCH (1 << 10)
+/** SIGBUS mode: touching a purged page of a volatile range raises SIGBUS (see vrange_fill()).
+ *  A vrange_alloc() flag, and a bit of vrange()'s mode with VRANGE_VOLATILE. */
+#define VRANGE_SIGBUS (1 << 11)
 
 /** What made the reclaimer purge: the indices of struct vrange_stats's sources. */
 enum vrange_source {

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -593,6 +594,118 @@ static void test_stats(void)
 	expect_errno(r == -1, errno, EINVAL, "vrange_stats with a size one field short of the first version");
 }
 
+static void pin_to_one_cpu(void);
+
+/* SIGBUS mode: the handler regenerates the touched page (byte value: its page index + 1)
+ * with vrange_fill() and returns. */
+static char *sig_base;
+static size_t sig_len;
+static volatile sig_atomic_t sig_count;
+static volatile uintptr_t sig_addr;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	(void)uc;
+	uintptr_t a = (uintptr_t)si->si_addr;
+	static unsigned char buf[65536];
+	if (a < (uintptr_t)sig_base || a >= (uintptr_t)sig_base + sig_len || page > sizeof buf) {
+		signal(sig, SIG_DFL);
+		return;
+	}
+	sig_count++;
+	sig_addr = a;
+	uintptr_t at = a & ~(uintptr_t)(page - 1);
+	memset(buf, (int)((at - (uintptr_t)sig_base) / page + 1), page);
+	if (vrange_fill((void *)at, buf, page) != 0)
+		signal(sig, SIG_DFL);
+}
+
+static void sigbus_table(char *p, size_t n, int in_region, const char *what)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = on_sigbus;
+	sa.sa_flags = SA_SIGINFO;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, NULL);
+	for (size_t i = 0; i < n; i++)
+		memset(p + i * page, (int)(i + 1), page);
+	sig_base = p;
+	sig_len = n * page;
+	sig_count = 0;
+	ssize_t r = vrange(addr(p), n * page, VRANGE_VOLATILE | VRANGE_SIGBUS, NULL);
+	check(r == (ssize_t)(n * page), "%s: vrange(VRANGE_VOLATILE | VRANGE_SIGBUS) (%s)", what,
+	      r < 0 ? strerror(errno) : "ok");
+	check(p[page] == 2 && sig_count == 0, "%s: a page not purged reads its content, no signal",
+	      what);
+	if (in_region) {
+		check(vrange_purge((size_t)-1) >= n * page, "%s: purged", what);
+	} else {
+		pin_to_one_cpu();
+		check(madvise(p, n * page, MADV_PAGEOUT) == 0, "%s: MADV_PAGEOUT", what);
+	}
+	volatile char *q = p + 3 * page + 5;
+	char c = *q;
+	check(c == 4 && sig_count == 1 && sig_addr == (uintptr_t)q,
+	      "%s: a purged page raises SIGBUS at its address; the handler's vrange_fill lets the "
+	      "read continue (read %d, %d signals)",
+	      what, c, (int)sig_count);
+	int purged = -1;
+	r = vrange(addr(p), n * page, VRANGE_NOVOLATILE, &purged);
+	check(r == (ssize_t)(n * page) && purged == 1, "%s: the unmark reports the purge", what);
+	check(p[5 * page] == 0 && p[3 * page] == 4 && sig_count == 1,
+	      "%s: after unmark purged pages read zero, placed pages their content, no signal", what);
+	signal(SIGBUS, SIG_DFL);
+}
+
+static void test_sigbus(void)
+{
+	size_t n = 8;
+	char *p = vrange_alloc(n * page, VRANGE_MANAGED | VRANGE_SIGBUS);
+
+	if (p == NULL && errno == ENOTSUP) {
+		check(!(vrange_feature_flags() & VRANGE_FEATURE_USERFAULTFD),
+		      "SIGBUS mode refused with ENOTSUP only where userfaultfd is unusable");
+		return;
+	}
+	check(p != NULL, "vrange_alloc(VRANGE_MANAGED | VRANGE_SIGBUS) (%s)",
+	      p ? "ok" : strerror(errno));
+	if (p == NULL)
+		return;
+	sigbus_table(p, n, 1, "managed SIGBUS region");
+	check(release(p, n), "vrange_free of the SIGBUS region");
+
+	char *m = mmap(NULL, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	check(m != MAP_FAILED, "mmap");
+	if (m == MAP_FAILED)
+		return;
+	if (can_purge)
+		sigbus_table(m, n, 0, "classic call on mmap'd memory");
+	else
+		skip("classic call in SIGBUS mode", "MADV_FREE or MADV_PAGEOUT is missing");
+	munmap(m, n * page);
+
+	int r;
+	static char buf[65536];
+	errno = 0;
+	void *q = vrange_alloc(page, VRANGE_SHARED | VRANGE_SIGBUS);
+	expect_errno(q == NULL, errno, EINVAL, "VRANGE_SHARED | VRANGE_SIGBUS");
+	errno = 0;
+	q = vrange_alloc(page, VRANGE_SCRATCH | VRANGE_SIGBUS);
+	expect_errno(q == NULL, errno, EINVAL, "VRANGE_SCRATCH | VRANGE_SIGBUS");
+	char *plain = alloc(2, VRANGE_MANAGED);
+	errno = 0;
+	r = (int)vrange(addr(plain), page, VRANGE_VOLATILE | VRANGE_SIGBUS, NULL);
+	expect_errno(r == -1, errno, EINVAL, "SIGBUS mode in a region made without VRANGE_SIGBUS");
+	errno = 0;
+	r = vrange_fill(plain + 8, buf, page);
+	expect_errno(r == -1, errno, EINVAL, "vrange_fill at a misaligned address");
+	errno = 0;
+	r = vrange_fill(plain, buf, page);
+	expect_errno(r == -1, errno, EINVAL, "vrange_fill into memory not in SIGBUS mode");
+	check(release(plain, 2), "vrange_free");
+}
+
 /* Scratch regions: always volatile, never marked (MAP_DROPPABLE); refused with ENOTSUP where
  * the kernel lacks it. */
 static void test_scratch(void)
@@ -1037,6 +1150,7 @@ int main(void)
 	test_stats();
 	test_source_names();
 	test_scratch();
+	test_sigbus();
 	test_hybrid_arming();
 	test_shared_errors();
 	test_shared_in_process();

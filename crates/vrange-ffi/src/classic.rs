@@ -1,5 +1,5 @@
 //! The classic calls on arbitrary memory (and on regions, following their policy): `vrange`,
-//! `vrange_unmark`, `vrange_forget`.
+//! `vrange_unmark`, `vrange_forget`, and `vrange_fill` for SIGBUS mode.
 
 use crate::{core_api, guard};
 use libc::{c_int, size_t, ssize_t};
@@ -9,6 +9,8 @@ use vrange_core::Error;
 pub const VRANGE_VOLATILE: c_int = 0;
 /// `mode` value: pin the pages again; `*purged` says whether anything was discarded.
 pub const VRANGE_NOVOLATILE: c_int = 1;
+/// `mode` bit with `VRANGE_VOLATILE` (and `vrange_alloc` flag): SIGBUS mode.
+pub use crate::flags::VRANGE_SIGBUS;
 
 /// Marks or unmarks `[start, start + length)`; see `vrange(2)` in include/vrange.h.
 ///
@@ -27,6 +29,11 @@ pub unsafe extern "C" fn vrange(
             VRANGE_VOLATILE => {
                 // SAFETY: the caller owns the memory (documented contract of vrange()).
                 let n = unsafe { core_api::mark_volatile(ptr, length)? };
+                Ok(n as ssize_t)
+            }
+            m if m == VRANGE_VOLATILE | VRANGE_SIGBUS => {
+                // SAFETY: as above.
+                let n = unsafe { core_api::mark_volatile_sigbus(ptr, length)? };
                 Ok(n as ssize_t)
             }
             VRANGE_NOVOLATILE => {
@@ -75,6 +82,28 @@ pub unsafe extern "C" fn vrange_forget(start: *mut libc::c_void, length: size_t)
     guard(-1, || {
         // SAFETY: the caller gives up the range's content (documented contract).
         unsafe { core_api::forget(start.cast(), length)? };
+        Ok(0)
+    })
+}
+
+/// Places `len` bytes from `src` into the purged pages of `[dst, dst + len)` (SIGBUS-mode memory,
+/// page-aligned), leaving present pages alone; returns 0 or -1 with errno (EINVAL: misaligned or
+/// not SIGBUS-mode volatile memory; ENOMEM). Async-signal-safe.
+///
+/// # Safety
+/// `src` must be readable for `len` bytes; `dst` memory the caller owns.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_fill(
+    dst: *mut libc::c_void,
+    src: *const libc::c_void,
+    len: size_t,
+) -> c_int {
+    guard(-1, || {
+        if src.is_null() && len != 0 {
+            return Err(Error::Os(libc::EFAULT));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { core_api::fill(dst.cast(), src.cast(), len)? };
         Ok(0)
     })
 }

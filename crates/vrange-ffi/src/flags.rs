@@ -11,7 +11,8 @@
 //! | 7     | reserved |
 //! | 8-9   | at most one of `VRANGE_NOHUGE`, `VRANGE_HUGE` (none: automatic) |
 //! | 10    | `VRANGE_SCRATCH`: a scratch region; no other bit may be set |
-//! | 11-31 | reserved |
+//! | 11    | `VRANGE_SIGBUS`: SIGBUS mode (private regions only) |
+//! | 12-31 | reserved |
 //!
 //! Policy 3 is invalid. Reserved bits must be zero: a caller built against a newer header that
 //! sets a flag this library does not know gets EINVAL rather than a silently different region.
@@ -32,6 +33,7 @@ pub const VRANGE_NOHUGE: c_int = 1 << 8;
 pub const VRANGE_HUGE: c_int = 1 << 9;
 const HUGE_MASK: c_int = VRANGE_NOHUGE | VRANGE_HUGE;
 pub const VRANGE_SCRATCH: c_int = 1 << 10;
+pub const VRANGE_SIGBUS: c_int = 1 << 11;
 
 /// Whether `vrange_alloc(length, flags)` asks for a scratch region.
 ///
@@ -64,14 +66,19 @@ pub fn priority(flags: c_int) -> Result<Priority, Error> {
 ///
 /// # Errors
 /// [`Error::BadFlags`] for reserved bits, the invalid policy 3 (`VRANGE_LAZY | VRANGE_MANAGED`),
-/// two classes or both huge-page bits, and for `VRANGE_SHARED` with `VRANGE_LAZY` or a huge-page
-/// bit (shared regions are always managed, and memfd-backed).
+/// two classes or both huge-page bits, and for `VRANGE_SHARED` with `VRANGE_LAZY`, a huge-page
+/// bit or `VRANGE_SIGBUS` (shared regions are always managed, memfd-backed, and not yet served
+/// by SIGBUS mode).
 pub fn alloc_options(flags: c_int) -> Result<Options, Error> {
-    let known = POLICY_MASK | VRANGE_SHARED | PRIORITY_MASK | HUGE_MASK;
+    let known = POLICY_MASK | VRANGE_SHARED | PRIORITY_MASK | HUGE_MASK | VRANGE_SIGBUS;
     if flags & !known != 0 {
         return Err(Error::BadFlags);
     }
     let shared = flags & VRANGE_SHARED != 0;
+    let sigbus = flags & VRANGE_SIGBUS != 0;
+    if shared && sigbus {
+        return Err(Error::BadFlags);
+    }
     let policy = match flags & POLICY_MASK {
         VRANGE_HYBRID if shared => Policy::Managed,
         VRANGE_HYBRID => Policy::Hybrid,
@@ -90,6 +97,7 @@ pub fn alloc_options(flags: c_int) -> Result<Options, Error> {
         priority: priority(flags)?,
         shared,
         huge,
+        sigbus,
     })
 }
 

@@ -22,7 +22,7 @@
 //!
 //! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
 //!   [`mem::page_size`] after first use, [`vma::check_private_anon`],
-//!   [`pressure::Waker::wake`].
+//!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::unregister`].
 //! - Kernel features are probed once, at first use, and the result and any fallback is recorded
 //!   in [`probe::features`].
 //!
@@ -45,4 +45,5 @@ pub mod settings;
 pub mod shm;
 pub mod statsdir;
 pub mod sync;
+pub mod uffd;
 pub mod vma;

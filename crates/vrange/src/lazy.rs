@@ -7,7 +7,7 @@
 
 use crate::shadow::{self, PINNED, PURGED, WITNESS, ZERO};
 use crate::span::Span;
-use crate::{witness, Error, Unmarked};
+use crate::{sigbus, witness, Error, Unmarked};
 use std::sync::atomic::{AtomicU16, Ordering};
 use vrange_sys::{mem, vma};
 
@@ -22,6 +22,37 @@ pub(crate) unsafe fn mark_volatile(span: Span) -> Result<usize, Error> {
     // caller owns it.
     unsafe { mark_span(span)? };
     Ok(span.len())
+}
+
+/// [`mark_volatile`] in SIGBUS mode (see `sigbus`).
+///
+/// # Safety
+/// As [`crate::mark_volatile_sigbus`].
+pub(crate) unsafe fn mark_volatile_sigbus(span: Span) -> Result<usize, Error> {
+    check_mapping(span)?;
+    // SAFETY: as in mark_volatile.
+    unsafe { mark_span_sigbus(span)? };
+    Ok(span.len())
+}
+
+/// [`mark_span`] in SIGBUS mode: unregistered first (marking a volatile page again proves its
+/// witness, which must not signal), marked (the scan maps a zero page at every page never
+/// touched, so only pages discarded from now on are missing), then registered. A range that
+/// cannot be registered is pinned again.
+///
+/// # Safety
+/// As [`mark_span`].
+pub(crate) unsafe fn mark_span_sigbus(span: Span) -> Result<(), Error> {
+    sigbus::disarm(span);
+    let fd = sigbus::ensure()?;
+    // SAFETY: forwarded contract.
+    unsafe { mark_span(span)? };
+    if let Err(e) = sigbus::register(fd, span) {
+        // SAFETY: forwarded contract.
+        unsafe { repin_span(span) };
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// Unmarks a validated span of arbitrary memory (the public entry is [`crate::unmark`]).
@@ -127,6 +158,8 @@ unsafe fn mark_page(page: *mut u64, words: usize, entry: &AtomicU16) {
 /// # Safety
 /// `span` must be mapped private anonymous read-write memory owned by the caller.
 pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
+    // Memory marked in SIGBUS mode stops signalling first: the proof below reads every page.
+    sigbus::disarm(span);
     let mut result = Unmarked {
         pages: span.len() / mem::page_size(),
         ..Unmarked::default()
@@ -158,7 +191,8 @@ pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
 ///
 /// Without it, a later mapping at the same addresses inherits the old page states, and the
 /// worst that can follow is a false "purged" report (a stale witness reads as lost), never a
-/// false "intact". [`Region`](crate::Region) does this itself when dropped.
+/// false "intact". [`Region`](crate::Region) does this itself when dropped. Memory marked in
+/// SIGBUS mode stops signalling.
 ///
 /// # Errors
 /// As for range validation ([`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`]);
@@ -169,6 +203,7 @@ pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
 /// rely on their content afterwards.
 pub unsafe fn forget(ptr: *mut u8, len: usize) -> Result<(), Error> {
     let span = Span::new(ptr as usize, len)?;
+    sigbus::disarm(span);
     shadow::forget(span.start, span.end);
     Ok(())
 }

@@ -41,6 +41,7 @@ mod registry;
 mod scratch;
 mod shadow;
 mod shared;
+mod sigbus;
 mod span;
 mod state;
 mod stats;
@@ -57,6 +58,7 @@ pub use reclaim::{Config, Headroom, Psi};
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use scratch::{ScratchRegion, MAX_SCRATCH_REGIONS};
+pub use sigbus::fill;
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
 pub use vrange_sys::mem::page_size;
 pub use vrange_sys::probe::{features, Features, ThpMode};
@@ -171,6 +173,46 @@ pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
     }
     // SAFETY: forwarded contract.
     unsafe { lazy::unmark(span) }
+}
+
+/// Marks `[ptr, ptr + len)` volatile in SIGBUS mode: as [`mark_volatile`], and until it is
+/// unmarked, touching a page the system discarded raises SIGBUS at that address instead of
+/// reading zero (a handler may place content with [`fill`] and return; the access is then
+/// retried). Pages never purged, and every page once unmarked, never signal. Pages never
+/// touched before are faulted in first (so that only discarded pages are missing).
+///
+/// On arbitrary private anonymous memory and in lazy regions this registers the range with the
+/// process's userfaultfd (one more system call); in a managed or hybrid region created with
+/// [`Options::sigbus`] it is the region's O(1) mark. See the semantics table in the README.
+///
+/// # Errors
+/// As [`mark_volatile`]; `Error::Os(ENOTSUP)` without userfaultfd (or its SIGBUS feature, or
+/// the permission to use it); [`Error::BadFlags`] in a region created without SIGBUS mode.
+///
+/// # Safety
+/// As [`mark_volatile`]; and the process must be ready for SIGBUS: without a handler, touching a
+/// purged page kills it.
+///
+/// # References
+/// userfaultfd(2) (UFFD_FEATURE_SIGBUS), madvise(2) MADV_FREE.
+pub unsafe fn mark_volatile_sigbus(ptr: *mut u8, len: usize) -> Result<usize> {
+    let span = span::Span::new(ptr as usize, len)?;
+    if span.is_empty() {
+        return Ok(0);
+    }
+    if scratch::overlaps(span) {
+        return Err(Error::Unsupported);
+    }
+    if managed::owns(span)? {
+        if !managed::is_sigbus(span) {
+            return Err(Error::BadFlags);
+        }
+        // SAFETY: forwarded contract.
+        return unsafe { mark_volatile(ptr, len) };
+    }
+    reclaim::register_fork_handlers();
+    // SAFETY: forwarded contract.
+    unsafe { lazy::mark_volatile_sigbus(span) }
 }
 
 /// The classic call: marks or unmarks, returning the bytes processed and, for

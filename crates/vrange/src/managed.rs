@@ -30,6 +30,13 @@ pub struct Options {
     pub shared: bool,
     /// Transparent huge pages for private regions (default [`Huge::Auto`]).
     pub huge: Huge,
+    /// SIGBUS mode (private regions; default off): while a range is volatile, touching a
+    /// purged page raises SIGBUS at that address instead of reading zero (see
+    /// [`crate::mark_volatile_sigbus`] and [`crate::fill`]). Managed and hybrid regions are
+    /// populated when created and registered with the process's userfaultfd; hybrid ones are
+    /// then purged as managed ones (never armed). Fails with `Error::Os(ENOTSUP)` without
+    /// userfaultfd.
+    pub sigbus: bool,
 }
 
 /// Creates a region of `len` bytes (rounded up to a page; content zero, pinned). Returns its
@@ -42,6 +49,9 @@ pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error>
     let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
     if len > isize::MAX as usize {
         return Err(Error::Overflow);
+    }
+    if opts.sigbus && opts.shared {
+        return Err(Error::BadFlags);
     }
     let (idx, slot) = registry::alloc_slot()?;
     let made = if opts.shared {
@@ -69,8 +79,32 @@ pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error>
 fn create_private(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
     let (base, _) = crate::region::map_owned(len, opts.huge)?;
     let start = base.as_ptr() as usize;
-    slot.init(opts.policy, opts.priority, start, len);
+    // SIGBUS regions are never armed: the proof of an armed unmark touches every page.
+    let policy = match opts.policy {
+        Policy::Hybrid if opts.sigbus => Policy::Managed,
+        p => p,
+    };
+    slot.init(policy, opts.priority, start, len);
+    if opts.sigbus {
+        slot.set_sigbus();
+        // The kernel path registers at each mark; managed ranges for good, populated first so
+        // that only purged pages are missing.
+        let armed = match policy {
+            Policy::Lazy => crate::sigbus::ensure().map(drop),
+            _ => crate::sigbus::arm_region(start, len),
+        };
+        if let Err(e) = armed {
+            // SAFETY: just mapped, never handed out.
+            unsafe { mem::unmap(base, len) };
+            return Err(e);
+        }
+    }
     Ok(start)
+}
+
+/// Whether `span` lies in a SIGBUS-mode region.
+pub(crate) fn is_sigbus(span: Span) -> bool {
+    matches!(region_of(span), Ok(Some((_, slot))) if slot.sigbus())
 }
 
 fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
@@ -235,7 +269,13 @@ pub(crate) unsafe fn mark(span: Span) -> Result<(), Error> {
     };
     if first.policy() == Policy::Lazy {
         // SAFETY: the span lies inside a private anonymous region this library mapped.
-        return unsafe { lazy::mark_span(span) };
+        return unsafe {
+            if first.sigbus() {
+                lazy::mark_span_sigbus(span)
+            } else {
+                lazy::mark_span(span)
+            }
+        };
     }
     let now = clock::now_ns();
     for_each_range(span, |idx, slot| {
@@ -313,6 +353,10 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
         }
         Found::Purged => {
             stats::count_purge_seen();
+            if slot.sigbus() {
+                // Pinned memory never signals: purged pages read zero from now on.
+                crate::sigbus::zero_fill(start, len);
+            }
             Unmarked {
                 pages,
                 volatile: pages,

@@ -60,6 +60,8 @@ impl Priority {
 const LIVE: u32 = 1;
 const POLICY_SHIFT: u32 = 1;
 const PRIORITY_SHIFT: u32 = 4;
+/// The range belongs to a SIGBUS-mode region (see `sigbus`).
+const SIGBUS: u32 = 1 << 3;
 
 /// One managed range. Its extent changes only while its owner has claimed it (`BUSY`).
 /// Cache-line aligned: threads marking and unmarking different ranges (an allocator's arenas)
@@ -139,6 +141,16 @@ impl Slot {
         let _ = self.info.fetch_update(Release, Relaxed, |i| {
             Some((i & !(3 << POLICY_SHIFT)) | (bits << POLICY_SHIFT))
         });
+    }
+
+    /// Whether the range belongs to a SIGBUS-mode region (copied into ranges split off it).
+    pub fn sigbus(&self) -> bool {
+        self.info.load(Relaxed) & SIGBUS != 0
+    }
+
+    /// Makes the (unpublished) range's region SIGBUS-mode.
+    pub fn set_sigbus(&self) {
+        self.info.fetch_or(SIGBUS, Relaxed);
     }
 
     pub fn priority(&self) -> Priority {

@@ -226,6 +226,7 @@ fn holder(policy: Policy) {
                 priority: Priority::Normal,
                 shared: false,
                 huge: huge(i),
+                sigbus: false,
             };
             let r = VolatileRegion::new(REGION, opts).expect("create a region");
             fill(r.as_ptr(), r.len(), seed(i));

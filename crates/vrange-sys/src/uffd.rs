@@ -1,0 +1,245 @@
+//! userfaultfd(2): the on-access half of volatile ranges. A range registered in MISSING mode on
+//! a userfaultfd opened with `UFFD_FEATURE_SIGBUS` raises SIGBUS (at the faulting address)
+//! when a thread touches a page that is not there (purged by MADV_DONTNEED, or discarded by the
+//! kernel after MADV_FREE), instead of faulting in a zero page; `UFFDIO_COPY` and
+//! `UFFDIO_ZEROPAGE` install pages atomically without faulting.
+//!
+//! Owns the userfaultfd system call, `/dev/userfaultfd` and the `UFFDIO_*` ioctls. The
+//! functions taking a raw descriptor ([`copy`], [`zero`], [`unregister`]) are async-signal-safe
+//! (one ioctl per call, stack values only); the caller verifies the descriptor first.
+//!
+//! # What a missing page does
+//! | access | registered (SIGBUS feature) | not registered |
+//! |---|---|---|
+//! | load or store by a thread | SIGBUS, `si_addr` the address, `si_code` BUS_ADRERR | a zero page |
+//! | a system call writing into it (`read(2)` into a buffer) | EFAULT; with UFFD_USER_MODE_ONLY a zero page is faulted in instead | a zero page |
+//!
+//! # References
+//! userfaultfd(2), ioctl_userfaultfd(2), Documentation/admin-guide/mm/userfaultfd.rst.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+// The ioctl numbers and structures of include/uapi/linux/userfaultfd.h (libc has none).
+const UFFD_API: u64 = 0xAA;
+const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
+const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
+const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xaa00;
+const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+
+#[repr(C)]
+struct Api {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Range {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct Register {
+    range: Range,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct Copy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct Zeropage {
+    range: Range,
+    mode: u64,
+    zeropage: i64,
+}
+
+const _: () = assert!(std::mem::size_of::<Api>() == 24);
+const _: () = assert!(std::mem::size_of::<Register>() == 32);
+const _: () = assert!(std::mem::size_of::<Range>() == 16);
+const _: () = assert!(std::mem::size_of::<Copy>() == 40);
+const _: () = assert!(std::mem::size_of::<Zeropage>() == 32);
+
+/// How the descriptor was obtained: what a system call touching a missing page gets depends
+/// on it (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Kernel-mode faults too (privileged, or `vm.unprivileged_userfaultfd=1`, or
+    /// `/dev/userfaultfd`): a system call writing into a missing page fails with EFAULT.
+    All,
+    /// UFFD_USER_MODE_ONLY (unprivileged): a system call writing into a missing page faults in
+    /// a zero page, as if the range were not registered.
+    UserModeOnly,
+}
+
+fn ioctl<T>(fd: RawFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    // SAFETY: `arg` is the structure `request` reads and writes (sizes asserted above), valid
+    // for the call; an unrelated descriptor fails the ioctl (ENOTTY, EINVAL) without effect.
+    let rc = unsafe { libc::ioctl(fd, request, arg as *mut T) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A new userfaultfd (close-on-exec, non-blocking) with the SIGBUS feature: tries the system
+/// call for all faults, then with UFFD_USER_MODE_ONLY, then `/dev/userfaultfd`. The caller
+/// places it above vrange's descriptor floor.
+///
+/// # Errors
+/// ENOSYS (no userfaultfd), EPERM or EACCES (not allowed), EINVAL (no SIGBUS feature), the
+/// errno of the last way tried otherwise.
+pub fn open_sigbus() -> io::Result<(OwnedFd, Reach)> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let mut last = io::Error::from_raw_os_error(libc::ENOSYS);
+    for (extra, reach) in [(0, Reach::All), (UFFD_USER_MODE_ONLY, Reach::UserModeOnly)] {
+        // SAFETY: userfaultfd takes flags only and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | extra) };
+        if fd >= 0 {
+            // SAFETY: fd was just returned to us and nothing else owns it.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+            return handshake(fd, reach);
+        }
+        last = io::Error::last_os_error();
+    }
+    // SAFETY: a NUL-terminated path; open returns a new descriptor or -1.
+    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if dev < 0 {
+        return Err(last);
+    }
+    // SAFETY: dev was just returned to us.
+    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+    // SAFETY: USERFAULTFD_IOC_NEW takes the flags by value and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&dev),
+            USERFAULTFD_IOC_NEW,
+            flags as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned to us and nothing else owns it.
+    handshake(unsafe { OwnedFd::from_raw_fd(fd) }, Reach::All)
+}
+
+fn handshake(fd: OwnedFd, reach: Reach) -> io::Result<(OwnedFd, Reach)> {
+    let mut api = Api {
+        api: UFFD_API,
+        features: UFFD_FEATURE_SIGBUS,
+        ioctls: 0,
+    };
+    ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), UFFDIO_API, &mut api)?;
+    Ok((fd, reach))
+}
+
+/// Registers `[start, start + len)` (page-aligned, private anonymous) in MISSING mode: from now
+/// on a missing page there raises SIGBUS. Registering a range already registered on `fd` again
+/// is allowed.
+///
+/// # Errors
+/// EINVAL for memory userfaultfd does not serve, EBUSY if another userfaultfd holds part of
+/// it, ENOMEM for holes.
+pub fn register_missing(fd: RawFd, start: usize, len: usize) -> io::Result<()> {
+    let mut r = Register {
+        range: Range {
+            start: start as u64,
+            len: len as u64,
+        },
+        mode: UFFDIO_REGISTER_MODE_MISSING,
+        ioctls: 0,
+    };
+    ioctl(fd, UFFDIO_REGISTER, &mut r)
+}
+
+/// Unregisters `[start, start + len)`: missing pages fault in as zero pages again. Parts not
+/// registered are skipped. Async-signal-safe.
+///
+/// # Errors
+/// EINVAL for memory userfaultfd does not serve, ENOMEM for holes.
+pub fn unregister(fd: RawFd, start: usize, len: usize) -> io::Result<()> {
+    let mut r = Range {
+        start: start as u64,
+        len: len as u64,
+    };
+    ioctl(fd, UFFDIO_UNREGISTER, &mut r)
+}
+
+/// Installs the missing pages of `[dst, dst + len)` (page-aligned) with the bytes at `src`,
+/// atomically per page, skipping pages that are present. Async-signal-safe.
+///
+/// # Errors
+/// EINVAL for misaligned arguments; ENOENT where `dst` is not registered on `fd`; EFAULT for a
+/// bad `src`; ENOMEM when memory for the pages cannot be charged.
+///
+/// # Safety
+/// `src` must be readable for `len` bytes.
+pub unsafe fn copy(fd: RawFd, dst: usize, src: *const u8, len: usize) -> io::Result<()> {
+    let page = crate::mem::page_size();
+    let mut done = 0;
+    while done < len {
+        let mut c = Copy {
+            dst: (dst + done) as u64,
+            src: src as u64 + done as u64,
+            len: (len - done) as u64,
+            mode: 0,
+            copy: 0,
+        };
+        match ioctl(fd, UFFDIO_COPY, &mut c) {
+            Ok(()) => return Ok(()),
+            // A present page stops the copy: keep it, go on after it.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                done += c.copy.max(0) as usize + page;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => done += c.copy.max(0) as usize,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Installs zero pages at the missing pages of `[dst, dst + len)` (page-aligned), skipping
+/// pages that are present. Async-signal-safe.
+///
+/// # Errors
+/// As [`copy`].
+pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<()> {
+    let page = crate::mem::page_size();
+    let mut done = 0;
+    while done < len {
+        let mut z = Zeropage {
+            range: Range {
+                start: (dst + done) as u64,
+                len: (len - done) as u64,
+            },
+            mode: 0,
+            zeropage: 0,
+        };
+        match ioctl(fd, UFFDIO_ZEROPAGE, &mut z) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                done += z.zeropage.max(0) as usize + page;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => done += z.zeropage.max(0) as usize,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
