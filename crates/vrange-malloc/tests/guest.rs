@@ -83,6 +83,22 @@ fn closed_and_reused_descriptors_are_never_written_or_closed() {
     assert_ok("closefrom without the shim", &plain, &out);
 }
 
+/// Regression (CPython's test_subprocess under the shim with VRANGE_MALLOC_THRESHOLD=16K, in
+/// CI: the worker's stdout closed): a program closes 1 and restores it with dup2 while the
+/// reclaimer opens files; a file of vrange's that landed at 1 in between was then closed by
+/// number after the program had put its stdout back there.
+#[test]
+fn a_standard_descriptor_closed_and_restored_meanwhile_is_never_closed() {
+    let mut cmd = Command::new(guest());
+    cmd.args(["stdswap", "4"])
+        // Ticks as fast as they go: the reclaimer opens and closes as often as it ever does.
+        .env("VRANGE_POLL_MS", "1")
+        .env("VRANGE_MALLOC_THRESHOLD", "16K")
+        .env("VRANGE_MALLOC_BUDGET", "4M");
+    let out = output(with_shim(&mut cmd, &[]));
+    assert_ok("stdswap under the shim", &cmd, &out);
+}
+
 #[test]
 fn no_descriptor_before_volatile_memory_and_then_only_above_the_floor() {
     let floor = vrange_sys::fd::floor();

@@ -114,7 +114,7 @@ impl MemCgroup {
             Version::V1 => "memory.oom_control",
             Version::V2 => "memory.events",
         });
-        let text = fs::read_to_string(&path)?;
+        let text = crate::fd::read_file(&path)?;
         keyed_value(&text, "oom_kill").ok_or_else(|| {
             // Kernels before 4.13 have no oom_kill counter in v1.
             invalid_data(format!("no oom_kill line in {}", path.display()))
@@ -150,7 +150,7 @@ impl MemCgroup {
             return Ok(());
         }
         let has_memory = |file: &str| {
-            fs::read_to_string(self.file(file))
+            crate::fd::read_file(self.file(file))
                 .is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"))
         };
         if has_memory("cgroup.subtree_control") {
@@ -166,7 +166,7 @@ impl MemCgroup {
         access(&control, libc::W_OK).map_err(|e| denied(&control, e))?;
         // The v2 "no internal processes" rule: a cgroup with member processes cannot enable a
         // controller for its children.
-        if fs::read_to_string(self.file("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty()) {
+        if crate::fd::read_file(self.file("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty()) {
             return Err(format!(
                 "{} has member processes, so cgroup v2 cannot enable memory for its children",
                 self.path.display()
@@ -198,7 +198,7 @@ impl MemCgroup {
             // holds processes itself or its own parent does not delegate memory; the check
             // after mkdir then reports that.
             let control = self.file("cgroup.subtree_control");
-            let enabled = fs::read_to_string(&control)
+            let enabled = crate::fd::read_file(&control)
                 .map(|t| t.split_whitespace().any(|c| c == "memory"))
                 .unwrap_or(false);
             if !enabled {
@@ -273,7 +273,7 @@ impl ChildCgroup {
         let Some(parent) = self.cg.path.parent() else {
             return;
         };
-        let Ok(procs) = fs::read_to_string(self.cg.file("cgroup.procs")) else {
+        let Ok(procs) = crate::fd::read_file(self.cg.file("cgroup.procs")) else {
             return;
         };
         let parent_procs = parent.join("cgroup.procs");
@@ -357,7 +357,7 @@ pub fn unique_name(prefix: &str) -> String {
 /// on hosts that keep memory on v1). `None` for the v2 root, whose file is the system-wide one
 /// (`/proc/pressure/memory`), or without a cgroup2 mount.
 pub fn v2_pressure_file() -> Option<PathBuf> {
-    let proc_cgroup = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let proc_cgroup = crate::fd::read_file("/proc/self/cgroup").ok()?;
     let (_, v2_path) = parse_proc_cgroup(&proc_cgroup);
     let v2_path = v2_path.filter(|p| p != "/")?;
     let mounts = match fs::read("/proc/self/mountinfo") {
@@ -370,7 +370,7 @@ pub fn v2_pressure_file() -> Option<PathBuf> {
 
 /// Finds this process's memory cgroup, or says why there is none.
 fn discover() -> Result<MemCgroup, String> {
-    let proc_cgroup = fs::read_to_string("/proc/self/cgroup")
+    let proc_cgroup = crate::fd::read_file("/proc/self/cgroup")
         .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
     let (v1_path, v2_path) = parse_proc_cgroup(&proc_cgroup);
     let mounts = match fs::read("/proc/self/mountinfo") {
@@ -561,7 +561,7 @@ fn keyed_value(text: &str, key: &str) -> Option<u64> {
 }
 
 fn read_u64(path: &Path) -> io::Result<u64> {
-    let text = fs::read_to_string(path)?;
+    let text = crate::fd::read_file(path)?;
     text.trim()
         .parse()
         .map_err(|_| invalid_data(format!("{}: not a number: {text:?}", path.display())))

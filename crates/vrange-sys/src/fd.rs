@@ -32,7 +32,7 @@
 //! system calls on stack buffers, atomics, no allocation, no lock.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicI32, AtomicU64};
 
@@ -172,7 +172,15 @@ impl GuestFd {
     /// EMFILE when no number above the floor is free (counted in [`Counts::no_room`]); the
     /// errno of fstat(2).
     pub fn adopt(fd: OwnedFd, inherit: Inherit) -> io::Result<GuestFd> {
-        GuestFd::copy_of(fd.as_fd(), inherit)
+        let original = Ident::of(fd.as_raw_fd());
+        let guest = GuestFd::copy_of(fd.as_fd(), inherit)?;
+        // The original number is closed only if it still is what was opened: a program that
+        // had it closed (a standard descriptor) may have put its own file there meanwhile.
+        if let Some(original) = original {
+            let _ = fd.into_raw_fd();
+            close_ident(&original);
+        }
+        Ok(guest)
     }
 
     /// A copy of `fd` above the [`floor`], close-on-exec, that vrange owns (a private copy of
@@ -269,6 +277,204 @@ fn close_ident(ident: &Ident) {
 pub fn std_fds_open() -> bool {
     // SAFETY: F_GETFD has no memory effects; a closed descriptor is EBADF.
     (0..3).all(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0)
+}
+
+// ---- Opening without ever touching the program's standard descriptors ----
+
+fn stat_identity(st: &libc::stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+/// Opens `path` (NUL-terminated) with `flags` and close-on-exec, as a guest must: only while
+/// 0, 1 and 2 are open (else EAGAIN: try later, see [`std_fds_open`]). If the program closed
+/// one of them in the moment between that check and the open, the new descriptor lands there:
+/// it is then moved above 2, and the low number is closed only if it still is the file at
+/// `path` (compared by device and inode); if it is not, the program has already put its own
+/// file there (closing ours), and nothing is closed. Async-signal-safe.
+///
+/// # Errors
+/// EAGAIN as above; the errno of open(2).
+pub fn open_path(path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    if !std_fds_open() {
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    // SAFETY: path is NUL-terminated; callers that create pass their mode through flags
+    // never (no O_CREAT here).
+    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if fd > 2 {
+        // SAFETY: just opened, owned by nobody else.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    // SAFETY: stat is plain data that stat(2) fills; path is NUL-terminated.
+    let mut want: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let known = unsafe { libc::stat(path.as_ptr(), &mut want) } == 0;
+    let is_ours = || match (known, stat(fd)) {
+        (true, Some((dev, ino, _))) => (dev, ino) == stat_identity(&want),
+        _ => false,
+    };
+    if !is_ours() {
+        LOST.fetch_add(1, Relaxed);
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one or -1.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if is_ours() {
+        // SAFETY: verified ours a moment ago (see the function's documentation).
+        unsafe { libc::close(fd) };
+    } else {
+        LOST.fetch_add(1, Relaxed);
+    }
+    if high < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
+    // SAFETY: just created by fcntl, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+/// [`open_path`] for a `Path` (allocates the C string: not async-signal-safe).
+///
+/// # Errors
+/// As [`open_path`]; EINVAL for a path with a NUL byte.
+pub fn open_path_buf(path: &std::path::Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    open_path(&c, flags)
+}
+
+/// Creates a descriptor with `create` (eventfd(2), userfaultfd(2), memfd_create(2): the result
+/// or -1) only while 0, 1 and 2 are open. A new file that landed at 0, 1 or 2 anyway (the
+/// program closed one in that moment) cannot be told from one the program put there since:
+/// it is left alone, never used or closed (counted in [`Counts::lost`]), and EAGAIN returned.
+///
+/// # Errors
+/// EAGAIN as above; the errno of `create`.
+pub fn create_guarded(create: impl FnOnce() -> RawFd) -> io::Result<OwnedFd> {
+    if !std_fds_open() {
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    let fd = create();
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if fd <= 2 {
+        LOST.fetch_add(1, Relaxed);
+        return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    // SAFETY: just created, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+// ---- Descriptors for one short operation ----
+
+/// A descriptor vrange holds for one short operation (reading a /proc or cgroup file): opened
+/// only while 0, 1 and 2 are open, moved above 2 if the program closed one meanwhile, and
+/// closed on drop only if it still is the file opened (see the module documentation): a
+/// program that closes a standard descriptor and restores it with `dup2` must never have its
+/// restored descriptor closed by vrange.
+#[derive(Debug)]
+pub struct Transient(Ident);
+
+impl Transient {
+    /// Takes a descriptor just opened (the result of an open call: -1 for errno).
+    ///
+    /// # Errors
+    /// The open's errno; EMFILE if it must move above 2 and cannot.
+    pub fn adopt(fd: RawFd) -> io::Result<Transient> {
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let Some(ident) = Ident::of(fd) else {
+            let e = io::Error::last_os_error();
+            // SAFETY: just opened by the caller and handed over; nothing else knows it.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            return Err(e);
+        };
+        if fd > 2 {
+            return Ok(Transient(ident));
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one or -1.
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+        let moved = Ident::of(high);
+        close_ident(&ident);
+        moved
+            .map(Transient)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EMFILE))
+    }
+
+    /// The descriptor (valid while `self` lives).
+    pub fn raw(&self) -> RawFd {
+        self.0.fd
+    }
+
+    /// Gives the descriptor (above 2) to a caller that keeps it as an ordinary owned one.
+    pub fn into_owned(self) -> OwnedFd {
+        let fd = self.0.fd;
+        std::mem::forget(self);
+        // SAFETY: ours, above 2, and no longer closed by `self`.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+}
+
+impl Drop for Transient {
+    fn drop(&mut self) {
+        close_ident(&self.0);
+    }
+}
+
+/// Opens `path` (O_RDONLY or O_WRONLY, no creation) for one short operation, as a
+/// [`Transient`].
+///
+/// # Errors
+/// EAGAIN while one of 0, 1 and 2 is closed (see [`std_fds_open`]: try again later); the errno
+/// of open(2).
+pub fn open_transient(path: &std::path::Path, flags: libc::c_int) -> io::Result<Transient> {
+    Transient::adopt(open_path_buf(path, flags)?.into_raw_fd())
+}
+
+/// Writes `bytes` to `path` in one write(2) (a cgroup control file takes one command per
+/// write) through a [`Transient`] descriptor; returns the bytes written.
+///
+/// # Errors
+/// As [`open_transient`]; the errno of write(2).
+pub fn write_once(path: impl AsRef<std::path::Path>, bytes: &[u8]) -> io::Result<usize> {
+    let t = open_transient(path.as_ref(), libc::O_WRONLY)?;
+    // SAFETY: bytes is readable for its length; t's descriptor is open while t lives.
+    let n = unsafe { libc::write(t.raw(), bytes.as_ptr().cast(), bytes.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// The whole content of a small file (/proc, /sys, cgroup files), read through a
+/// [`Transient`] descriptor: what vrange reads while it runs inside a program.
+///
+/// # Errors
+/// As [`open_transient`]; the errno of read(2); EINVAL for content that is not UTF-8.
+pub fn read_file(path: impl AsRef<std::path::Path>) -> io::Result<String> {
+    let t = open_transient(path.as_ref(), libc::O_RDONLY)?;
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: buf is writable for its length; t's descriptor is open while t lives.
+        let n = unsafe { libc::read(t.raw(), buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => break,
+            n if n > 0 => bytes.extend_from_slice(&buf[..n as usize]),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    String::from_utf8(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 // ---- Counters ----
@@ -376,16 +582,17 @@ fn eventfd_id(fd: RawFd) -> u64 {
     let n = write_decimal(&mut path[prefix.len()..], fd as u32 as u64);
     // path ends with the NUL left by the zeroed buffer.
     debug_assert!(prefix.len() + n < path.len());
-    // SAFETY: `path` is NUL-terminated; the flags are constants.
-    let info = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if info < 0 {
+    let Ok(cpath) = std::ffi::CStr::from_bytes_until_nul(&path) else {
         return 0;
-    }
+    };
+    let Ok(info) = open_path(cpath, libc::O_RDONLY) else {
+        return 0;
+    };
     let mut text = [0u8; 512];
     // SAFETY: reads at most text.len() bytes into `text`, which lives across the call.
-    let len = unsafe { libc::read(info, text.as_mut_ptr().cast(), text.len()) };
-    // SAFETY: `info` was opened just above by this function.
-    unsafe { libc::close(info) };
+    let len = unsafe { libc::read(info.as_raw_fd(), text.as_mut_ptr().cast(), text.len()) };
+    // Above 2 and only this thread's for the moment of the read: closed by its owner.
+    drop(info);
     let text = &text[..len.max(0) as usize];
     text.split(|&b| b == b'\n')
         .find_map(|line| line.strip_prefix(b"eventfd-id:"))

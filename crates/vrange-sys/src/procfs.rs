@@ -4,7 +4,6 @@
 //! Never use it on a hot path or from a signal handler: it reads whole files into freshly
 //! allocated strings.
 
-use std::fs;
 use std::io;
 
 /// Memory counters of one VMA, or summed over several, in KiB, as smaps reports them.
@@ -41,7 +40,7 @@ impl Smaps {
 /// The smaps counters of the VMA of this process that contains `addr`, or `None` if no VMA
 /// contains it.
 pub fn smaps_of(addr: usize) -> io::Result<Option<Smaps>> {
-    let text = fs::read_to_string("/proc/self/smaps")?;
+    let text = crate::fd::read_file("/proc/self/smaps")?;
     Ok(vma_blocks(&text)
         .into_iter()
         .find(|b| b.start <= addr && addr < b.end)
@@ -54,7 +53,7 @@ pub fn smaps_of(addr: usize) -> io::Result<Option<Smaps>> {
 /// A VMA that lies partly outside the range counts whole: smaps has no finer granularity.
 pub fn smaps_range(start: usize, len: usize) -> io::Result<Smaps> {
     let end = start.saturating_add(len);
-    let text = fs::read_to_string("/proc/self/smaps")?;
+    let text = crate::fd::read_file("/proc/self/smaps")?;
     let mut sum = Smaps::default();
     for b in vma_blocks(&text) {
         if b.start < end && start < b.end {
@@ -67,7 +66,7 @@ pub fn smaps_range(start: usize, len: usize) -> io::Result<Smaps> {
 /// The counters of the whole address space of process `pid` (this process if `None`), from
 /// smaps_rollup; `size_kb` is zero there.
 pub fn smaps_rollup(pid: Option<i32>) -> io::Result<Smaps> {
-    Ok(parse_smaps_block(&fs::read_to_string(proc_path(
+    Ok(parse_smaps_block(&crate::fd::read_file(proc_path(
         pid,
         "smaps_rollup",
     ))?))
@@ -91,13 +90,15 @@ pub struct Status {
 /// The memory lines of /proc/PID/status of process `pid` (this process if `None`). Kernel
 /// threads have none, which reads as all zeros.
 pub fn status(pid: Option<i32>) -> io::Result<Status> {
-    Ok(parse_status(&fs::read_to_string(proc_path(pid, "status"))?))
+    Ok(parse_status(&crate::fd::read_file(proc_path(
+        pid, "status",
+    ))?))
 }
 
 /// The effective user id of process `pid` (the second number of the `Uid:` line of
 /// /proc/PID/status), or `None` if there is no such process.
 pub fn effective_uid(pid: u32) -> Option<u32> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let text = crate::fd::read_file(format!("/proc/{pid}/status")).ok()?;
     let ids = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     ids.split_whitespace().nth(1)?.parse().ok()
 }
@@ -109,7 +110,7 @@ pub fn start_ticks(pid: Option<u32>) -> Option<u64> {
         Some(p) => format!("/proc/{p}/stat"),
         None => "/proc/self/stat".to_string(),
     };
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = crate::fd::read_file(path).ok()?;
     // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
     let rest = &text[text.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
@@ -118,7 +119,7 @@ pub fn start_ticks(pid: Option<u32>) -> Option<u64> {
 /// The value of line `field` (without its colon, e.g. "MemAvailable") of /proc/meminfo, or
 /// `None` if the kernel has no such line. The unit is KiB except for the `HugePages_` counts.
 pub fn meminfo_kb(field: &str) -> io::Result<Option<u64>> {
-    let text = fs::read_to_string("/proc/meminfo")?;
+    let text = crate::fd::read_file("/proc/meminfo")?;
     Ok(text
         .lines()
         .filter_map(field_line)

@@ -189,6 +189,7 @@ impl PrivateDir {
     /// `openat(2)` of `name` in the directory with `flags` and close-on-exec; a file it creates
     /// gets mode 0600.
     fn open_at(&self, name: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
+        std_fds_open()?;
         let c = cstring(name.as_bytes())?;
         // SAFETY: self.fd is an open directory and c is NUL-terminated; the mode argument is
         // read only with O_CREAT.
@@ -264,6 +265,7 @@ pub fn effective_uid() -> u32 {
 
 /// Opens a directory, refusing a symbolic link at the last component.
 fn open_dir(path: &CStr) -> io::Result<OwnedFd> {
+    std_fds_open()?;
     // SAFETY: path is NUL-terminated; the flags need no mode.
     let fd = unsafe {
         libc::open(
@@ -284,17 +286,20 @@ fn is_symlink(path: &CStr) -> bool {
 }
 
 /// Takes ownership of `fd` (the result of an open call, -1 for errno), moving it to 3 or above
-/// if the program left 0, 1 or 2 closed.
+/// if the program closed 0, 1 or 2 meanwhile (the low number is closed only if it is still
+/// ours: see `fd::Transient`).
 fn above_stdio(fd: RawFd) -> io::Result<OwnedFd> {
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+    crate::fd::Transient::adopt(fd).map(crate::fd::Transient::into_owned)
+}
+
+/// Opening files waits while the program has a standard descriptor closed (see
+/// `fd::std_fds_open`): EAGAIN, try again later.
+fn std_fds_open() -> io::Result<()> {
+    if crate::fd::std_fds_open() {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EAGAIN))
     }
-    // SAFETY: fd was just returned by an open call and is owned by nobody else.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    if fd > 2 {
-        return Ok(owned);
-    }
-    dup_above_stdio(fd)
 }
 
 /// A close-on-exec copy of `fd` numbered 3 or above.

@@ -8,7 +8,7 @@
 
 use super::fd::{self, GuestFd, Ident, Inherit};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// `_IOWR('f', 17, struct procmap_query)` from `<linux/fs.h>`.
@@ -78,24 +78,15 @@ fn getpid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
-fn open_maps() -> io::Result<i32> {
-    // SAFETY: MAPS_PATH is NUL-terminated.
-    let fd = unsafe { libc::open(MAPS_PATH.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        Err(io::Error::from_raw_os_error(last_errno()))
-    } else {
-        Ok(fd)
-    }
+fn open_maps() -> io::Result<OwnedFd> {
+    let path = std::ffi::CStr::from_bytes_with_nul(MAPS_PATH)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    fd::open_path(path, libc::O_RDONLY)
 }
 
 fn last_errno() -> i32 {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() }
-}
-
-fn close(fd: i32) {
-    // SAFETY: fd is a descriptor this module opened and no longer publishes.
-    unsafe { libc::close(fd) };
 }
 
 /// The cached descriptor's identity as stored.
@@ -121,10 +112,7 @@ fn query_fd() -> io::Result<i32> {
         // Closed, or replaced by a file of the program's: forget it, never close it.
         fd::count_lost();
     }
-    let raw = open_maps()?;
-    // SAFETY: open just returned this descriptor, and nothing else knows it.
-    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-    let fresh = GuestFd::adopt(owned, Inherit::Keep)?.leak();
+    let fresh = GuestFd::adopt(open_maps()?, Inherit::Keep)?.leak();
     MAPS_DEV.store(fresh.dev(), Ordering::Release);
     MAPS_INO.store(fresh.ino(), Ordering::Release);
     let packed = (u64::from(pid) << 32) | u64::from(fresh.fd() as u32);
@@ -285,7 +273,7 @@ pub fn for_each_vma(mut visit: impl FnMut(&Vma) -> bool) -> io::Result<()> {
     let mut buf = [0u8; 4096];
     let result = 'read: loop {
         // SAFETY: buf is a writable buffer of buf.len() bytes owned by this frame.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
             let e = last_errno();
             if e == libc::EINTR {
@@ -304,7 +292,7 @@ pub fn for_each_vma(mut visit: impl FnMut(&Vma) -> bool) -> io::Result<()> {
             }
         }
     };
-    close(fd);
+    drop(fd);
     result
 }
 

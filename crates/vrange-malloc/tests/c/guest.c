@@ -11,6 +11,10 @@
  *                         above the floor given as argv[2] and are close-on-exec.
  *   guest enomem          a request larger than memory and swap together fails with ENOMEM,
  *                         through malloc, calloc, realloc and posix_memalign.
+ *   guest stdswap SECS    for SECS seconds: saves stdout, closes 1, churns large blocks,
+ *                         restores 1 with dup2 (as CPython's subprocess tests do around a
+ *                         spawn); stdout must stay the same file every time, whatever the
+ *                         reclaimer opens and closes meanwhile.
  *
  * Prints "ok" on success; anything else is a failure message. */
 #define _GNU_SOURCE
@@ -220,12 +224,45 @@ static int enomem_case(void) {
     return 0;
 }
 
+static void stdswap_case(int secs) {
+    struct stat st0, st;
+    if (fstat(1, &st0) != 0) fail("fstat stdout");
+    void *keep[8] = {0};
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 0;; i++) {
+        int saved = dup(1);
+        if (saved < 0) fail("dup");
+        close(1);
+        for (int k = 0; k < 8; k++) {
+            size_t len = (size_t)(64 << 10) << ((i + k) % 6);
+            char *p = malloc(len);
+            if (!p) fail("malloc in stdswap");
+            memset(p, 1, len);
+            free(keep[k]);
+            keep[k] = p;
+        }
+        if (dup2(saved, 1) != 1) fail("dup2");
+        close(saved);
+        if (fstat(1, &st) != 0 || st.st_ino != st0.st_ino || st.st_dev != st0.st_dev) {
+            char buf[96];
+            snprintf(buf, sizeof buf, "FAIL stdout replaced or closed after %u swaps\n", i);
+            if (write(2, buf, strlen(buf)) < 0) _exit(3);
+            _exit(1);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec >= secs) break;
+    }
+    for (int k = 0; k < 8; k++) free(keep[k]);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "closefrom")) closefrom_case(argv[2]);
     else if (argc >= 3 && !strcmp(argv[1], "lazyfds")) lazyfds_case(atoi(argv[2]));
     else if (argc >= 2 && !strcmp(argv[1], "enomem")) enomem_case();
+    else if (argc >= 3 && !strcmp(argv[1], "stdswap")) stdswap_case(atoi(argv[2]));
     else {
-        fprintf(stderr, "usage: guest closefrom DIR | lazyfds FLOOR | enomem\n");
+        fprintf(stderr, "usage: guest closefrom DIR | lazyfds FLOOR | enomem | stdswap SECS\n");
         return 2;
     }
     printf("ok\n");

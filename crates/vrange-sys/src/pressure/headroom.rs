@@ -27,9 +27,9 @@ impl Headroom {
     pub fn new(cg: &MemCgroup) -> io::Result<Option<Headroom>> {
         let open = |name: &str| {
             let path = cg.file(name);
-            let file = File::open(&path)
+            let file = crate::fd::open_path_buf(&path, libc::O_RDONLY)
                 .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
-            GuestFd::adopt(file.into(), Inherit::Private)
+            GuestFd::adopt(file, Inherit::Private)
         };
         let (usage, limit, high) = match cg.version() {
             Version::V1 => (

@@ -92,10 +92,9 @@ use crate::cgroup::{MemCgroup, Version};
 pub use crate::fd::Ident;
 use crate::fd::{GuestFd, Inherit};
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -240,12 +239,9 @@ pub use waker::Waker;
 /// [`Poller::wait`] drains it with a read that must never block.
 fn new_eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd has no memory-safety preconditions.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by eventfd, is valid, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    crate::fd::create_guarded(|| unsafe {
+        libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)
+    })
 }
 
 /// Resets an eventfd's counter and returns what it was. Errors count as 0: EAGAIN means it is

@@ -69,12 +69,9 @@ impl PsiTrigger {
         let privileged = has_cap_sys_resource();
         check_trigger(stall_us, window_us, privileged)
             .map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            // Only ever polled, never read; non-blocking so that a stray read cannot stall.
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
+        // Only ever polled, never read; non-blocking so that a stray read cannot stall.
+        let file = crate::fd::open_path_buf(path, libc::O_RDWR | libc::O_NONBLOCK)
+            .map(File::from)
             .map_err(|e| {
                 let hint = match e.kind() {
                     io::ErrorKind::PermissionDenied => {

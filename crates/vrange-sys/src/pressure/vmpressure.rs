@@ -87,9 +87,9 @@ impl VmPressure {
         }
         let event = GuestFd::adopt(new_eventfd()?, Inherit::Private)?;
         let level_path = cg.file("memory.pressure_level");
-        let level_file = File::open(&level_path)
+        let level_file = crate::fd::open_path_buf(&level_path, libc::O_RDONLY)
             .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", level_path.display())))?;
-        let level_file = GuestFd::adopt(level_file.into(), Inherit::Private)?;
+        let level_file = GuestFd::adopt(level_file, Inherit::Private)?;
         let mode = match propagation {
             // No suffix, so that kernels before modes existed accept it too.
             Propagation::Default => "",
@@ -104,11 +104,8 @@ impl VmPressure {
             level.name()
         );
         let control = cg.file("cgroup.event_control");
-        OpenOptions::new()
-            .write(true)
-            .open(&control)
-            // cgroup files take one command per write(2).
-            .and_then(|mut f| f.write(line.as_bytes()))
+        // cgroup files take one command per write(2).
+        crate::fd::write_once(&control, line.as_bytes())
             .and_then(|n| {
                 if n == line.len() {
                     Ok(())
