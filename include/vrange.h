@@ -7,7 +7,7 @@
  *     vrange, vrange_unmark, vrange_forget, vrange_features, vrange_feature_flags, vrange_alloc,
  *     vrange_free, vrange_set_priority, vrange_shared_fd, vrange_map_shared, vrange_purge,
  *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop,
- *     vrange_fill, vrange_version - mark memory as discardable and learn, when taking it back, whether the
+ *     vrange_fill, vrange_alloc_refill, vrange_version - mark memory as discardable and learn, when taking it back, whether the
  *     system discarded it
  *
  * SYNOPSIS
@@ -25,6 +25,9 @@
  *     int      vrange_set_priority(void *addr, size_t length, int priority);
  *     int      vrange_shared_fd(void *addr);
  *     void    *vrange_map_shared(int fd, int flags, size_t *length);
+ *     void    *vrange_alloc_refill(size_t length, int flags, size_t block,
+ *                                  vrange_refill_fn fill, void *ctx);
+ *     typedef int (*vrange_refill_fn)(void *ctx, size_t offset, void *buf, size_t len);
  *
  *     size_t   vrange_purge(size_t bytes);
  *     int      vrange_stats(struct vrange_stats *out, size_t size);
@@ -112,7 +115,8 @@
  *
  *     vrange_fill() copies len bytes from src into [dst, dst + len) (dst and len page
  *     multiples), filling only pages that are missing, atomically per page, and leaving pages
- *     that are present as they are. It is async-signal-safe. A page it placed counts as
+ *     that are present as they are (in SIGBUS-mode memory, and in a refill region whose fill
+ *     failed). It is async-signal-safe. A page it placed counts as
  *     intact at the next unmark (its content is what the handler regenerated).
  *
  *     SIGBUS mode is built on userfaultfd(2) with UFFD_FEATURE_SIGBUS: one descriptor per
@@ -133,6 +137,27 @@
  *     mark opens a new one, which registers the live SIGBUS regions again. Without userfaultfd
  *     (or without the permission to use it) the mark and vrange_alloc() fail with ENOTSUP:
  *     never silently zero. *
+ *   Refill regions
+ *     vrange_alloc_refill() maps a region of length bytes (rounded up to a page) whose content
+ *     is whatever fill makes, block by block: fill(ctx, offset, buf, len) writes the len bytes
+ *     of the block at offset (block bytes, a page multiple; the last block may be shorter)
+ *     into buf and returns 0, or anything else on failure. The region is volatile for as long
+ *     as it lives and is never marked: a block is made when a thread first touches it, handed
+ *     to the kernel's lazy-free path at once (so the system may take it back whenever memory
+ *     is short, and a region may be far larger than the memory the process may use), and made
+ *     again when a thread touches it after that. The touching thread waits in the page fault
+ *     while libvrange's thread "vrange-refill" calls fill with a buffer of its own and installs
+ *     the whole block in one step (UFFDIO_COPY), then simply continues. A page that was not
+ *     taken back costs nothing on access. If fill fails, the access raises SIGBUS in the
+ *     touching thread with si_addr the address touched (si_code SI_QUEUE: the refill thread
+ *     raises it on the touching thread's behalf); a handler may place the content with
+ *     vrange_fill() and return, or return without: the access is retried, and fill with it.
+ *     fill runs on the refill thread, one call at a time for the whole process; it must not
+ *     touch a refill region, nor create or free one. Pages the program writes stay until their
+ *     block is made again (refill regions are meant to be read). flags must be 0. Free the
+ *     region with vrange_free(). A fork(2) child inherits no registration: there, pages taken
+ *     back read zero. Without userfaultfd vrange_alloc_refill() fails with ENOTSUP.
+ *
  *   Regions
  *     vrange_alloc() maps a region of length bytes (rounded up to a page) owned by libvrange,
  *     zero-filled and pinned (not volatile). Mark and unmark its pages with vrange() and
@@ -341,6 +366,12 @@
  *             that is volatile.
  *     EFAULT  src is NULL (with len not 0) or unreadable.
  *     ENOMEM  memory for the pages could not be charged.
+ *
+ *   vrange_alloc_refill()
+ *     EINVAL  length or block is 0, block is not a page multiple, fill is NULL or flags is not
+ *             0.
+ *     ENOTSUP userfaultfd(2) is absent or not allowed to this process.
+ *     ENOMEM  length is too large, or mmap(2) failed.
  *
  *   vrange_alloc()
  *     EINVAL  length is 0; flags has a bit no VRANGE_* flag defines, two policies
@@ -637,6 +668,15 @@ ssize_t vrange_features(char *buf, size_t len);
  *  before freeing memory that may still be volatile. Returns 0, or -1 with errno EINVAL. */
 int vrange_forget(void *start, size_t length);
 
+/** Makes block [offset, offset + len) of a refill region into buf: 0 on success. */
+typedef int (*vrange_refill_fn)(void *ctx, size_t offset, void *buf, size_t len);
+
+/** Maps a refill region of length bytes in blocks of block bytes, made by fill(ctx, ...) on
+ *  first access and whenever the system took a block back. flags must be 0. Returns its start,
+ *  or NULL with errno set. Free it with vrange_free(). */
+void *vrange_alloc_refill(size_t length, int flags, size_t block, vrange_refill_fn fill,
+                          void *ctx);
+
 /** Places len bytes from src into the purged (missing) pages of [dst, dst + len), SIGBUS-mode
  *  memory, page-aligned; present pages are left alone. Returns 0, or -1 with errno set.
  *  Async-signal-safe: a SIGBUS handler calls it for the faulting page and returns. */
@@ -718,6 +758,9 @@ struct vrange_stats {
     /* Version 2 (appended; a caller passing the first version's size gets the fields above) */
     uint64_t scratch_regions;    /**< scratch regions live now */
     uint64_t scratch_bytes;      /**< bytes they reserve (address space, not resident memory) */
+    uint64_t refill_fills;       /**< blocks of refill regions filled since the start */
+    uint64_t refill_bytes;       /**< their bytes */
+    uint64_t refill_failures;    /**< fills that failed (each raised SIGBUS) */
 };
 
 /**

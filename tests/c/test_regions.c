@@ -706,6 +706,55 @@ static void test_sigbus(void)
 	check(release(plain, 2), "vrange_free");
 }
 
+/* Refill regions: every byte is what the fill function makes, block by block. */
+static int fills;
+
+static int make_block(void *ctx, size_t offset, void *buf, size_t len)
+{
+	unsigned char *b = buf;
+	fills++;
+	for (size_t i = 0; i < len; i++)
+		b[i] = (unsigned char)((offset + i) * 7 + (uintptr_t)ctx);
+	return 0;
+}
+
+static void test_refill(void)
+{
+	size_t block = 16 * page, n = 64 * page;
+	unsigned char *p = vrange_alloc_refill(n, 0, block, make_block, (void *)3);
+
+	if (p == NULL && errno == ENOTSUP) {
+		check(!(vrange_feature_flags() & VRANGE_FEATURE_USERFAULTFD),
+		      "refill regions refused with ENOTSUP only where userfaultfd is unusable");
+		return;
+	}
+	check(p != NULL, "vrange_alloc_refill (%s)", p ? "ok" : strerror(errno));
+	if (p == NULL)
+		return;
+	check(fills == 0, "nothing is made before it is touched");
+	int right = 1;
+	for (size_t i = 0; i < n; i += 97)
+		right &= p[i] == (unsigned char)(i * 7 + 3);
+	check(right && fills == 4, "every byte read is the fill's; one fill per block (%d fills)",
+	      fills);
+	check(madvise(p + block, page, MADV_DONTNEED) == 0, "a page taken back");
+	check(p[block + 5] == (unsigned char)((block + 5) * 7 + 3) && fills == 5,
+	      "its block is made again when touched (%d fills)", fills);
+	struct vrange_stats s = snapshot();
+	check(s.refill_fills >= 5 && s.refill_bytes >= 5 * block && s.refill_failures == 0,
+	      "vrange_stats counts the fills");
+	check(vrange_free(p, n) == 0, "vrange_free of the refill region");
+	errno = 0;
+	void *q = vrange_alloc_refill(n, 0, page + 1, make_block, NULL);
+	expect_errno(q == NULL, errno, EINVAL, "vrange_alloc_refill with a block not a page multiple");
+	errno = 0;
+	q = vrange_alloc_refill(n, 0, block, NULL, NULL);
+	expect_errno(q == NULL, errno, EINVAL, "vrange_alloc_refill without a fill function");
+	errno = 0;
+	q = vrange_alloc_refill(n, VRANGE_MANAGED, block, make_block, NULL);
+	expect_errno(q == NULL, errno, EINVAL, "vrange_alloc_refill with flags");
+}
+
 /* Scratch regions: always volatile, never marked (MAP_DROPPABLE); refused with ENOTSUP where
  * the kernel lacks it. */
 static void test_scratch(void)
@@ -1151,6 +1200,7 @@ int main(void)
 	test_source_names();
 	test_scratch();
 	test_sigbus();
+	test_refill();
 	test_hybrid_arming();
 	test_shared_errors();
 	test_shared_in_process();

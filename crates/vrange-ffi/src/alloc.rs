@@ -5,7 +5,7 @@ use crate::{flags, guard, regions};
 use libc::{c_int, c_void, size_t};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::null_mut;
-use vrange_core::{Error, ScratchRegion, VolatileRegion};
+use vrange_core::{Error, RefillRegion, ScratchRegion, VolatileRegion};
 
 /// Allocates a region of `length` bytes (rounded up to a page), zero and pinned, following
 /// `flags`; returns it or NULL with errno.
@@ -27,6 +27,53 @@ pub unsafe extern "C" fn vrange_alloc(length: size_t, flags: c_int) -> *mut c_vo
         let opts = flags::alloc_options(flags)?;
         let region = VolatileRegion::new(length, opts).map_err(absurd)?;
         Ok(regions::hand_out(region).0.cast())
+    })
+}
+
+/// The C fill function of a refill region: `fill(ctx, offset, buf, len)` writes the `len` bytes
+/// of the block at `offset` into `buf` and returns 0, or anything else on failure.
+pub type RefillFn = unsafe extern "C" fn(*mut c_void, size_t, *mut c_void, size_t) -> c_int;
+
+/// The C caller's fill function and context, called on the refill thread.
+struct CFill {
+    fill: RefillFn,
+    ctx: *mut c_void,
+}
+
+// SAFETY: the C contract (vrange.h) says the fill function is called on a libvrange thread,
+// with ctx; the caller makes ctx usable from there.
+unsafe impl Send for CFill {}
+
+/// Maps a refill region of `length` bytes in blocks of `block` bytes whose content `fill`
+/// makes; returns it or NULL with errno. `flags` must be 0.
+///
+/// # Safety
+/// `fill` must be a function callable with `ctx` from another thread, as vrange.h says.
+#[no_mangle]
+pub unsafe extern "C" fn vrange_alloc_refill(
+    length: size_t,
+    flags: c_int,
+    block: size_t,
+    fill: Option<RefillFn>,
+    ctx: *mut c_void,
+) -> *mut c_void {
+    guard(null_mut(), || {
+        let (Some(fill), 0) = (fill, flags) else {
+            return Err(Error::BadFlags);
+        };
+        let c = CFill { fill, ctx };
+        let region = RefillRegion::new(length, block, move |offset, buf| {
+            let c = &c;
+            // SAFETY: buf is a live buffer of buf.len() bytes for the call; fill and ctx are
+            // the caller's, called as its contract says.
+            unsafe { (c.fill)(c.ctx, offset, buf.as_mut_ptr().cast(), buf.len()) == 0 }
+        })
+        .map_err(|e| match e {
+            Error::Overflow => Error::Os(libc::ENOMEM),
+            Error::Unaligned | Error::NotRegion => Error::BadFlags,
+            e => e,
+        })?;
+        Ok(region.into_raw().0.cast())
     })
 }
 

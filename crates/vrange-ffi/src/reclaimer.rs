@@ -43,17 +43,20 @@ pub struct VrangeStats {
     pub reclaimer_running: u64,
     pub reclaimer_sources: u64,
     pub sources: [VrangeSourceStats; SOURCES],
-    // Version 2 (appended): scratch regions.
+    // Version 2 (appended): scratch and refill regions.
     pub scratch_regions: u64,
     pub scratch_bytes: u64,
+    pub refill_fills: u64,
+    pub refill_bytes: u64,
+    pub refill_failures: u64,
 }
 
 /// The size of the first version of the struct (up to `sources`): the smallest `size` a caller
 /// built against an older header passes.
 const FIRST_VERSION_SIZE: usize = std::mem::offset_of!(VrangeStats, scratch_regions);
 
-// The header's layout: 14 counters, then 7 sources of 7 counters, then 2 counters, no padding.
-const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 2));
+// The header's layout: 14 counters, then 7 sources of 7 counters, then 5 counters, no padding.
+const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 5));
 const _: () = assert!(FIRST_VERSION_SIZE == 8 * (14 + 7 * 7));
 const _: () = assert!(SOURCES == 7);
 
@@ -91,6 +94,9 @@ impl VrangeStats {
             sources: std::array::from_fn(|i| VrangeSourceStats::from(&s.sources[i])),
             scratch_regions: s.scratch_regions,
             scratch_bytes: s.scratch_bytes,
+            refill_fills: s.refill_fills,
+            refill_bytes: s.refill_bytes,
+            refill_failures: s.refill_failures,
         }
     }
 }

@@ -3,14 +3,14 @@
 //! found with the core's owner map ([`vrange_core::region_containing`]).
 
 use std::mem::ManuallyDrop;
-use vrange_core::{Error, ScratchRegion, VolatileRegion};
+use vrange_core::{Error, RefillRegion, ScratchRegion, VolatileRegion};
 
 /// Gives up `region` to the C caller. Returns its start and length.
 pub fn hand_out(region: VolatileRegion) -> (*mut u8, usize) {
     region.into_raw()
 }
 
-/// Frees the region (managed, lazy, hybrid, shared or scratch) that `ptr` and `len` name
+/// Frees the region (managed, lazy, hybrid, shared, scratch or refill) that `ptr` and `len` name
 /// exactly (`len` rounded up to a page).
 ///
 /// # Errors
@@ -23,7 +23,12 @@ pub unsafe fn free(ptr: *mut u8, len: usize) -> Result<(), Error> {
     match unsafe { VolatileRegion::from_raw(ptr, len) } {
         Ok(region) => drop(region),
         // SAFETY: as above.
-        Err(Error::NotRegion) => drop(unsafe { ScratchRegion::from_raw(ptr, len)? }),
+        Err(Error::NotRegion) => match unsafe { ScratchRegion::from_raw(ptr, len) } {
+            Ok(scratch) => drop(scratch),
+            // SAFETY: as above.
+            Err(Error::NotRegion) => drop(unsafe { RefillRegion::from_raw(ptr, len)? }),
+            Err(e) => return Err(e),
+        },
         Err(e) => return Err(e),
     }
     Ok(())

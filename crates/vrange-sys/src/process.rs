@@ -68,3 +68,51 @@ where
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     spawned
 }
+
+/// Raises SIGBUS in thread `tid` of this process for a fault at `addr`: `si_addr` is `addr`,
+/// `si_code` SI_QUEUE (rt_tgsigqueueinfo(2) lets a thread give another a kernel-style code
+/// only when it signals itself). For faults a vrange thread resolves on another thread's
+/// behalf and cannot (a refill that failed): the handler finds the address where a fault puts
+/// it.
+///
+/// # Errors
+/// ESRCH if the thread is gone; the errno of rt_tgsigqueueinfo otherwise.
+pub fn raise_sigbus(tid: i32, addr: usize) -> std::io::Result<()> {
+    // siginfo_t for SIGBUS: si_signo, si_errno, si_code, then (x86-64 and arm64) the fault
+    // union at byte 16, whose first field is si_addr.
+    #[repr(C)]
+    struct SigFault {
+        signo: i32,
+        errno: i32,
+        code: i32,
+        _pad: i32,
+        addr: usize,
+        _rest: [u64; 13],
+    }
+    const _: () =
+        assert!(std::mem::size_of::<SigFault>() == std::mem::size_of::<libc::siginfo_t>());
+    let info = SigFault {
+        signo: libc::SIGBUS,
+        errno: 0,
+        code: libc::SI_QUEUE,
+        _pad: 0,
+        addr,
+        _rest: [0; 13],
+    };
+    // SAFETY: getpid has no preconditions; info is a complete siginfo_t-sized value that the
+    // kernel only reads.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::getpid(),
+            tid,
+            libc::SIGBUS,
+            &info as *const SigFault,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -18,7 +18,7 @@
 //! userfaultfd(2), ioctl_userfaultfd(2), Documentation/admin-guide/mm/userfaultfd.rst.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 
 // The ioctl numbers and structures of include/uapi/linux/userfaultfd.h (libc has none).
 const UFFD_API: u64 = 0xAA;
@@ -27,8 +27,12 @@ const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
 const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
+const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xaa00;
 const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
+const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+const UFFD_FEATURE_EXACT_ADDRESS: u64 = 1 << 11;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 
@@ -106,44 +110,55 @@ fn ioctl<T>(fd: RawFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
 /// ENOSYS (no userfaultfd), EPERM or EACCES (not allowed), EINVAL (no SIGBUS feature), the
 /// errno of the last way tried otherwise.
 pub fn open_sigbus() -> io::Result<(OwnedFd, Reach)> {
+    open(UFFD_FEATURE_SIGBUS)
+}
+
+/// A new userfaultfd whose faults wait for a thread that reads them ([`next_faults`], with
+/// the faulting thread's id and, from Linux 6.1, the exact address) and resolves them ([`copy`], [`wake`]); opened as
+/// [`open_sigbus`].
+///
+/// # Errors
+/// As [`open_sigbus`].
+pub fn open_handled() -> io::Result<(OwnedFd, Reach)> {
+    // The exact address (Linux 6.1) rather than the page's, where the kernel offers it.
+    match open(UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EXACT_ADDRESS) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(UFFD_FEATURE_THREAD_ID),
+        r => r,
+    }
+}
+
+fn open(features: u64) -> io::Result<(OwnedFd, Reach)> {
     let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
     let mut last = io::Error::from_raw_os_error(libc::ENOSYS);
     for (extra, reach) in [(0, Reach::All), (UFFD_USER_MODE_ONLY, Reach::UserModeOnly)] {
         // SAFETY: userfaultfd takes flags only and returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | extra) };
-        if fd >= 0 {
-            // SAFETY: fd was just returned to us and nothing else owns it.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-            return handshake(fd, reach);
+        let made = crate::fd::create_guarded(|| unsafe {
+            libc::syscall(libc::SYS_userfaultfd, flags | extra) as RawFd
+        });
+        match made {
+            Ok(fd) => return handshake(fd, reach, features),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Err(e),
+            Err(e) => last = e,
         }
-        last = io::Error::last_os_error();
     }
-    // SAFETY: a NUL-terminated path; open returns a new descriptor or -1.
-    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if dev < 0 {
+    let Ok(dev) = crate::fd::open_path(c"/dev/userfaultfd", libc::O_RDWR) else {
         return Err(last);
-    }
-    // SAFETY: dev was just returned to us.
-    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+    };
     // SAFETY: USERFAULTFD_IOC_NEW takes the flags by value and returns a new descriptor or -1.
-    let fd = unsafe {
+    let fd = crate::fd::create_guarded(|| unsafe {
         libc::ioctl(
             std::os::fd::AsRawFd::as_raw_fd(&dev),
             USERFAULTFD_IOC_NEW,
             flags as libc::c_ulong,
         )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned to us and nothing else owns it.
-    handshake(unsafe { OwnedFd::from_raw_fd(fd) }, Reach::All)
+    })?;
+    handshake(fd, Reach::All, features)
 }
 
-fn handshake(fd: OwnedFd, reach: Reach) -> io::Result<(OwnedFd, Reach)> {
+fn handshake(fd: OwnedFd, reach: Reach, features: u64) -> io::Result<(OwnedFd, Reach)> {
     let mut api = Api {
         api: UFFD_API,
-        features: UFFD_FEATURE_SIGBUS,
+        features,
         ioctls: 0,
     };
     ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), UFFDIO_API, &mut api)?;
@@ -242,4 +257,80 @@ pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Wakes the threads waiting on faults in `[start, start + len)` (they retry the access).
+///
+/// # Errors
+/// EINVAL for a bad range.
+pub fn wake(fd: RawFd, start: usize, len: usize) -> io::Result<()> {
+    let mut r = Range {
+        start: start as u64,
+        len: len as u64,
+    };
+    ioctl(fd, UFFDIO_WAKE, &mut r)
+}
+
+/// One page fault a handled userfaultfd reported: the address and the faulting thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fault {
+    pub addr: usize,
+    pub tid: i32,
+}
+
+/// Waits up to `timeout_ms` for faults on `fd` and stores the page faults read into `out`;
+/// returns how many (0 on timeout). Other events are skipped.
+///
+/// # Errors
+/// The errno of poll(2) or read(2) (EINTR and EAGAIN count as a timeout).
+pub fn next_faults(fd: RawFd, timeout_ms: i32, out: &mut [Fault]) -> io::Result<usize> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EINTR) {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    if pfd.revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // struct uffd_msg: 32 bytes; event at 0; for a page fault, the address at 16 and the
+    // thread id at 24.
+    let mut msgs = [[0u8; 32]; 16];
+    let want = msgs.len().min(out.len());
+    // SAFETY: the buffer holds `want` messages of 32 bytes.
+    let got = unsafe { libc::read(fd, msgs.as_mut_ptr().cast(), want * 32) };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
+            _ => Err(e),
+        };
+    }
+    let mut n = 0;
+    for m in msgs.iter().take(got as usize / 32) {
+        if m[0] == UFFD_EVENT_PAGEFAULT {
+            let mut addr = [0u8; 8];
+            addr.copy_from_slice(&m[16..24]);
+            let mut tid = [0u8; 4];
+            tid.copy_from_slice(&m[24..28]);
+            out[n] = Fault {
+                addr: u64::from_ne_bytes(addr) as usize,
+                tid: i32::from_ne_bytes(tid),
+            };
+            n += 1;
+        }
+    }
+    Ok(n)
 }

@@ -36,6 +36,7 @@ mod owned;
 mod pagemap;
 mod publish;
 mod reclaim;
+mod refill;
 mod region;
 mod registry;
 mod scratch;
@@ -46,6 +47,7 @@ mod span;
 mod state;
 mod stats;
 mod sync;
+mod userfault;
 mod witness;
 
 pub use error::{Error, OptionError, Result};
@@ -55,10 +57,10 @@ pub use managed::Options;
 pub use owned::{Content, OwnedRange, Taken};
 pub use reclaim::{purge, register_fork_handlers, set_option, OPTIONS};
 pub use reclaim::{Config, Headroom, Psi};
+pub use refill::RefillRegion;
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use scratch::{ScratchRegion, MAX_SCRATCH_REGIONS};
-pub use sigbus::fill;
 pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
 pub use vrange_sys::mem::page_size;
 pub use vrange_sys::probe::{features, Features, ThpMode};
@@ -213,6 +215,47 @@ pub unsafe fn mark_volatile_sigbus(ptr: *mut u8, len: usize) -> Result<usize> {
     reclaim::register_fork_handlers();
     // SAFETY: forwarded contract.
     unsafe { lazy::mark_volatile_sigbus(span) }
+}
+
+/// Places `len` bytes from `src` into the purged pages of `[dst, dst + len)` of SIGBUS-mode
+/// memory (or of a [`RefillRegion`] whose fill failed), atomically per
+/// page, leaving pages that are present as they are. Async-signal-safe:
+/// a SIGBUS handler calls it for the faulting page and returns, and the access is retried.
+///
+/// # Errors
+/// [`Error::Unaligned`] unless `dst` and `len` are page multiples; [`Error::NotRegion`] where
+/// `dst` is not SIGBUS-mode memory that is volatile (or the descriptor was closed by the
+/// program); `Error::Os(ENOMEM)` when memory for the pages cannot be charged.
+///
+/// # Safety
+/// `src` must be readable for `len` bytes; `[dst, dst + len)` must be memory the caller owns.
+pub unsafe fn fill(dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
+    // SIGBUS-mode memory, or a refill region whose fill failed.
+    let fds = [sigbus::current(), refill::current()];
+    // SAFETY: forwarded contract.
+    unsafe { sigbus::fill_into(fds, dst, src, len) }
+}
+
+impl RefillRegion {
+    /// Maps a refill region of `len` bytes (rounded up to a page) in blocks of `block` bytes
+    /// (a page multiple; the last block may be shorter), whose content `fill(offset, buf)`
+    /// writes into `buf` (`buf.len()` bytes of the block at `offset`), returning whether it
+    /// could. Nothing is filled until touched.
+    ///
+    /// # Errors
+    /// [`Error::NotRegion`] for a zero length; [`Error::Unaligned`] for a block that is not a
+    /// page multiple; [`Error::Overflow`]; `Error::Os(ENOTSUP)` without userfaultfd (or the
+    /// permission to use it); `Error::Os(ENOMEM)` and other errnos of mmap(2) and the thread's
+    /// creation.
+    pub fn new(
+        len: usize,
+        block: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
+    ) -> Result<RefillRegion> {
+        // The refill thread's table is held across fork, before vrange's other locks.
+        reclaim::register_fork_handlers();
+        RefillRegion::create(len, block, fill)
+    }
 }
 
 /// The classic call: marks or unmarks, returning the bytes processed and, for

@@ -32,65 +32,30 @@
 
 use crate::registry::{self, Policy};
 use crate::span::Span;
+use crate::userfault::Held;
 use crate::Error;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicI32, AtomicU64};
-use vrange_sys::fd::{GuestFd, Ident, Inherit};
-use vrange_sys::sync::SpinLock;
 use vrange_sys::{mem, uffd};
 
-/// The descriptor's identity, in atomics so that [`fill`] can verify it from a signal handler.
-static FD: AtomicI32 = AtomicI32::new(-1);
-static DEV: AtomicU64 = AtomicU64::new(0);
-static INO: AtomicU64 = AtomicU64::new(0);
-/// Serialises opening; held across fork.
-pub(crate) static OPEN: SpinLock = SpinLock::new();
-/// The owner of the open descriptor (closed only when replaced, and only if still verified).
-static HELD: std::sync::Mutex<Option<GuestFd>> = std::sync::Mutex::new(None);
+/// The process's SIGBUS-mode userfaultfd.
+pub(crate) static UFFD: Held = Held::new();
 
-/// The process's userfaultfd if it is open and still the one vrange opened. Async-signal-safe:
-/// atomics and one fstat(2).
-fn current() -> Option<RawFd> {
-    let fd = FD.load(Acquire);
-    if fd < 0 {
-        return None;
-    }
-    let ident = Ident::from_parts(fd, DEV.load(Relaxed), INO.load(Relaxed));
-    ident.verify().then_some(fd)
-}
-
-/// The userfaultfd, opened now if there is none (or the program closed it: then the live SIGBUS
-/// regions are registered on the new one).
+/// The descriptor, opened now if there is none (or the program closed it: then the live
+/// SIGBUS regions are registered on the new one).
 ///
 /// # Errors
 /// `Error::Os(ENOTSUP)` where userfaultfd or its SIGBUS feature is unavailable (or not allowed
 /// to this process); the errno of placing the descriptor (EMFILE).
 pub(crate) fn ensure() -> Result<RawFd, Error> {
-    if let Some(fd) = current() {
-        return Ok(fd);
+    let opened = UFFD.ensure(uffd::open_sigbus)?;
+    if opened.replaced {
+        reregister(opened.fd);
     }
-    let _open = OPEN.lock();
-    if let Some(fd) = current() {
-        return Ok(fd);
-    }
-    let (owned, _reach) = uffd::open_sigbus().map_err(|e| match e.raw_os_error() {
-        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM) => Error::from(e),
-        _ => Error::Os(libc::ENOTSUP),
-    })?;
-    let guest = GuestFd::adopt(owned, Inherit::Private)?;
-    let ident = guest.ident();
-    let replaced = FD.load(Relaxed) >= 0;
-    DEV.store(ident.dev(), Relaxed);
-    INO.store(ident.ino(), Relaxed);
-    FD.store(ident.fd(), Release);
-    // The old owner, if any, is dropped: closed only if it still verifies (it does not: that is
-    // why a new one was opened), else counted lost.
-    *HELD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guest);
-    if replaced {
-        reregister(ident.fd());
-    }
-    Ok(ident.fd())
+    Ok(opened.fd)
+}
+
+pub(crate) fn current() -> Option<RawFd> {
+    UFFD.current()
 }
 
 /// Registers every live managed SIGBUS range on a new descriptor.
@@ -129,7 +94,7 @@ pub(crate) fn register(fd: RawFd, span: Span) -> Result<(), Error> {
 /// (and the program) reads a discarded page as zero. One fstat and one ioctl in a process that used SIGBUS mode, nothing
 /// otherwise. Async-signal-safe.
 pub(crate) fn disarm(span: Span) {
-    if FD.load(Relaxed) < 0 {
+    if !UFFD.ever_opened() {
         return;
     }
     if let Some(fd) = current() {
@@ -137,18 +102,17 @@ pub(crate) fn disarm(span: Span) {
     }
 }
 
-/// Places `len` bytes from `src` into the purged pages of `[dst, dst + len)` of SIGBUS-mode
-/// memory, atomically per page, leaving pages that are present as they are. Async-signal-safe:
-/// a SIGBUS handler calls it for the faulting page and returns, and the access is retried.
-///
-/// # Errors
-/// [`Error::Unaligned`] unless `dst` and `len` are page multiples; [`Error::NotRegion`] where
-/// `dst` is not SIGBUS-mode memory that is volatile (or the descriptor was closed by the
-/// program); `Error::Os(ENOMEM)` when memory for the pages cannot be charged.
+/// [`crate::fill`] on the descriptors given (SIGBUS mode's, the refill regions'): the first
+/// where `dst` is registered places the pages. Async-signal-safe.
 ///
 /// # Safety
-/// `src` must be readable for `len` bytes; `[dst, dst + len)` must be memory the caller owns.
-pub unsafe fn fill(dst: *mut u8, src: *const u8, len: usize) -> Result<(), Error> {
+/// As [`crate::fill`].
+pub(crate) unsafe fn fill_into(
+    fds: [Option<RawFd>; 2],
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+) -> Result<(), Error> {
     let page = mem::page_size();
     if dst as usize % page != 0 || len % page != 0 {
         return Err(Error::Unaligned);
@@ -156,27 +120,13 @@ pub unsafe fn fill(dst: *mut u8, src: *const u8, len: usize) -> Result<(), Error
     if len == 0 {
         return Ok(());
     }
-    let Some(fd) = current() else {
-        return Err(Error::NotRegion);
-    };
-    // SAFETY: src is readable for len bytes (caller contract); the kernel checks dst.
-    match unsafe { uffd::copy(fd, dst as usize, src, len) } {
-        Ok(()) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINVAL)) => {
-            Err(Error::NotRegion)
+    for fd in fds.into_iter().flatten() {
+        // SAFETY: src is readable for len bytes (caller contract); the kernel checks dst.
+        match unsafe { uffd::copy(fd, dst as usize, src, len) } {
+            Ok(()) => return Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINVAL)) => {}
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
-}
-
-/// In a fork child: the parent's descriptor is not the child's to use (its registrations did
-/// not come along); `fd::close_private_after_fork` closed the child's copy. Forget it without
-/// running destructors. Async-signal-safe.
-pub(crate) fn after_fork_child() {
-    FD.store(-1, Relaxed);
-    if let Ok(mut held) = HELD.try_lock() {
-        std::mem::forget(held.take());
-    }
-    // SAFETY: taken by the parent's prepare handler; no guard of it is live in this thread.
-    unsafe { OPEN.force_unlock() };
+    Err(Error::NotRegion)
 }

@@ -107,6 +107,11 @@ pub struct Stats {
     /// resident: see [`ScratchRegion::resident_bytes`](crate::ScratchRegion::resident_bytes)).
     pub scratch_regions: u64,
     pub scratch_bytes: u64,
+    /// Blocks of refill regions filled since the start, their bytes, and fills that failed
+    /// (each raised SIGBUS in the faulting thread).
+    pub refill_fills: u64,
+    pub refill_bytes: u64,
+    pub refill_failures: u64,
     /// Per source, indexed like [`Source::ALL`].
     pub sources: [SourceStats; 7],
     /// What a client allocator built on vrange reports (zero without one).
@@ -178,6 +183,21 @@ pub(crate) fn volatile_add(idx: u32, bytes: usize) {
 /// A private range of slot `idx` stopped being resident and volatile.
 pub(crate) fn volatile_sub(idx: u32, bytes: usize) {
     stripe(idx).fetch_sub(bytes as i64, Relaxed);
+}
+
+static REFILLS: AtomicU64 = AtomicU64::new(0);
+static REFILL_BYTES: AtomicU64 = AtomicU64::new(0);
+static REFILL_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// A block of a refill region was filled.
+pub(crate) fn count_refill(bytes: usize) {
+    REFILLS.fetch_add(1, Relaxed);
+    REFILL_BYTES.fetch_add(bytes as u64, Relaxed);
+}
+
+/// A refill region's fill failed.
+pub(crate) fn count_refill_failure() {
+    REFILL_FAILURES.fetch_add(1, Relaxed);
 }
 
 /// Resident volatile bytes of private managed ranges (the budget's measure). A sum of relaxed
@@ -290,6 +310,9 @@ pub fn stats() -> Stats {
     s.descriptors_no_room = fds.no_room;
     s.reclaimer_running = RECLAIMER_RUNNING.load(Relaxed);
     (s.scratch_regions, s.scratch_bytes) = crate::scratch::totals();
+    s.refill_fills = REFILLS.load(Relaxed);
+    s.refill_bytes = REFILL_BYTES.load(Relaxed);
+    s.refill_failures = REFILL_FAILURES.load(Relaxed);
     s.allocator = allocator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
         *out = SourceStats {

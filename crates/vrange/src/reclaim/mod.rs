@@ -548,8 +548,11 @@ fn register_atfork() {
 }
 
 extern "C" fn before_fork() {
-    // First: opening the userfaultfd may take the registry's lock after it.
-    crate::sigbus::OPEN.lock_for_fork();
+    // First the refill table (held while a fill function runs, which may take any lock), then
+    // the userfaultfds (opening one may take the registry's lock after it).
+    crate::refill::TABLE.lock.lock_for_fork();
+    crate::sigbus::UFFD.open.lock_for_fork();
+    crate::refill::UFFD.open.lock_for_fork();
     START.lock_for_fork();
     PURGES.lock_for_fork();
     crate::registry::LOCK.lock_for_fork();
@@ -562,7 +565,9 @@ extern "C" fn after_fork_parent() {
         crate::registry::LOCK.force_unlock();
         PURGES.force_unlock();
         START.force_unlock();
-        crate::sigbus::OPEN.force_unlock();
+        crate::sigbus::UFFD.open.force_unlock();
+        crate::refill::UFFD.open.force_unlock();
+        crate::refill::TABLE.lock.force_unlock();
     }
 }
 
@@ -580,7 +585,8 @@ extern "C" fn after_fork_child() {
     }
     WAKER.store(std::ptr::null_mut(), Release);
     fd::close_private_after_fork();
-    crate::sigbus::after_fork_child();
+    crate::sigbus::UFFD.after_fork_child();
+    crate::refill::after_fork_child();
     // The parent's pins on shared regions are the parent's: the child's inherited mappings
     // hold none, like fresh mappings, until the child unmarks them.
     crate::registry::for_each_live(|_, slot| {

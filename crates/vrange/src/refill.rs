@@ -1,0 +1,287 @@
+//! Refill regions: memory that stays volatile for as long as the program holds it, whose
+//! content is whatever a fill function produces, block by block. The decompressor of the 2014
+//! design: a compressed file served as one flat decompressed array, each block decompressed
+//! again when the program touches it after the system took it back.
+//!
+//! - The region is mapped but never populated, and registered in MISSING mode on the
+//!   process's handled userfaultfd (`vrange_sys::uffd::open_handled`).
+//! - A thread that touches a missing page (never filled, or taken back) waits in the kernel;
+//!   the `vrange-refill` thread reads the fault, calls the region's fill function for the
+//!   whole block with a buffer of its own, installs the block in one `UFFDIO_COPY` (pages
+//!   present meanwhile are kept) and hands it back to the kernel with MADV_FREE: clean lazy
+//!   pages, the first the kernel drops under pressure, so a region may be far larger than its
+//!   memory cgroup's limit. The faulting thread then simply continues.
+//! - A page never purged costs nothing on access; a purged one costs one fault and the fill.
+//! - A fill that fails (returns false or panics) makes the access raise SIGBUS in the faulting
+//!   thread, with `si_addr` the address and `si_code` SI_QUEUE (raised by the refill thread on
+//!   its behalf, see `vrange_sys::process::raise_sigbus`); a handler may place the content with
+//!   [`crate::fill`] and return, or return without: the access is retried, and the fill with
+//!   it.
+//! - A page the program writes is dirty again and stays (until the block is filled again after
+//!   the kernel took another page of it, which leaves it alone): refill regions are meant to
+//!   be read.
+//!
+//! The fill function runs on the refill thread, one call at a time for the whole process, and
+//! must not touch a refill region itself (it would wait for its own fill) nor free the region
+//! it fills. A fork child inherits no registration: there, missing pages read zero.
+
+use crate::userfault::Held;
+use crate::Error;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+use vrange_sys::sync::SpinLock;
+use vrange_sys::{mem, uffd};
+
+/// The process's handled userfaultfd (faults wait for the refill thread).
+pub(crate) static UFFD: Held = Held::new();
+
+/// Fills the block at `offset` (bytes from the region's start) into `buf` (the whole block);
+/// returns whether it succeeded.
+type FillFn = Box<dyn FnMut(usize, &mut [u8]) -> bool + Send>;
+
+struct Entry {
+    start: usize,
+    len: usize,
+    block: usize,
+    fill: FillFn,
+    buf: Vec<u8>,
+}
+
+/// The live refill regions, with their fill functions. A spin lock (with guards) rather than a
+/// mutex so that fork can hold it (`reclaim`'s atfork handlers): the refill thread holds it
+/// while a fill runs, and a fork child must not inherit it held.
+pub(crate) struct Table {
+    pub lock: SpinLock,
+    entries: UnsafeCell<Vec<Entry>>,
+}
+
+// SAFETY: `entries` is only reached through `Table::with`, under `lock`.
+unsafe impl Sync for Table {}
+
+impl Table {
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
+        let _held = self.lock.lock();
+        // SAFETY: the lock is held for the whole borrow, and `with` is not reentered while
+        // held (fill functions must not create or free refill regions: documented).
+        f(unsafe { &mut *self.entries.get() })
+    }
+}
+
+pub(crate) static TABLE: Table = Table {
+    lock: SpinLock::new(),
+    entries: UnsafeCell::new(Vec::new()),
+};
+/// Whether this process has a refill thread (not a fork child's inheritance).
+static THREAD: AtomicBool = AtomicBool::new(false);
+static STARTING: SpinLock = SpinLock::new();
+
+/// A refill region: volatile for as long as it lives, its content made block by block by a
+/// fill function, on first access and again whenever the system took a block back (see the
+/// module documentation). Unmapped on drop.
+#[derive(Debug)]
+pub struct RefillRegion {
+    start: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is memory owned by this handle; the fill function is `Send` and runs on
+// the refill thread only.
+unsafe impl Send for RefillRegion {}
+// SAFETY: as above; no method mutates through `&self`.
+unsafe impl Sync for RefillRegion {}
+
+impl RefillRegion {
+    /// [`RefillRegion::new`] once the fork handlers are in place.
+    pub(crate) fn create(
+        len: usize,
+        block: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
+    ) -> Result<RefillRegion, Error> {
+        let page = mem::page_size();
+        if len == 0 || block == 0 {
+            return Err(Error::NotRegion);
+        }
+        if block % page != 0 {
+            return Err(Error::Unaligned);
+        }
+        let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
+        if len > isize::MAX as usize {
+            return Err(Error::Overflow);
+        }
+        let fd = UFFD.ensure(uffd::open_handled)?.fd;
+        start_thread()?;
+        let start = mem::map_anon(len, page)?;
+        // A huge page would be filled (and dropped) whole, not by block.
+        let _ = mem::advise_huge(start.as_ptr(), len, false);
+        if let Err(e) = uffd::register_missing(fd, start.as_ptr() as usize, len) {
+            // SAFETY: just mapped, never handed out.
+            unsafe { mem::unmap(start, len) };
+            return Err(e.into());
+        }
+        let entry = Entry {
+            start: start.as_ptr() as usize,
+            len,
+            block: block.min(len),
+            fill: Box::new(fill),
+            buf: vec![0; block.min(len)],
+        };
+        TABLE.with(|t| t.push(entry));
+        Ok(RefillRegion { start, len })
+    }
+
+    /// The region's first byte. Reading any byte gives what the fill function makes for it
+    /// (waiting for the fill if the block is missing); writing keeps the page until its block
+    /// is filled again.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.start.as_ptr()
+    }
+
+    /// The region's length in bytes (a page multiple).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region is at least a page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Gives up the handle without unmapping: the start and length, for
+    /// [`RefillRegion::from_raw`].
+    pub fn into_raw(self) -> (*mut u8, usize) {
+        let raw = (self.as_ptr(), self.len);
+        std::mem::forget(self);
+        raw
+    }
+
+    /// Takes back a region given up with [`RefillRegion::into_raw`] (`len` rounded up to a
+    /// page).
+    ///
+    /// # Errors
+    /// [`Error::NotRegion`] if they do not name a live refill region exactly.
+    ///
+    /// # Safety
+    /// The caller owns the region (no other handle to it exists).
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<RefillRegion, Error> {
+        let page = mem::page_size();
+        let len = len.checked_add(page - 1).ok_or(Error::NotRegion)? & !(page - 1);
+        let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
+        let known = TABLE.with(|t| t.iter().any(|e| e.start == ptr as usize && e.len == len));
+        if !known {
+            return Err(Error::NotRegion);
+        }
+        Ok(RefillRegion { start, len })
+    }
+}
+
+impl Drop for RefillRegion {
+    fn drop(&mut self) {
+        let start = self.start.as_ptr() as usize;
+        // Under the table's lock: the refill thread is not filling this region meanwhile.
+        let entry = TABLE.with(|t| {
+            let i = t
+                .iter()
+                .position(|e| e.start == start && e.len == self.len)?;
+            let entry = t.swap_remove(i);
+            // SAFETY: this handle owned the mapping; the unmap drops its registration.
+            unsafe { mem::unmap(self.start, self.len) };
+            Some(entry)
+        });
+        // The fill function is dropped outside the lock (its destructor may take others).
+        drop(entry);
+    }
+}
+
+fn start_thread() -> Result<(), Error> {
+    let _starting = STARTING.lock();
+    if THREAD.load(Relaxed) {
+        return Ok(());
+    }
+    vrange_sys::process::spawn_without_signals("vrange-refill", run)?;
+    THREAD.store(true, Relaxed);
+    Ok(())
+}
+
+/// The refill thread: waits for faults and fills their blocks, forever.
+fn run() {
+    let mut faults = [uffd::Fault::default(); 16];
+    loop {
+        let Some(fd) = UFFD.current() else {
+            // Closed by the program: a new region opens a new one (regions of the old one fault
+            // in zero pages now). Look again in a while.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        };
+        match uffd::next_faults(fd, 1000, &mut faults) {
+            Ok(n) => {
+                for f in &faults[..n] {
+                    serve(fd, *f);
+                }
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+}
+
+fn serve(fd: i32, f: uffd::Fault) {
+    let page = mem::page_size();
+    let at = f.addr & !(page - 1);
+    // A fault already served (several threads waited on one block): let it go on.
+    if matches!(mem::resident_pages(at as *mut u8, page), Ok(1)) {
+        let _ = uffd::wake(fd, at, page);
+        return;
+    }
+    let served = TABLE.with(|t| {
+        let e = t
+            .iter_mut()
+            .find(|e| e.start <= f.addr && f.addr < e.start + e.len)?;
+        let offset = (f.addr - e.start) / e.block * e.block;
+        let len = e.block.min(e.len - offset);
+        let buf = &mut e.buf[..len];
+        let fill = &mut e.fill;
+        let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, buf))).unwrap_or(false);
+        if ok {
+            // Counted before the install, which lets the faulting thread go on.
+            crate::stats::count_refill(len);
+        }
+        let dst = e.start + offset;
+        // SAFETY: buf holds len bytes; dst..dst+len lies in the region, registered on fd.
+        let installed = ok && unsafe { uffd::copy(fd, dst, e.buf.as_ptr(), len) }.is_ok();
+        Some((installed, dst, len))
+    });
+    match served {
+        None => {
+            // Not a live region (freed meanwhile): let the thread go on.
+            let _ = uffd::wake(fd, at, page);
+        }
+        Some((true, dst, len)) => {
+            // Clean lazy pages: the first the kernel drops when memory is short.
+            // SAFETY: the block's content is the fill's, made again at the next fault.
+            let _ = unsafe { mem::purge_lazy(dst as *mut u8, len) };
+        }
+        Some((false, _, _)) => {
+            crate::stats::count_refill_failure();
+            // The faulting thread gets SIGBUS as a fault would give it (its wait in the kernel
+            // is interrupted by the signal); if it is gone, nothing to do.
+            let _ = vrange_sys::process::raise_sigbus(f.tid, f.addr);
+        }
+    }
+}
+
+/// Tries the refill descriptor for [`crate::fill`] (a SIGBUS handler patching a block whose
+/// fill failed). Async-signal-safe.
+pub(crate) fn current() -> Option<i32> {
+    UFFD.current()
+}
+
+/// In a fork child: no refill thread, no registration; the descriptor goes as the SIGBUS one.
+/// The table's lock was taken by the parent's prepare handler.
+pub(crate) fn after_fork_child() {
+    UFFD.after_fork_child();
+    THREAD.store(false, Relaxed);
+    // SAFETY: taken by the prepare handler; no guard of it is live in this thread.
+    unsafe { TABLE.lock.force_unlock() };
+}

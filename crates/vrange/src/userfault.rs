@@ -1,0 +1,109 @@
+//! One userfaultfd of the process, held the way every vrange descriptor is: a `GuestFd` (above
+//! the floor, close-on-exec, verified before each use, closed only if verified), its identity
+//! copied into atomics so that async-signal-safe code (`vrange::fill` in a SIGBUS handler) can
+//! verify and use it without a lock. SIGBUS mode and refill regions each hold one.
+
+use crate::Error;
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicI32, AtomicU64};
+use vrange_sys::fd::{GuestFd, Ident, Inherit};
+use vrange_sys::sync::SpinLock;
+use vrange_sys::uffd::Reach;
+
+pub(crate) struct Held {
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
+    /// Serialises opening; held across fork.
+    pub open: SpinLock,
+    /// The owner of the open descriptor (dropped only when replaced).
+    owner: std::sync::Mutex<Option<GuestFd>>,
+}
+
+/// What [`Held::ensure`] found.
+pub(crate) struct Opened {
+    pub fd: RawFd,
+    /// A descriptor was open before and is gone (the program closed it): whatever was
+    /// registered on it must be registered again.
+    pub replaced: bool,
+}
+
+impl Held {
+    pub const fn new() -> Held {
+        Held {
+            fd: AtomicI32::new(-1),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+            open: SpinLock::new(),
+            owner: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether a descriptor was ever opened in this process (one relaxed load).
+    pub fn ever_opened(&self) -> bool {
+        self.fd.load(Relaxed) >= 0
+    }
+
+    /// The descriptor if it is open and still the one vrange opened. Async-signal-safe:
+    /// atomics and one fstat(2).
+    pub fn current(&self) -> Option<RawFd> {
+        let fd = self.fd.load(Acquire);
+        if fd < 0 {
+            return None;
+        }
+        let ident = Ident::from_parts(fd, self.dev.load(Relaxed), self.ino.load(Relaxed));
+        ident.verify().then_some(fd)
+    }
+
+    /// The descriptor, opened now with `open` if there is none or the program closed it.
+    ///
+    /// # Errors
+    /// `Error::Os(ENOTSUP)` where userfaultfd is unavailable or not allowed; the errno of
+    /// placing the descriptor (EMFILE).
+    pub fn ensure(&self, open: fn() -> io::Result<(OwnedFd, Reach)>) -> Result<Opened, Error> {
+        if let Some(fd) = self.current() {
+            return Ok(Opened {
+                fd,
+                replaced: false,
+            });
+        }
+        let _open = self.open.lock();
+        if let Some(fd) = self.current() {
+            return Ok(Opened {
+                fd,
+                replaced: false,
+            });
+        }
+        let (owned, _reach) = open().map_err(|e| match e.raw_os_error() {
+            Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM) => Error::from(e),
+            _ => Error::Os(libc::ENOTSUP),
+        })?;
+        let guest = GuestFd::adopt(owned, Inherit::Private)?;
+        let ident = guest.ident();
+        let replaced = self.fd.load(Relaxed) >= 0;
+        self.dev.store(ident.dev(), Relaxed);
+        self.ino.store(ident.ino(), Relaxed);
+        self.fd.store(ident.fd(), Release);
+        // The old owner, if any, is dropped: closed only if it still verifies (it does not:
+        // that is why a new one was opened), else counted lost.
+        *self.owner.lock().unwrap_or_else(|e| e.into_inner()) = Some(guest);
+        Ok(Opened {
+            fd: ident.fd(),
+            replaced,
+        })
+    }
+
+    /// In a fork child: the parent's descriptor (whose registrations did not come along) was
+    /// closed by `fd::close_private_after_fork`; forget it without running destructors.
+    /// Async-signal-safe.
+    pub fn after_fork_child(&self) {
+        self.fd.store(-1, Relaxed);
+        if let Ok(mut owner) = self.owner.try_lock() {
+            std::mem::forget(owner.take());
+        }
+        // SAFETY: taken by the parent's prepare handler; no guard of it is live here.
+        unsafe { self.open.force_unlock() };
+    }
+}

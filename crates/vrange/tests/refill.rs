@@ -1,0 +1,299 @@
+//! Refill regions on the real kernel: every byte read is what the fill function makes, blocks
+//! are made on first touch and again after the system took them back (forced with
+//! MADV_DONTNEED, and by real pressure in a memory cgroup a quarter of the region's size,
+//! without an OOM kill), threads touching blocks at once, and a failing fill raising SIGBUS at
+//! the address touched.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+use vrange::{Error, RefillRegion};
+use vrange_sys::cgroup::join_before_exec;
+use vrange_testkit::pattern::pattern;
+use vrange_testkit::proc::Exit;
+use vrange_testkit::role::{role, role_command, say, Role};
+use vrange_testkit::{cgroup, serial, skip};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+const BLOCK: usize = 64 * KIB;
+
+/// The generator: word `i` of the region.
+fn word(seed: u64, i: usize) -> u64 {
+    pattern(seed, i)
+}
+
+fn generate(seed: u64, offset: usize, buf: &mut [u8]) {
+    for (j, chunk) in buf.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&word(seed, offset / 8 + j).to_ne_bytes());
+    }
+}
+
+/// A region of `len` bytes made by the generator, counting its fills; None (with a printed
+/// reason) without userfaultfd.
+fn region(len: usize, seed: u64) -> Option<(RefillRegion, Arc<AtomicUsize>)> {
+    let fills = Arc::new(AtomicUsize::new(0));
+    let counted = fills.clone();
+    match RefillRegion::new(len, BLOCK, move |offset, buf| {
+        counted.fetch_add(1, SeqCst);
+        generate(seed, offset, buf);
+        true
+    }) {
+        Ok(r) => Some((r, fills)),
+        Err(Error::Os(libc::ENOTSUP)) => {
+            skip("userfaultfd is not available to this process");
+            None
+        }
+        Err(e) => panic!("RefillRegion::new: {e}"),
+    }
+}
+
+fn read_word(r: &RefillRegion, i: usize) -> u64 {
+    assert!(i * 8 < r.len());
+    // SAFETY: inside the region; reading waits for the block's fill if it is missing.
+    unsafe { (r.as_ptr() as *const u64).add(i).read_volatile() }
+}
+
+/// A small deterministic generator of offsets (no dependency needed for a test's dice).
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn blocks_are_made_on_first_touch_and_again_after_they_were_taken() {
+    let _s = serial();
+    let Some((r, fills)) = region(16 * BLOCK, 3) else {
+        return;
+    };
+    let words = BLOCK / 8;
+    assert_eq!(
+        fills.load(SeqCst),
+        0,
+        "nothing is made before it is touched"
+    );
+    assert_eq!(read_word(&r, 5 * words + 17), word(3, 5 * words + 17));
+    assert_eq!(fills.load(SeqCst), 1, "one fill for the block");
+    for i in 5 * words..6 * words {
+        assert_eq!(read_word(&r, i), word(3, i));
+    }
+    assert_eq!(
+        fills.load(SeqCst),
+        1,
+        "the block was installed whole: no more fills"
+    );
+    let before = vrange::stats();
+    // Take block 5 back as the system would (the pages go; the registration stays).
+    let block5 = r.as_ptr().wrapping_add(5 * BLOCK);
+    // SAFETY: the region's content is the generator's: nothing is lost.
+    unsafe { vrange_sys::mem::purge_forced(block5, BLOCK) }.unwrap();
+    assert_eq!(read_word(&r, 6 * words - 1), word(3, 6 * words - 1));
+    assert_eq!(fills.load(SeqCst), 2, "made again after it was taken");
+    let after = vrange::stats();
+    assert_eq!(after.refill_fills - before.refill_fills, 1);
+    assert_eq!(after.refill_bytes - before.refill_bytes, BLOCK as u64);
+}
+
+#[test]
+fn a_page_taken_from_a_block_is_made_again_without_touching_the_rest() {
+    let _s = serial();
+    let Some((r, fills)) = region(4 * BLOCK, 4) else {
+        return;
+    };
+    let page = vrange::page_size();
+    let words = BLOCK / 8;
+    for i in 0..words {
+        assert_eq!(read_word(&r, i), word(4, i));
+    }
+    // The program wrote into one page of the block; the kernel takes another.
+    // SAFETY: inside the region.
+    unsafe { (r.as_ptr() as *mut u64).write_volatile(99) };
+    // SAFETY: the region's content is the generator's (the written page is not touched).
+    unsafe { vrange_sys::mem::purge_forced(r.as_ptr().wrapping_add(3 * page), page) }.unwrap();
+    assert_eq!(read_word(&r, 3 * page / 8), word(4, 3 * page / 8));
+    assert_eq!(fills.load(SeqCst), 2);
+    assert_eq!(
+        read_word(&r, 0),
+        99,
+        "a present page is kept when its block is made again"
+    );
+}
+
+#[test]
+fn threads_touching_blocks_at_once_each_read_the_generator() {
+    let _s = serial();
+    let Some((r, fills)) = region(32 * BLOCK, 5) else {
+        return;
+    };
+    let r = &r;
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            s.spawn(move || {
+                let mut dice = 0x9e37_79b9 + t;
+                for _ in 0..500 {
+                    let i = next(&mut dice) as usize % (r.len() / 8);
+                    assert_eq!(read_word(r, i), word(5, i), "thread {t}, word {i}");
+                }
+            });
+        }
+    });
+    assert!(
+        fills.load(SeqCst) <= 32,
+        "each block made once without pressure"
+    );
+}
+
+// ---- A fill that fails ----
+
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+static SIG_ADDR: AtomicUsize = AtomicUsize::new(0);
+static SEED: AtomicU64 = AtomicU64::new(0);
+static BASE: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: a valid siginfo for an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    SIGNALS.fetch_add(1, SeqCst);
+    SIG_ADDR.store(addr, SeqCst);
+    // Place the page's content ourselves.
+    let page = vrange::page_size();
+    let at = addr & !(page - 1);
+    let mut buf = [0u8; 4096];
+    generate(SEED.load(SeqCst), at - BASE.load(SeqCst), &mut buf[..page]);
+    // SAFETY: buf holds a page; the page belongs to the test's refill region.
+    let _ = unsafe { vrange::fill(at as *mut u8, buf.as_ptr(), page) };
+}
+
+#[test]
+fn a_failing_fill_raises_sigbus_at_the_address_and_a_handler_may_place_the_page() {
+    let _s = serial();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let f = failures.clone();
+    let r = match RefillRegion::new(8 * BLOCK, BLOCK, move |offset, buf| {
+        if offset == 2 * BLOCK {
+            f.fetch_add(1, SeqCst);
+            return false;
+        }
+        generate(6, offset, buf);
+        true
+    }) {
+        Ok(r) => r,
+        Err(Error::Os(libc::ENOTSUP)) => return skip("userfaultfd is not available"),
+        Err(e) => panic!("RefillRegion::new: {e}"),
+    };
+    SEED.store(6, SeqCst);
+    BASE.store(r.as_ptr() as usize, SeqCst);
+    // SAFETY: a zeroed sigaction with a valid SA_SIGINFO handler and an empty mask.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+    let before = vrange::stats().refill_failures;
+    let i = (2 * BLOCK + 3 * 4096 + 40) / 8;
+    assert_eq!(read_word(&r, i), word(6, i), "the handler placed the page");
+    assert_eq!(SIGNALS.load(SeqCst), 1);
+    assert_eq!(SIG_ADDR.load(SeqCst), r.as_ptr() as usize + i * 8);
+    assert_eq!(failures.load(SeqCst), 1);
+    assert_eq!(vrange::stats().refill_failures - before, 1);
+    // Other blocks fill as usual.
+    assert_eq!(read_word(&r, 0), word(6, 0));
+    // SAFETY: restoring the default action.
+    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+}
+
+#[test]
+fn bad_arguments_are_refused_and_from_raw_names_live_regions_only() {
+    let page = vrange::page_size();
+    assert_eq!(
+        RefillRegion::new(MIB, page + 1, |_, _| true).err(),
+        Some(Error::Unaligned)
+    );
+    assert_eq!(
+        RefillRegion::new(0, page, |_, _| true).err(),
+        Some(Error::NotRegion)
+    );
+    let Some((r, _)) = region(4 * BLOCK, 7) else {
+        return;
+    };
+    let (ptr, len) = r.into_raw();
+    // SAFETY: probing: a wrong length names no region.
+    let wrong = unsafe { RefillRegion::from_raw(ptr, len + page) };
+    assert_eq!(wrong.err(), Some(Error::NotRegion));
+    // SAFETY: from into_raw, no other handle.
+    drop(unsafe { RefillRegion::from_raw(ptr, len) }.unwrap());
+}
+
+// ---- Larger than its memory cgroup ----
+
+const LIMIT: usize = 64 * MIB;
+const REGION: usize = 4 * LIMIT;
+const PRESSURE_TEST: &str = "a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom";
+const READER: &str = "refill-reader";
+
+/// In a role process: reads the whole region in order (four times the limit), then 1,000
+/// random words, each checked against the generator; says how many were wrong and the fills.
+fn reader() {
+    let (r, fills) = region(REGION, 8).expect("a refill region");
+    let mut wrong = 0u64;
+    for i in (0..REGION / 8).step_by(vrange::page_size() / 8) {
+        wrong += u64::from(read_word(&r, i) != word(8, i));
+    }
+    let mut dice = 0x1234_5678_9abc_def1u64;
+    for _ in 0..1000 {
+        let i = next(&mut dice) as usize % (REGION / 8);
+        wrong += u64::from(read_word(&r, i) != word(8, i));
+    }
+    say(format!(
+        "DONE wrong={wrong} fills={} blocks={}",
+        fills.load(SeqCst),
+        REGION / BLOCK
+    ));
+}
+
+#[test]
+fn a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom() {
+    if role().as_deref() == Some(READER) {
+        return reader();
+    }
+    let _s = serial();
+    if RefillRegion::new(BLOCK, BLOCK, |_, _| true).is_err() {
+        return skip("userfaultfd is not available to this process");
+    }
+    let child = match cgroup::child("vrange-refill-", LIMIT as u64) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let mut cmd = role_command(PRESSURE_TEST, READER);
+    join_before_exec(&mut cmd, &cg.file("cgroup.procs")).expect("open cgroup.procs");
+    let mut p = Role::spawn("reader", cmd);
+    let reply = p.next(Duration::from_secs(120));
+    let exit = p.wait(Duration::from_secs(30));
+    let kills = cg.oom_kills().expect("the OOM kill count");
+    let diagnostics = p.diagnostics();
+    drop(p);
+    cgroup::remove(child);
+    let reply = reply.unwrap_or_else(|e| panic!("the reader: {e}; {exit}\n{diagnostics}"));
+    println!(
+        "refill: {} MiB region under a {} MiB limit: {} fills of {} blocks, {} wrong words, \
+         OOM kills {kills}",
+        REGION >> 20,
+        LIMIT >> 20,
+        reply.u64("fills"),
+        reply.u64("blocks"),
+        reply.u64("wrong")
+    );
+    assert_eq!(exit, Exit::Code(0));
+    assert_eq!(kills, 0);
+    assert_eq!(reply.u64("wrong"), 0, "every word is the generator's");
+    assert!(
+        reply.u64("fills") > reply.u64("blocks"),
+        "blocks were taken back and made again"
+    );
+}
