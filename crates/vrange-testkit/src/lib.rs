@@ -16,6 +16,7 @@
 //!   library), and the C workloads the `vrange bench` suites ship;
 //! - [`sched`]: starving a thread of this process (the reclaimer falling behind);
 //! - [`scratch`]: scratch directories;
+//! - [`signal`]: SIGBUS handlers for tests of SIGBUS mode and refill regions;
 //! - [`mod@bench`]: the criterion benchmarks' labels and results.
 //!
 //! # Skips
@@ -36,6 +37,7 @@ pub mod procfs;
 pub mod role;
 pub mod sched;
 pub mod scratch;
+pub mod signal;
 
 use std::fmt::Display;
 use std::io::Write;

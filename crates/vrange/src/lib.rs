@@ -104,6 +104,19 @@ pub enum Mode {
     NoVolatile,
 }
 
+/// The span a mark or unmark works on: `None` for an empty one; scratch memory refused (it is
+/// always volatile). Async-signal-safe.
+fn markable(ptr: *mut u8, len: usize) -> Result<Option<span::Span>> {
+    let span = span::Span::new(ptr as usize, len)?;
+    if span.is_empty() {
+        return Ok(None);
+    }
+    if scratch::overlaps(span) {
+        return Err(Error::Unsupported);
+    }
+    Ok(Some(span))
+}
+
 /// Marks `[ptr, ptr + len)` volatile: the system may discard its pages when memory is short,
 /// and [`unmark`] will say what it did. Returns the bytes marked (`len` rounded up to a page).
 ///
@@ -126,13 +139,9 @@ pub enum Mode {
 /// # References
 /// madvise(2) MADV_FREE.
 pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
-    let span = span::Span::new(ptr as usize, len)?;
-    if span.is_empty() {
+    let Some(span) = markable(ptr, len)? else {
         return Ok(0);
-    }
-    if scratch::overlaps(span) {
-        return Err(Error::Unsupported);
-    }
+    };
     if managed::owns(span)? {
         // SAFETY: forwarded contract; the span lies in one library-owned region.
         unsafe { managed::mark(span)? };
@@ -163,13 +172,9 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
 /// The caller must own the memory: pages are written (their witness word, atomically, with
 /// the value it holds).
 pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
-    let span = span::Span::new(ptr as usize, len)?;
-    if span.is_empty() {
+    let Some(span) = markable(ptr, len)? else {
         return Ok(Unmarked::default());
-    }
-    if scratch::overlaps(span) {
-        return Err(Error::Unsupported);
-    }
+    };
     if managed::owns(span)? {
         return managed::unmark(span);
     }
@@ -198,13 +203,9 @@ pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
 /// # References
 /// userfaultfd(2) (UFFD_FEATURE_SIGBUS), madvise(2) MADV_FREE.
 pub unsafe fn mark_volatile_sigbus(ptr: *mut u8, len: usize) -> Result<usize> {
-    let span = span::Span::new(ptr as usize, len)?;
-    if span.is_empty() {
+    let Some(span) = markable(ptr, len)? else {
         return Ok(0);
-    }
-    if scratch::overlaps(span) {
-        return Err(Error::Unsupported);
-    }
+    };
     if managed::owns(span)? {
         if !managed::is_sigbus(span) {
             return Err(Error::BadFlags);

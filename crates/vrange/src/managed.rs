@@ -42,14 +42,7 @@ pub struct Options {
 /// Creates a region of `len` bytes (rounded up to a page; content zero, pinned). Returns its
 /// start and rounded length.
 pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error> {
-    let page = mem::page_size();
-    if len == 0 {
-        return Err(Error::NotRegion);
-    }
-    let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
-    if len > isize::MAX as usize {
-        return Err(Error::Overflow);
-    }
+    let len = crate::span::region_len(len)?;
     if opts.sigbus && opts.shared {
         return Err(Error::BadFlags);
     }

@@ -101,15 +101,12 @@ impl RefillRegion {
         fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
     ) -> Result<RefillRegion, Error> {
         let page = mem::page_size();
-        if len == 0 || block == 0 {
+        let len = crate::span::region_len(len)?;
+        if block == 0 {
             return Err(Error::NotRegion);
         }
         if block % page != 0 {
             return Err(Error::Unaligned);
-        }
-        let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
-        if len > isize::MAX as usize {
-            return Err(Error::Overflow);
         }
         let fd = UFFD.ensure(uffd::open_handled)?.fd;
         start_thread()?;
@@ -166,8 +163,7 @@ impl RefillRegion {
     /// # Safety
     /// The caller owns the region (no other handle to it exists).
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<RefillRegion, Error> {
-        let page = mem::page_size();
-        let len = len.checked_add(page - 1).ok_or(Error::NotRegion)? & !(page - 1);
+        let len = crate::span::region_len(len).map_err(|_| Error::NotRegion)?;
         let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
         let known = TABLE.with(|t| t.iter().any(|e| e.start == ptr as usize && e.len == len));
         if !known {

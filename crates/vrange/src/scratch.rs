@@ -121,20 +121,14 @@ impl ScratchRegion {
     /// # References
     /// mmap(2) MAP_DROPPABLE.
     pub fn new(len: usize) -> Result<ScratchRegion, Error> {
-        let page = mem::page_size();
-        if len == 0 {
-            return Err(Error::NotRegion);
-        }
-        let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
-        if len > isize::MAX as usize {
-            return Err(Error::Overflow);
-        }
-        let start = mem::map_droppable(len, page).map_err(|e| match e.raw_os_error() {
-            // MAP_DROPPABLE is a map type of its own: older kernels reject the type.
-            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Error::Os(libc::ENOTSUP),
-            Some(errno) => Error::Os(errno),
-            None => Error::Os(libc::ENOMEM),
-        })?;
+        let len = crate::span::region_len(len)?;
+        let start =
+            mem::map_droppable(len, mem::page_size()).map_err(|e| match e.raw_os_error() {
+                // MAP_DROPPABLE is a map type of its own: older kernels reject the type.
+                Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Error::Os(libc::ENOTSUP),
+                Some(errno) => Error::Os(errno),
+                None => Error::Os(libc::ENOMEM),
+            })?;
         if let Err(e) = record(start.as_ptr() as usize, len) {
             // SAFETY: just mapped above, never handed out.
             unsafe { mem::unmap(start, len) };
@@ -186,8 +180,7 @@ impl ScratchRegion {
     /// # Safety
     /// The caller owns the region (no other handle to it exists).
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<ScratchRegion, Error> {
-        let page = mem::page_size();
-        let len = len.checked_add(page - 1).ok_or(Error::NotRegion)? & !(page - 1);
+        let len = crate::span::region_len(len).map_err(|_| Error::NotRegion)?;
         let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
         let known = live().any(|(s, l)| s == ptr as usize && l == len);
         if !known {

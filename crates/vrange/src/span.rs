@@ -5,6 +5,20 @@ pub(crate) const ADDR_LIMIT: usize = 1 << 48;
 use crate::Error;
 use vrange_sys::mem::page_size;
 
+/// The length of a new region: `len` rounded up to a page. [`Error::NotRegion`] for zero,
+/// [`Error::Overflow`] past `isize::MAX`.
+pub(crate) fn region_len(len: usize) -> Result<usize, Error> {
+    let page = page_size();
+    if len == 0 {
+        return Err(Error::NotRegion);
+    }
+    let len = len.checked_add(page - 1).ok_or(Error::Overflow)? & !(page - 1);
+    if len > isize::MAX as usize {
+        return Err(Error::Overflow);
+    }
+    Ok(len)
+}
+
 /// A page-aligned, non-overflowing address range `[start, end)` within the tracked space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Span {

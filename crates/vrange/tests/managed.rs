@@ -7,7 +7,7 @@
 //! does.
 
 mod common;
-use common::pin_cpu;
+use common::{pin_cpu, quiet};
 use std::time::{Duration, Instant};
 use vrange::{page_size, Error, Options, Policy, Priority, Source, VolatileRegion};
 use vrange_testkit::fork::fork_linked;
@@ -27,20 +27,6 @@ fn region(len: usize, policy: Policy) -> VolatileRegion {
         },
     )
     .expect("region")
-}
-
-/// Only explicit purges (and the ones a test enables) from here on.
-fn quiet() {
-    for (name, value) in [
-        ("VRANGE_PSI", "off"),
-        ("VRANGE_VMPRESSURE", "off"),
-        ("VRANGE_HEADROOM", "off"),
-        ("VRANGE_BUDGET", "0"),
-        ("VRANGE_ARM_DELAY_MS", "3600000"),
-        ("VRANGE_POLL_MS", "100"),
-    ] {
-        vrange::set_option(name, value).unwrap();
-    }
 }
 
 fn filled(len: usize, policy: Policy, seed: u64) -> VolatileRegion {

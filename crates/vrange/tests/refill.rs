@@ -186,14 +186,7 @@ fn a_failing_fill_raises_sigbus_at_the_address_and_a_handler_may_place_the_page(
     };
     SEED.store(6, SeqCst);
     BASE.store(r.as_ptr() as usize, SeqCst);
-    // SAFETY: a zeroed sigaction with a valid SA_SIGINFO handler and an empty mask.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
-    }
+    vrange_testkit::signal::on_sigbus(on_sigbus);
     let before = vrange::stats().refill_failures;
     let i = (2 * BLOCK + 3 * 4096 + 40) / 8;
     assert_eq!(read_word(&r, i), word(6, i), "the handler placed the page");
@@ -203,8 +196,7 @@ fn a_failing_fill_raises_sigbus_at_the_address_and_a_handler_may_place_the_page(
     assert_eq!(vrange::stats().refill_failures - before, 1);
     // Other blocks fill as usual.
     assert_eq!(read_word(&r, 0), word(6, 0));
-    // SAFETY: restoring the default action.
-    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+    vrange_testkit::signal::default_sigbus();
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! wrote, counts the signal and records its address.
 
 mod common;
-use common::{force_purge, pin_cpu, Mapping};
+use common::{force_purge, pin_cpu, quiet, Mapping};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
@@ -30,15 +30,13 @@ static SIGNALS: AtomicUsize = AtomicUsize::new(0);
 static LAST_ADDR: AtomicUsize = AtomicUsize::new(0);
 static FILL_FAILED: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
     let (base, len) = (BASE.load(SeqCst), LEN.load(SeqCst));
     if addr < base || addr >= base + len {
-        // Not ours: die of it as without a handler.
-        // SAFETY: restoring the default action and returning re-raises the fault.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
-        return;
+        // Not ours: die of it as without a handler (returning re-raises the fault).
+        return vrange_testkit::signal::default_sigbus();
     }
     SIGNALS.fetch_add(1, SeqCst);
     LAST_ADDR.store(addr, SeqCst);
@@ -53,42 +51,19 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
     // SAFETY: buf holds a page; the page is the test's SIGBUS-mode memory.
     if unsafe { vrange::fill(at as *mut u8, buf.as_ptr().cast(), page) }.is_err() {
         FILL_FAILED.fetch_add(1, SeqCst);
-        // SAFETY: as above: give up, die of the signal.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        vrange_testkit::signal::default_sigbus();
     }
 }
 
 /// Installs the handler (once) and points it at `[base, base + len)`, filled with `seed`.
 fn serve(base: *mut u8, len: usize, seed: u64) {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: a zeroed sigaction with a valid SA_SIGINFO handler and an empty mask.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO;
-            libc::sigemptyset(&mut sa.sa_mask);
-            assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
-        }
-    });
+    ONCE.call_once(|| vrange_testkit::signal::on_sigbus(on_sigbus));
     SEED.store(seed, SeqCst);
     BASE.store(base as usize, SeqCst);
     LEN.store(len, SeqCst);
     SIGNALS.store(0, SeqCst);
     FILL_FAILED.store(0, SeqCst);
-}
-
-/// Only explicit purges from here on (as in tests/managed.rs).
-fn quiet() {
-    for (name, value) in [
-        ("VRANGE_PSI", "off"),
-        ("VRANGE_VMPRESSURE", "off"),
-        ("VRANGE_HEADROOM", "off"),
-        ("VRANGE_BUDGET", "0"),
-        ("VRANGE_ARM_DELAY_MS", "3600000"),
-    ] {
-        vrange::set_option(name, value).unwrap();
-    }
 }
 
 /// A SIGBUS-mode region, or None (with a printed reason) without userfaultfd.

@@ -56,3 +56,18 @@ impl Drop for Mapping {
         unsafe { mem::unmap(std::ptr::NonNull::new(self.ptr).unwrap(), self.len) };
     }
 }
+
+/// Only explicit purges (and the ones a test enables) from here on: the pressure sources and
+/// the budget off, hybrid ranges not armed for an hour.
+pub fn quiet() {
+    for (name, value) in [
+        ("VRANGE_PSI", "off"),
+        ("VRANGE_VMPRESSURE", "off"),
+        ("VRANGE_HEADROOM", "off"),
+        ("VRANGE_BUDGET", "0"),
+        ("VRANGE_ARM_DELAY_MS", "3600000"),
+        ("VRANGE_POLL_MS", "100"),
+    ] {
+        vrange::set_option(name, value).unwrap();
+    }
+}
