@@ -207,9 +207,7 @@ pub fn unregister(fd: RawFd, start: usize, len: usize) -> io::Result<()> {
 /// # Safety
 /// `src` must be readable for `len` bytes.
 pub unsafe fn copy(fd: RawFd, dst: usize, src: *const u8, len: usize) -> io::Result<()> {
-    let page = crate::mem::page_size();
-    let mut done = 0;
-    while done < len {
+    fill_missing(len, |done| {
         let mut c = Copy {
             dst: (dst + done) as u64,
             src: src as u64 + done as u64,
@@ -217,17 +215,8 @@ pub unsafe fn copy(fd: RawFd, dst: usize, src: *const u8, len: usize) -> io::Res
             mode: 0,
             copy: 0,
         };
-        match ioctl(fd, UFFDIO_COPY, &mut c) {
-            Ok(()) => return Ok(()),
-            // A present page stops the copy: keep it, go on after it.
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                done += c.copy.max(0) as usize + page;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => done += c.copy.max(0) as usize,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+        (ioctl(fd, UFFDIO_COPY, &mut c), c.copy)
+    })
 }
 
 /// Installs zero pages at the missing pages of `[dst, dst + len)` (page-aligned), skipping
@@ -236,9 +225,7 @@ pub unsafe fn copy(fd: RawFd, dst: usize, src: *const u8, len: usize) -> io::Res
 /// # Errors
 /// As [`copy`].
 pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<()> {
-    let page = crate::mem::page_size();
-    let mut done = 0;
-    while done < len {
+    fill_missing(len, |done| {
         let mut z = Zeropage {
             range: Range {
                 start: (dst + done) as u64,
@@ -247,12 +234,27 @@ pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<()> {
             mode: 0,
             zeropage: 0,
         };
-        match ioctl(fd, UFFDIO_ZEROPAGE, &mut z) {
+        (ioctl(fd, UFFDIO_ZEROPAGE, &mut z), z.zeropage)
+    })
+}
+
+/// Runs `install(done)` (one UFFDIO_COPY or UFFDIO_ZEROPAGE from byte `done` on, giving its
+/// result and the bytes it installed) until `len` bytes are done: a present page stops an
+/// install (EEXIST), so it is kept and skipped; a partial install (EAGAIN) goes on where it
+/// stopped.
+fn fill_missing(
+    len: usize,
+    mut install: impl FnMut(usize) -> (io::Result<()>, i64),
+) -> io::Result<()> {
+    let page = crate::mem::page_size();
+    let mut done = 0;
+    while done < len {
+        let (result, installed) = install(done);
+        let installed = installed.max(0) as usize;
+        match result {
             Ok(()) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                done += z.zeropage.max(0) as usize + page;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => done += z.zeropage.max(0) as usize,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => done += installed + page,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => done += installed,
             Err(e) => return Err(e),
         }
     }

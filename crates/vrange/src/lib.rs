@@ -28,6 +28,37 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// The accessors of a handle to a mapping vrange owns (fields `start: NonNull<u8>` and `len`):
+/// scratch and refill regions.
+macro_rules! mapping_accessors {
+    ($ty:ident) => {
+        impl $ty {
+            /// The region's first byte.
+            pub fn as_ptr(&self) -> *mut u8 {
+                self.start.as_ptr()
+            }
+
+            /// The region's length in bytes (a page multiple).
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Always false: a region is at least a page.
+            pub fn is_empty(&self) -> bool {
+                false
+            }
+
+            /// Gives up the handle without unmapping: the start and length, for `from_raw`
+            /// (the C ABI hands regions out this way).
+            pub fn into_raw(self) -> (*mut u8, usize) {
+                let raw = (self.as_ptr(), self.len);
+                std::mem::forget(self);
+                raw
+            }
+        }
+    };
+}
+
 mod error;
 mod handle;
 mod lazy;

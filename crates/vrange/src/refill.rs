@@ -80,7 +80,9 @@ static STARTING: SpinLock = SpinLock::new();
 
 /// A refill region: volatile for as long as it lives, its content made block by block by a
 /// fill function, on first access and again whenever the system took a block back (see the
-/// module documentation). Unmapped on drop.
+/// module documentation). Reading any byte gives what the fill function makes for it (waiting
+/// for the fill if its block is missing); writing keeps the page until its block is made again.
+/// Unmapped on drop.
 #[derive(Debug)]
 pub struct RefillRegion {
     start: NonNull<u8>,
@@ -92,6 +94,8 @@ pub struct RefillRegion {
 unsafe impl Send for RefillRegion {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for RefillRegion {}
+
+mapping_accessors!(RefillRegion);
 
 impl RefillRegion {
     /// [`RefillRegion::new`] once the fork handlers are in place.
@@ -127,31 +131,6 @@ impl RefillRegion {
         };
         TABLE.with(|t| t.push(entry));
         Ok(RefillRegion { start, len })
-    }
-
-    /// The region's first byte. Reading any byte gives what the fill function makes for it
-    /// (waiting for the fill if the block is missing); writing keeps the page until its block
-    /// is filled again.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.start.as_ptr()
-    }
-
-    /// The region's length in bytes (a page multiple).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: a region is at least a page.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// Gives up the handle without unmapping: the start and length, for
-    /// [`RefillRegion::from_raw`].
-    pub fn into_raw(self) -> (*mut u8, usize) {
-        let raw = (self.as_ptr(), self.len);
-        std::mem::forget(self);
-        raw
     }
 
     /// Takes back a region given up with [`RefillRegion::into_raw`] (`len` rounded up to a

@@ -108,6 +108,8 @@ unsafe impl Send for ScratchRegion {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for ScratchRegion {}
 
+mapping_accessors!(ScratchRegion);
+
 impl ScratchRegion {
     /// Reserves a scratch region of `len` bytes (rounded up to a page), reading zero. Costs
     /// address space only: no memory, commit charge or page table until pages are written.
@@ -137,21 +139,6 @@ impl ScratchRegion {
         Ok(ScratchRegion { start, len })
     }
 
-    /// The region's first byte.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.start.as_ptr()
-    }
-
-    /// The region's length in bytes (a page multiple).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: a region is at least a page.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// Bytes of the region resident now (mincore(2)). Takes time proportional to the region's
     /// pages: for reports and tests, not for hot paths. The kernel counts no drops per
     /// mapping; what the program wrote minus this is what was dropped.
@@ -161,14 +148,6 @@ impl ScratchRegion {
     pub fn resident_bytes(&self) -> Result<usize, Error> {
         let pages = mem::resident_pages(self.as_ptr(), self.len).map_err(Error::from)?;
         Ok(pages * mem::page_size())
-    }
-
-    /// Gives up the handle without unmapping: returns the start and length, for
-    /// [`ScratchRegion::from_raw`] (the C ABI hands regions out this way).
-    pub fn into_raw(self) -> (*mut u8, usize) {
-        let raw = (self.as_ptr(), self.len);
-        std::mem::forget(self);
-        raw
     }
 
     /// Takes back a region given up with [`ScratchRegion::into_raw`]; `len` is rounded up to a
