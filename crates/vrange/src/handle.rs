@@ -36,6 +36,8 @@ unsafe impl Send for VolatileRegion {}
 // SAFETY: as above; every &self method is thread-safe.
 unsafe impl Sync for VolatileRegion {}
 
+mapping_accessors!(VolatileRegion);
+
 impl VolatileRegion {
     /// Creates a region of at least `len` bytes (rounded up to a page), zero and pinned.
     ///
@@ -69,21 +71,6 @@ impl VolatileRegion {
             start: NonNull::new(start as *mut u8).expect("regions are never at address 0"),
             len,
         }
-    }
-
-    /// First byte of the region.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.start.as_ptr()
-    }
-
-    /// Length in bytes (a page multiple).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: a region has at least one page.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// The region's purge policy.
@@ -216,14 +203,6 @@ impl VolatileRegion {
     /// Send it to another process and map it there with [`VolatileRegion::open_shared`].
     pub fn shared_fd(&self) -> Option<BorrowedFd<'_>> {
         managed::shared_fd(self.as_ptr() as usize)
-    }
-
-    /// Gives up the handle without freeing the region (for the C ABI and other owners); free it
-    /// later with [`VolatileRegion::from_raw`] or `vrange_free`.
-    pub fn into_raw(self) -> (*mut u8, usize) {
-        let parts = (self.as_ptr(), self.len);
-        std::mem::forget(self);
-        parts
     }
 
     /// Takes back ownership of a region given up with [`VolatileRegion::into_raw`] (or

@@ -29,7 +29,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 /// The accessors of a handle to a mapping vrange owns (fields `start: NonNull<u8>` and `len`):
-/// scratch and refill regions.
+/// volatile, scratch and refill regions.
 macro_rules! mapping_accessors {
     ($ty:ident) => {
         impl $ty {
