@@ -340,3 +340,33 @@ fn pressure_quick_runs_the_peak_and_the_next_process() {
     }
     files(&out, &["pressure.csv", "pressure-rss.csv", "pressure.svg"]);
 }
+
+#[test]
+fn refill_quick_reads_the_compressed_file_every_way() {
+    let _s = serial();
+    if let Some(why) = needs_cgroups() {
+        return skip(&why);
+    }
+    let out = bench("refill", &[]);
+    let (header, rows) = table(&out, "method");
+    assert_eq!(header[1], "random reads/s");
+    assert_eq!(rows.len(), 4, "{}", out.text);
+    assert!(
+        rows[0][1].starts_with("did not finish"),
+        "ordinary memory cannot hold four times the limit: {:?}",
+        rows[0]
+    );
+    for r in &rows[1..] {
+        positive(&r[1], "random reads/s");
+        positive(&r[2], "sequential MB/s");
+        assert_eq!(r[8], "0", "no OOM kill: {r:?}");
+    }
+    positive(&rows[3][5], "fills");
+    let (fh, frows) = table(&out, "one fault on a missing page, fill included");
+    assert_eq!(fh[1], "per fault");
+    assert_eq!(frows.len(), 2);
+    for r in &frows {
+        positive(&r[1], "per fault");
+    }
+    files(&out, &["refill.csv", "refill.svg"]);
+}

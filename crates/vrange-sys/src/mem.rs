@@ -94,6 +94,30 @@ fn map(len: usize, align: usize, flags: libc::c_int) -> io::Result<NonNull<u8>> 
     NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
+/// Maps the first `len` bytes of `file` read-only and shared (its page cache), for readers of
+/// a file the kernel caches (`vrange bench refill`'s peer).
+///
+/// # Errors
+/// The errno of mmap(2).
+pub fn map_file_readonly(file: &std::fs::File, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a new read-only shared mapping of an open file at an address of the kernel's
+    // choosing aliases nothing of ours.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(raw.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
 /// Unmaps `[ptr, ptr + len)`.
 ///
 /// # Safety

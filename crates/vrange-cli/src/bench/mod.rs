@@ -1,6 +1,6 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
-//! One file per suite (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `markcost`); the shared
+//! One file per suite (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `refill`, `markcost`); the shared
 //! pieces are the machine description (`machine`), CSV and number formats (`report`), the SVG
 //! plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and child
 //! processes, C workloads and memory cgroups (`proc`). Every suite prints the machine first,
@@ -21,6 +21,7 @@ mod pagetable;
 mod plot;
 mod pressure;
 mod proc;
+mod refill;
 mod report;
 
 use report::Table;
@@ -41,6 +42,8 @@ pub enum Suite {
     Pagetable,
     /// The cost of one mark+unmark pair by range size, per policy.
     Markcost,
+    /// A zstd-compressed file read through a refill region, beside its peers, in a small cgroup.
+    Refill,
     /// Every suite above, in that order.
     All,
 }
@@ -48,11 +51,12 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 5] = [
+    const ALL: [Suite; 6] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
         Suite::Pagetable,
+        Suite::Refill,
         Suite::Markcost,
     ];
 
@@ -63,6 +67,7 @@ impl Suite {
             Suite::Lazyfree => "lazyfree",
             Suite::Pagetable => "pagetable",
             Suite::Markcost => "markcost",
+            Suite::Refill => "refill",
             Suite::All => "all",
         }
     }
@@ -229,6 +234,7 @@ pub fn main(args: Args) -> i32 {
             Suite::Lazyfree => lazyfree::run(&ctx),
             Suite::Pagetable => pagetable::run(&ctx),
             Suite::Markcost => markcost::run(&ctx),
+            Suite::Refill => refill::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {
@@ -254,6 +260,7 @@ pub fn main(args: Args) -> i32 {
 pub fn role(role: &str, args: &[String]) -> i32 {
     match role {
         "pagetable" => pagetable::role(args),
+        "refill" => refill::role(args),
         "hog" => ebizzy::hog_role(args),
         _ => {
             eprintln!("vrange bench-role: unknown role {role:?}");
