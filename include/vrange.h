@@ -111,7 +111,10 @@
  *     handler the process dies of the signal, as for any SIGBUS; libvrange installs none.
  *     vrange_alloc() with VRANGE_SIGBUS in flags makes a region whose marks are all in SIGBUS
  *     mode (vrange() then takes either mode). VRANGE_SIGBUS is not accepted with
- *     VRANGE_SHARED or VRANGE_SCRATCH.
+ *     VRANGE_SCRATCH. Shared regions take it per mapping: vrange_alloc(len, VRANGE_SHARED |
+ *     VRANGE_SIGBUS) in the creating process, vrange_map_shared(fd, VRANGE_SIGBUS, ...) in
+ *     another; a purge (a hole punched in the file) then raises SIGBUS in each process whose
+ *     mapping is in SIGBUS mode and volatile, and reads zero in the others.
  *
  *     vrange_fill() copies len bytes from src into [dst, dst + len) (dst and len page
  *     multiples), filling only pages that are missing, atomically per page, and leaving pages
@@ -378,7 +381,7 @@
  *             (VRANGE_LAZY | VRANGE_MANAGED), two VRANGE_DROP_* classes, both VRANGE_HUGE
  *             and VRANGE_NOHUGE, or VRANGE_SHARED with VRANGE_LAZY, VRANGE_HUGE or
  *             VRANGE_NOHUGE.
- *     EINVAL  VRANGE_SCRATCH with any other flag; VRANGE_SIGBUS with VRANGE_SHARED.
+ *     EINVAL  VRANGE_SCRATCH with any other flag.
  *     ENOMEM  length is too large, or mmap(2) or libvrange's range table ran out of memory,
  *             or (VRANGE_SCRATCH) the process already holds 64 scratch regions.
  *     ENOTSUP (VRANGE_SCRATCH) the kernel has no MAP_DROPPABLE (before Linux 6.11).
@@ -403,7 +406,9 @@
  *   vrange_map_shared()
  *     EBADF   fd is negative or not an open descriptor.
  *     EINVAL  fd does not refer to a libvrange shared region; flags has a bit other than a
- *             VRANGE_DROP_* class, VRANGE_SHARED and VRANGE_MANAGED, or two classes.
+ *             VRANGE_DROP_* class, VRANGE_SHARED, VRANGE_MANAGED and VRANGE_SIGBUS, or two
+ *             classes.
+ *     ENOTSUP (VRANGE_SIGBUS) userfaultfd cannot serve SIGBUS mode here.
  *     EACCES  fd is not open for reading and writing.
  *     ENOMEM, EMFILE
  *             Mapping the region or duplicating the descriptor failed.

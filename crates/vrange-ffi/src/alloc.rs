@@ -140,14 +140,14 @@ pub unsafe extern "C" fn vrange_map_shared(
     length: *mut size_t,
 ) -> *mut c_void {
     guard(null_mut(), || {
-        let priority = flags::map_shared_priority(flags)?;
+        let opts = flags::map_shared_options(flags)?;
         if fd < 0 {
             return Err(Error::Os(libc::EBADF));
         }
         // SAFETY: fd is not -1 and the caller promises an open descriptor for the call; a stale
         // one only makes the core's fstat/dup fail with EBADF.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let (ptr, len) = regions::hand_out(VolatileRegion::open_shared(fd, priority)?);
+        let (ptr, len) = regions::hand_out(VolatileRegion::open_shared_with(fd, opts)?);
         if !length.is_null() {
             // SAFETY: the caller passes NULL or a writable size_t.
             unsafe { *length = len };

@@ -11,7 +11,7 @@
 //! | 7     | reserved |
 //! | 8-9   | at most one of `VRANGE_NOHUGE`, `VRANGE_HUGE` (none: automatic) |
 //! | 10    | `VRANGE_SCRATCH`: a scratch region; no other bit may be set |
-//! | 11    | `VRANGE_SIGBUS`: SIGBUS mode (private regions only) |
+//! | 11    | `VRANGE_SIGBUS`: SIGBUS mode |
 //! | 12-31 | reserved |
 //!
 //! Policy 3 is invalid. Reserved bits must be zero: a caller built against a newer header that
@@ -66,9 +66,8 @@ pub fn priority(flags: c_int) -> Result<Priority, Error> {
 ///
 /// # Errors
 /// [`Error::BadFlags`] for reserved bits, the invalid policy 3 (`VRANGE_LAZY | VRANGE_MANAGED`),
-/// two classes or both huge-page bits, and for `VRANGE_SHARED` with `VRANGE_LAZY`, a huge-page
-/// bit or `VRANGE_SIGBUS` (shared regions are always managed, memfd-backed, and not yet served
-/// by SIGBUS mode).
+/// two classes or both huge-page bits, and for `VRANGE_SHARED` with `VRANGE_LAZY` or a huge-page
+/// bit (shared regions are always managed, and memfd-backed).
 pub fn alloc_options(flags: c_int) -> Result<Options, Error> {
     let known = POLICY_MASK | VRANGE_SHARED | PRIORITY_MASK | HUGE_MASK | VRANGE_SIGBUS;
     if flags & !known != 0 {
@@ -76,9 +75,6 @@ pub fn alloc_options(flags: c_int) -> Result<Options, Error> {
     }
     let shared = flags & VRANGE_SHARED != 0;
     let sigbus = flags & VRANGE_SIGBUS != 0;
-    if shared && sigbus {
-        return Err(Error::BadFlags);
-    }
     let policy = match flags & POLICY_MASK {
         VRANGE_HYBRID if shared => Policy::Managed,
         VRANGE_HYBRID => Policy::Hybrid,
@@ -101,16 +97,21 @@ pub fn alloc_options(flags: c_int) -> Result<Options, Error> {
     })
 }
 
-/// The class `vrange_map_shared(fd, flags, ...)` asks for. `VRANGE_SHARED` and `VRANGE_MANAGED`
-/// are accepted (they describe every shared region); nothing else but a `VRANGE_DROP_*` bit is.
+/// The class and SIGBUS mode `vrange_map_shared(fd, flags, ...)` asks for. `VRANGE_SHARED` and
+/// `VRANGE_MANAGED` are accepted (they describe every shared region); nothing else but a
+/// `VRANGE_DROP_*` bit and `VRANGE_SIGBUS` is.
 ///
 /// # Errors
 /// [`Error::BadFlags`] for any other bit or two classes.
-pub fn map_shared_priority(flags: c_int) -> Result<Priority, Error> {
-    if flags & !(PRIORITY_MASK | VRANGE_SHARED | VRANGE_MANAGED) != 0 {
+pub fn map_shared_options(flags: c_int) -> Result<Options, Error> {
+    if flags & !(PRIORITY_MASK | VRANGE_SHARED | VRANGE_MANAGED | VRANGE_SIGBUS) != 0 {
         return Err(Error::BadFlags);
     }
-    priority(flags)
+    Ok(Options {
+        priority: priority(flags)?,
+        sigbus: flags & VRANGE_SIGBUS != 0,
+        ..Options::default()
+    })
 }
 
 /// The class `vrange_set_priority(..., priority)` sets: 0 (normal) or one `VRANGE_DROP_*` value.

@@ -30,6 +30,7 @@ const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xaa00;
+const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
 const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
 const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 const UFFD_FEATURE_EXACT_ADDRESS: u64 = 1 << 11;
@@ -110,7 +111,11 @@ fn ioctl<T>(fd: RawFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
 /// ENOSYS (no userfaultfd), EPERM or EACCES (not allowed), EINVAL (no SIGBUS feature), the
 /// errno of the last way tried otherwise.
 pub fn open_sigbus() -> io::Result<(OwnedFd, Reach)> {
-    open(UFFD_FEATURE_SIGBUS)
+    // Shared memory (memfd) too, where the kernel offers it (Linux 4.11).
+    match open(UFFD_FEATURE_SIGBUS | UFFD_FEATURE_MISSING_SHMEM) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(UFFD_FEATURE_SIGBUS),
+        r => r,
+    }
 }
 
 /// A new userfaultfd whose faults wait for a thread that reads them ([`next_faults`], with
@@ -165,7 +170,8 @@ fn handshake(fd: OwnedFd, reach: Reach, features: u64) -> io::Result<(OwnedFd, R
     Ok((fd, reach))
 }
 
-/// Registers `[start, start + len)` (page-aligned, private anonymous) in MISSING mode: from now
+/// Registers `[start, start + len)` (page-aligned, private anonymous or shared memfd memory) in
+/// MISSING mode: from now
 /// on a missing page there raises SIGBUS. Registering a range already registered on `fd` again
 /// is allowed.
 ///

@@ -61,7 +61,25 @@ impl VolatileRegion {
     /// [`Error::Unsupported`] if the descriptor is not a vrange shared region;
     /// [`Error::Os`] for mapping failures.
     pub fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<VolatileRegion, Error> {
-        let (start, len) = managed::open_shared(fd, priority)?;
+        VolatileRegion::open_shared_with(
+            fd,
+            Options {
+                priority,
+                ..Options::default()
+            },
+        )
+    }
+
+    /// [`VolatileRegion::open_shared`] with the class and SIGBUS mode of `opts` (its other
+    /// fields do not apply: the creator chose them). In SIGBUS mode, touching a purged page
+    /// of this mapping while it is volatile raises SIGBUS here, whatever mode other processes
+    /// chose for theirs.
+    ///
+    /// # Errors
+    /// As [`VolatileRegion::open_shared`]; `Error::Os(ENOTSUP)` for SIGBUS mode without
+    /// userfaultfd.
+    pub fn open_shared_with(fd: BorrowedFd<'_>, opts: Options) -> Result<VolatileRegion, Error> {
+        let (start, len) = managed::open_shared(fd, opts.priority, opts.sigbus)?;
         crate::reclaim::ensure_running();
         Ok(VolatileRegion::at(start, len))
     }

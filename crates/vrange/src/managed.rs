@@ -30,12 +30,15 @@ pub struct Options {
     pub shared: bool,
     /// Transparent huge pages for private regions (default [`Huge::Auto`]).
     pub huge: Huge,
-    /// SIGBUS mode (private regions; default off): while a range is volatile, touching a
+    /// SIGBUS mode (default off): while a range is volatile, touching a
     /// purged page raises SIGBUS at that address instead of reading zero (see
     /// [`crate::mark_volatile_sigbus`] and [`crate::fill`]). Managed and hybrid regions are
     /// populated when created and registered with the process's userfaultfd; hybrid ones are
-    /// then purged as managed ones (never armed). Fails with `Error::Os(ENOTSUP)` without
-    /// userfaultfd.
+    /// then purged as managed ones (never armed); shared ones are populated and registered in
+    /// each process that maps them in SIGBUS mode ([`VolatileRegion::open_shared_with`]).
+    /// Fails with `Error::Os(ENOTSUP)` without userfaultfd.
+    ///
+    /// [`VolatileRegion::open_shared_with`]: crate::VolatileRegion::open_shared_with
     pub sigbus: bool,
 }
 
@@ -43,9 +46,6 @@ pub struct Options {
 /// start and rounded length.
 pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error> {
     let len = crate::span::region_len(len)?;
-    if opts.sigbus && opts.shared {
-        return Err(Error::BadFlags);
-    }
     let (idx, slot) = registry::alloc_slot()?;
     let made = if opts.shared {
         create_shared(slot, len, opts)
@@ -109,12 +109,25 @@ fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error>
     slot.header.store(header, Release);
     slot.fd.store(fd, Relaxed);
     slot.seen_epoch.store(epoch, Relaxed);
+    if opts.sigbus {
+        slot.set_sigbus();
+        // Every page of the file allocated, so that only punched holes (purges) are missing.
+        if let Err(e) = crate::sigbus::arm_region(start, len) {
+            // SAFETY: just created, never handed out.
+            unsafe { release_mapping(slot, start, len) };
+            return Err(e);
+        }
+    }
     Ok(start)
 }
 
 /// Maps a shared region from a descriptor another process (or this one) created. The new
 /// mapping does not hold a pin: unmark it before use.
-pub(crate) fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<(usize, usize), Error> {
+pub(crate) fn open_shared(
+    fd: BorrowedFd<'_>,
+    priority: Priority,
+    sigbus: bool,
+) -> Result<(usize, usize), Error> {
     let m = shared::open(fd)?;
     let len = m.len;
     let epoch = m.header().epoch.load(Acquire);
@@ -133,6 +146,18 @@ pub(crate) fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<(usi
     slot.fd.store(fd, Relaxed);
     slot.holding.store(false, Relaxed);
     slot.seen_epoch.store(epoch, Relaxed);
+    if sigbus {
+        slot.set_sigbus();
+        // The file's pages exist (its creator allocated them): only holes are missing.
+        let registered = crate::sigbus::ensure()
+            .and_then(|fd| crate::sigbus::register(fd, Span::new(start, len)?));
+        if let Err(e) = registered {
+            // SAFETY: just mapped, never handed out.
+            unsafe { release_mapping(slot, start, len) };
+            registry::free_slot(idx);
+            return Err(e);
+        }
+    }
     if let Err(e) = registry::set_owner(start, start + len, idx) {
         // SAFETY: the region was just mapped and never handed out.
         unsafe { release_mapping(slot, start, len) };
@@ -327,6 +352,10 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
         let lost = found == Found::Purged || missed;
         if lost {
             stats::count_purge_seen();
+            if slot.sigbus() {
+                // Pinned memory never signals: the holes read zero from now on.
+                crate::sigbus::zero_fill(start, len);
+            }
         }
         return Unmarked {
             pages,

@@ -16,6 +16,9 @@
 //!   placed), so pinned memory never signals. Hybrid SIGBUS regions are not armed (they
 //!   purge like managed ones): the per-page proof of an armed unmark would itself touch
 //!   missing pages.
+//! - **Shared regions** are populated by their creator; each process registers its own mapping
+//!   if it asked for SIGBUS mode, so a purge (a hole punched in the file) signals there and
+//!   reads zero in the other processes' mappings.
 //! - **The kernel path** (lazy regions and the classic call on any private anonymous memory):
 //!   the mark scans and frees the pages lazily as usual (the scan maps the zero page wherever
 //!   nothing was ever written, so only pages discarded later are missing), then registers the

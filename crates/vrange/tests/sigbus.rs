@@ -305,17 +305,50 @@ fn fill_refuses_misaligned_and_ordinary_memory() {
             Err(Error::NotRegion)
         );
     }
-    let shared = VolatileRegion::new(
-        page,
-        Options {
-            shared: true,
-            sigbus: true,
-            ..Options::default()
-        },
+}
+
+#[test]
+fn shared_sigbus_region_signals_in_its_sigbus_mappings_only() {
+    let _s = serial();
+    quiet();
+    let opts = Options {
+        shared: true,
+        sigbus: true,
+        ..Options::default()
+    };
+    let a = match VolatileRegion::new(PAGES * vrange::page_size(), opts) {
+        Ok(r) => r,
+        Err(Error::Os(libc::ENOTSUP)) => return skip("userfaultfd cannot serve SIGBUS mode"),
+        Err(e) => panic!("a shared SIGBUS region: {e}"),
+    };
+    let page = vrange::page_size();
+    let (p, len) = (a.as_ptr(), a.len());
+    fill(p, len, 71);
+    // A second mapping of the same file, not in SIGBUS mode (as another process would map it).
+    let b = VolatileRegion::open_shared(a.shared_fd().unwrap(), vrange::Priority::Normal).unwrap();
+    serve(p, len, 71);
+    // SAFETY: no reference into the region is held while it is volatile.
+    unsafe { a.mark().unwrap() };
+    // b holds no pin (it was never unmarked): the region is purged for both.
+    assert_eq!(vrange::purge(usize::MAX), len);
+    // b is not in SIGBUS mode: the hole reads zero there.
+    assert!(is_zero(b.as_ptr(), page));
+    assert_eq!(SIGNALS.load(SeqCst), 0);
+    // a is: SIGBUS at the address, and the handler's fill puts the page in the shared file.
+    let addr = p.wrapping_add(6 * page + 16);
+    // SAFETY: test-owned memory; the handler places the page's content.
+    let v = unsafe { (addr as *const u64).read_volatile() };
+    assert_eq!(v, pattern(71, (6 * page + 16) / 8));
+    assert_eq!(SIGNALS.load(SeqCst), 1);
+    assert_eq!(LAST_ADDR.load(SeqCst), addr as usize);
+    assert!(
+        check_at(b.as_ptr(), 6 * page, page, 71),
+        "the placed page is shared"
     );
-    assert_eq!(
-        shared.err(),
-        Some(Error::BadFlags),
-        "shared regions: not yet"
+    assert!(a.unmark().unwrap().was_purged());
+    assert!(
+        is_zero(p.wrapping_add(page), page),
+        "after unmark: zero, no signal"
     );
+    assert_eq!(SIGNALS.load(SeqCst), 1);
 }
