@@ -360,8 +360,11 @@
  *     On any error nothing is marked: a failed VRANGE_VOLATILE call leaves no page of the
  *     range newly volatile, and a failed unmark changes nothing.
  *
- *   vrange() in SIGBUS mode, vrange_alloc() with VRANGE_SIGBUS
+ *   vrange() in SIGBUS mode, vrange_alloc() with VRANGE_SIGBUS, vrange_alloc_refill()
  *     ENOTSUP userfaultfd(2) or its SIGBUS feature is absent, or not allowed to this process.
+ *     EAGAIN  The process's userfaultfd is opened at the first such call, and 0, 1 or 2 was
+ *             closed at that moment (libvrange opens nothing that could take their place:
+ *             see NOTES); call again once they are open.
  *     EINVAL  (vrange()) the range lies in a region created without VRANGE_SIGBUS.
  *
  *   vrange_fill()

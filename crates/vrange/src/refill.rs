@@ -21,7 +21,8 @@
 //!   the kernel took another page of it, which leaves it alone): refill regions are meant to
 //!   be read.
 //!
-//! The fill function runs on the refill thread, one call at a time for the whole process, and
+//! The refill thread lives while refill regions do (it leaves a second after the last one is
+//! freed). The fill function runs on it, one call at a time for the whole process, and
 //! must not touch a refill region itself (it would wait for its own fill) nor free the region
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
 
@@ -75,8 +76,8 @@ pub(crate) static TABLE: Table = Table {
     entries: UnsafeCell::new(Vec::new()),
 };
 /// Whether this process has a refill thread (not a fork child's inheritance).
+/// Changed under the table's lock only (see `RefillRegion::create` and `run`).
 static THREAD: AtomicBool = AtomicBool::new(false);
-static STARTING: SpinLock = SpinLock::new();
 
 /// A refill region: volatile for as long as it lives, its content made block by block by a
 /// fill function, on first access and again whenever the system took a block back (see the
@@ -113,7 +114,6 @@ impl RefillRegion {
             return Err(Error::Unaligned);
         }
         let fd = UFFD.ensure(uffd::open_handled)?.fd;
-        start_thread()?;
         let start = mem::map_anon(len, page)?;
         // A huge page would be filled (and dropped) whole, not by block.
         let _ = mem::advise_huge(start.as_ptr(), len, false);
@@ -129,8 +129,21 @@ impl RefillRegion {
             fill: Box::new(fill),
             buf: vec![0; block.min(len)],
         };
-        TABLE.with(|t| t.push(entry));
-        Ok(RefillRegion { start, len })
+        // The entry and the thread's flag change under the table's lock, where the thread
+        // decides to exit: a region is never left without a thread.
+        let spawn = TABLE.with(|t| {
+            t.push(entry);
+            !THREAD.swap(true, Relaxed)
+        });
+        let region = RefillRegion { start, len };
+        if spawn {
+            if let Err(e) = vrange_sys::process::spawn_without_signals("vrange-refill", run) {
+                THREAD.store(false, Relaxed);
+                drop(region);
+                return Err(e.into());
+            }
+        }
+        Ok(region)
     }
 
     /// Takes back a region given up with [`RefillRegion::into_raw`] (`len` rounded up to a
@@ -170,17 +183,8 @@ impl Drop for RefillRegion {
     }
 }
 
-fn start_thread() -> Result<(), Error> {
-    let _starting = STARTING.lock();
-    if THREAD.load(Relaxed) {
-        return Ok(());
-    }
-    vrange_sys::process::spawn_without_signals("vrange-refill", run)?;
-    THREAD.store(true, Relaxed);
-    Ok(())
-}
-
-/// The refill thread: waits for faults and fills their blocks, forever.
+/// The refill thread: waits for faults and fills their blocks; exits once a second passes
+/// with no refill region left (the next region starts another).
 fn run() {
     let mut faults = [uffd::Fault::default(); 16];
     loop {
@@ -188,9 +192,13 @@ fn run() {
             // Closed by the program: a new region opens a new one (regions of the old one fault
             // in zero pages now). Look again in a while.
             std::thread::sleep(std::time::Duration::from_millis(100));
+            if no_regions_left() {
+                return;
+            }
             continue;
         };
         match uffd::next_faults(fd, 1000, &mut faults) {
+            Ok(0) if no_regions_left() => return,
             Ok(n) => {
                 for f in &faults[..n] {
                     serve(fd, *f);
@@ -199,6 +207,18 @@ fn run() {
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
         }
     }
+}
+
+/// Whether the thread may leave: no region is left (decided, and the flag cleared, under the
+/// table's lock, where a new region sets it).
+fn no_regions_left() -> bool {
+    TABLE.with(|t| {
+        let empty = t.is_empty();
+        if empty {
+            THREAD.store(false, Relaxed);
+        }
+        empty
+    })
 }
 
 fn serve(fd: i32, f: uffd::Fault) {

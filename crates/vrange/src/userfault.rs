@@ -60,8 +60,8 @@ impl Held {
     /// The descriptor, opened now with `open` if there is none or the program closed it.
     ///
     /// # Errors
-    /// `Error::Os(ENOTSUP)` where userfaultfd is unavailable or not allowed; the errno of
-    /// placing the descriptor (EMFILE).
+    /// `Error::Os(ENOTSUP)` where userfaultfd is unavailable or not allowed; `Error::Os(EAGAIN)`
+    /// while the program has 0, 1 or 2 closed; the errno of placing the descriptor (EMFILE).
     pub fn ensure(&self, open: fn() -> io::Result<(OwnedFd, Reach)>) -> Result<Opened, Error> {
         if let Some(fd) = self.current() {
             return Ok(Opened {
@@ -77,7 +77,8 @@ impl Held {
             });
         }
         let (owned, _reach) = open().map_err(|e| match e.raw_os_error() {
-            Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM) => Error::from(e),
+            // EAGAIN: 0, 1 or 2 was closed at that moment (see vrange_sys::fd::create_guarded).
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN) => Error::from(e),
             _ => Error::Os(libc::ENOTSUP),
         })?;
         let guest = GuestFd::adopt(owned, Inherit::Private)?;

@@ -201,6 +201,7 @@ fn a_failing_fill_raises_sigbus_at_the_address_and_a_handler_may_place_the_page(
 
 #[test]
 fn bad_arguments_are_refused_and_from_raw_names_live_regions_only() {
+    let _s = serial();
     let page = vrange::page_size();
     assert_eq!(
         RefillRegion::new(MIB, page + 1, |_, _| true).err(),
@@ -288,4 +289,28 @@ fn a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom() {
         reply.u64("fills") > reply.u64("blocks"),
         "blocks were taken back and made again"
     );
+}
+
+#[test]
+fn the_refill_thread_leaves_with_the_last_region() {
+    let _s = serial();
+    let Some((r, _)) = region(4 * BLOCK, 9) else {
+        return;
+    };
+    assert_eq!(read_word(&r, 1), word(9, 1));
+    assert!(vrange_testkit::sched::thread_named("vrange-refill").is_some());
+    drop(r);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while vrange_testkit::sched::thread_named("vrange-refill").is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refill thread outlived every region"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A new region starts a new one.
+    let Some((r, _)) = region(4 * BLOCK, 10) else {
+        return;
+    };
+    assert_eq!(read_word(&r, 2), word(10, 2));
 }
