@@ -201,7 +201,24 @@ impl PrivateDir {
                 0o600 as libc::c_uint,
             )
         };
-        above_stdio(fd)
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Landed at 0, 1 or 2: ours only if it still is the file of that name.
+        crate::fd::settle(fd, || {
+            // SAFETY: stat is plain data that fstatat fills.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: c is NUL-terminated, relative to an open directory; st is writable.
+            let rc = unsafe {
+                libc::fstatat(
+                    self.fd.as_raw_fd(),
+                    c.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            (rc == 0).then_some((st.st_dev, st.st_ino))
+        })
     }
 
     /// The entries of the directory ("." and ".." left out), in no particular order.
@@ -265,15 +282,7 @@ pub fn effective_uid() -> u32 {
 
 /// Opens a directory, refusing a symbolic link at the last component.
 fn open_dir(path: &CStr) -> io::Result<OwnedFd> {
-    std_fds_open()?;
-    // SAFETY: path is NUL-terminated; the flags need no mode.
-    let fd = unsafe {
-        libc::open(
-            path.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    above_stdio(fd)
+    crate::fd::open_path(path, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW)
 }
 
 /// Whether `path` itself (not what it points to) is a symbolic link.
@@ -283,13 +292,6 @@ fn is_symlink(path: &CStr) -> bool {
     // SAFETY: path is NUL-terminated; st is writable.
     let rc = unsafe { libc::lstat(path.as_ptr(), &mut st) };
     rc == 0 && st.st_mode & libc::S_IFMT == libc::S_IFLNK
-}
-
-/// Takes ownership of `fd` (the result of an open call, -1 for errno), moving it to 3 or above
-/// if the program closed 0, 1 or 2 meanwhile (the low number is closed only if it is still
-/// ours: see `fd::Transient`).
-fn above_stdio(fd: RawFd) -> io::Result<OwnedFd> {
-    crate::fd::Transient::adopt(fd).map(crate::fd::Transient::into_owned)
 }
 
 /// Opening files waits while the program has a standard descriptor closed (see
