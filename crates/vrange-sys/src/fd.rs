@@ -392,30 +392,14 @@ pub fn create_guarded(create: impl FnOnce() -> RawFd) -> io::Result<OwnedFd> {
 pub struct Transient(Ident);
 
 impl Transient {
-    /// Takes a descriptor just opened (the result of an open call: -1 for errno).
+    /// Takes a descriptor [`open_path`] or [`settle`] gave (above 2), recording what it is.
     ///
     /// # Errors
-    /// The open's errno; EMFILE if it must move above 2 and cannot.
-    pub fn adopt(fd: RawFd) -> io::Result<Transient> {
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let Some(ident) = Ident::of(fd) else {
-            let e = io::Error::last_os_error();
-            // SAFETY: just opened by the caller and handed over; nothing else knows it.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            return Err(e);
-        };
-        if fd > 2 {
-            return Ok(Transient(ident));
-        }
-        // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one or -1.
-        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-        let moved = Ident::of(high);
-        close_ident(&ident);
-        moved
-            .map(Transient)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EMFILE))
+    /// The errno of fstat(2) (the descriptor is closed then).
+    fn adopt(fd: OwnedFd) -> io::Result<Transient> {
+        let ident = Ident::of(fd.as_raw_fd()).ok_or_else(io::Error::last_os_error)?;
+        let _ = fd.into_raw_fd();
+        Ok(Transient(ident))
     }
 
     /// The descriptor (valid while `self` lives).
@@ -437,7 +421,7 @@ impl Drop for Transient {
 /// EAGAIN while one of 0, 1 and 2 is closed (see [`std_fds_open`]: try again later); the errno
 /// of open(2).
 pub fn open_transient(path: &std::path::Path, flags: libc::c_int) -> io::Result<Transient> {
-    Transient::adopt(open_path_buf(path, flags)?.into_raw_fd())
+    Transient::adopt(open_path_buf(path, flags)?)
 }
 
 /// Writes `bytes` to `path` in one write(2) (a cgroup control file takes one command per

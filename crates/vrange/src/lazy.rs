@@ -62,6 +62,8 @@ pub(crate) unsafe fn mark_span_sigbus(span: Span) -> Result<(), Error> {
 /// As [`crate::unmark`].
 pub(crate) unsafe fn unmark(span: Span) -> Result<Unmarked, Error> {
     check_mapping(span)?;
+    // Memory marked in SIGBUS mode stops signalling first: the proof reads every page.
+    sigbus::disarm(span);
     // SAFETY: the range was just checked to be mapped private anonymous read-write memory.
     Ok(unsafe { unmark_span(span) })
 }
@@ -158,8 +160,6 @@ unsafe fn mark_page(page: *mut u64, words: usize, entry: &AtomicU16) {
 /// # Safety
 /// `span` must be mapped private anonymous read-write memory owned by the caller.
 pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
-    // Memory marked in SIGBUS mode stops signalling first: the proof below reads every page.
-    sigbus::disarm(span);
     let mut result = Unmarked {
         pages: span.len() / mem::page_size(),
         ..Unmarked::default()

@@ -216,8 +216,8 @@ pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
 /// Marks `[ptr, ptr + len)` volatile in SIGBUS mode: as [`mark_volatile`], and until it is
 /// unmarked, touching a page the system discarded raises SIGBUS at that address instead of
 /// reading zero (a handler may place content with [`fill`] and return; the access is then
-/// retried). Pages never purged, and every page once unmarked, never signal. Pages never
-/// touched before are faulted in first (so that only discarded pages are missing).
+/// retried). Pages never purged, and every page once unmarked, never signal (the mark's scan
+/// maps the zero page wherever nothing was ever written, so only discarded pages are missing).
 ///
 /// On arbitrary private anonymous memory and in lazy regions this registers the range with the
 /// process's userfaultfd (one more system call); in a managed or hybrid region created with
@@ -225,7 +225,9 @@ pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
 ///
 /// # Errors
 /// As [`mark_volatile`]; `Error::Os(ENOTSUP)` without userfaultfd (or its SIGBUS feature, or
-/// the permission to use it); [`Error::BadFlags`] in a region created without SIGBUS mode.
+/// the permission to use it); `Error::Os(EAGAIN)` if the process's userfaultfd had to be opened
+/// while 0, 1 or 2 was closed (try again); [`Error::BadFlags`] in a region created without
+/// SIGBUS mode.
 ///
 /// # Safety
 /// As [`mark_volatile`]; and the process must be ready for SIGBUS: without a handler, touching a
@@ -277,8 +279,9 @@ impl RefillRegion {
     /// # Errors
     /// [`Error::NotRegion`] for a zero length; [`Error::Unaligned`] for a block that is not a
     /// page multiple; [`Error::Overflow`]; `Error::Os(ENOTSUP)` without userfaultfd (or the
-    /// permission to use it); `Error::Os(ENOMEM)` and other errnos of mmap(2) and the thread's
-    /// creation.
+    /// permission to use it); `Error::Os(EAGAIN)` if its userfaultfd had to be opened while 0, 1
+    /// or 2 was closed (try again); `Error::Os(ENOMEM)` and other errnos of mmap(2) and the
+    /// thread's creation.
     pub fn new(
         len: usize,
         block: usize,

@@ -318,6 +318,10 @@ pub(crate) fn unmark(span: Span) -> Result<Unmarked, Error> {
         return Err(Error::NotRegion);
     };
     if first.policy() == Policy::Lazy {
+        if first.sigbus() {
+            // Stops signalling first: the proof reads every page.
+            crate::sigbus::disarm(span);
+        }
         // SAFETY: the span lies inside a private anonymous region this library mapped.
         return Ok(unsafe { lazy::unmark_span(span) });
     }

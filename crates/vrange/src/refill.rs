@@ -17,9 +17,10 @@
 //!   its behalf, see `vrange_sys::process::raise_sigbus`); a handler may place the content with
 //!   [`crate::fill`] and return, or return without: the access is retried, and the fill with
 //!   it.
-//! - A page the program writes is dirty again and stays (until the block is filled again after
-//!   the kernel took another page of it, which leaves it alone): refill regions are meant to
-//!   be read.
+//! - A page the program writes is dirty again and stays until its block is made again (after
+//!   the kernel took another page of it): the fill leaves the written page's content alone, but
+//!   hands the whole block back to the lazy-free path, so the write may go with it later.
+//!   Refill regions are meant to be read.
 //!
 //! The refill thread lives while refill regions do (it leaves a second after the last one is
 //! freed). The fill function runs on it, one call at a time for the whole process, and
@@ -113,7 +114,17 @@ impl RefillRegion {
         if block % page != 0 {
             return Err(Error::Unaligned);
         }
-        let fd = UFFD.ensure(uffd::open_handled)?.fd;
+        let opened = UFFD.ensure(uffd::open_handled)?;
+        let fd = opened.fd;
+        if opened.replaced {
+            // The program closed the old descriptor, and the kernel dropped the live regions'
+            // registrations with it (their missing pages read zero since): register them again.
+            TABLE.with(|t| {
+                for e in t.iter() {
+                    let _ = uffd::register_missing(fd, e.start, e.len);
+                }
+            });
+        }
         let start = mem::map_anon(len, page)?;
         // A huge page would be filled (and dropped) whole, not by block.
         let _ = mem::advise_huge(start.as_ptr(), len, false);

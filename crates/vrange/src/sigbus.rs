@@ -94,8 +94,8 @@ pub(crate) fn register(fd: RawFd, span: Span) -> Result<(), Error> {
 }
 
 /// Before the kernel path's unmark (and a mark, and `forget`): unregister, so that the proof
-/// (and the program) reads a discarded page as zero. One fstat and one ioctl in a process that used SIGBUS mode, nothing
-/// otherwise. Async-signal-safe.
+/// (and the program) reads a discarded page as zero. One fstat and one ioctl in a process that
+/// used SIGBUS mode, nothing otherwise. Async-signal-safe.
 pub(crate) fn disarm(span: Span) {
     if !UFFD.ever_opened() {
         return;

@@ -314,3 +314,34 @@ fn the_refill_thread_leaves_with_the_last_region() {
     };
     assert_eq!(read_word(&r, 2), word(10, 2));
 }
+
+/// A program that closes every descriptor above its own (closefrom) takes vrange's userfaultfd
+/// with them, and the kernel drops the regions' registrations: missing pages read zero. The
+/// next refill region opens a new descriptor and registers the live regions again.
+#[test]
+fn regions_are_registered_again_after_the_program_closed_the_descriptor() {
+    let _s = serial();
+    let Some((a, _)) = region(4 * BLOCK, 11) else {
+        return;
+    };
+    assert_eq!(read_word(&a, 0), word(11, 0));
+    // SAFETY: close_range on descriptors this test process does not use itself (vrange's, at
+    // and above the floor), as a daemon's closefrom would.
+    #[allow(clippy::disallowed_methods)]
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            vrange_sys::fd::floor() as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "close_range");
+    let Some((b, _)) = region(4 * BLOCK, 12) else {
+        return;
+    };
+    // SAFETY: the region's content is the generator's: nothing is lost.
+    unsafe { vrange_sys::mem::purge_forced(a.as_ptr(), BLOCK) }.unwrap();
+    assert_eq!(read_word(&a, 1), word(11, 1), "made again, not zero");
+    assert_eq!(read_word(&b, 1), word(12, 1));
+}

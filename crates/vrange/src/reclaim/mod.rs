@@ -212,8 +212,8 @@ fn budget_ceiling(budget: u64) -> u64 {
 /// The budget is otherwise kept by the reclaimer thread, which a busy machine may not run for
 /// a while; a client that makes memory volatile in a loop (an allocator's frees) could in the
 /// meantime reach its memory cgroup's limit with memory only vrange could free, and be
-/// OOM-killed. Costs two relaxed loads within bounds; beyond them one caller at a time scans,
-/// at most once a millisecond. The core's own mark calls do this themselves; a client of
+/// OOM-killed. Costs two relaxed loads within bounds; beyond them one caller at a time scans
+/// (and after a scan that could not get back under the ceiling, none for a millisecond). The core's own mark calls do this themselves; a client of
 /// [`OwnedRange`](crate::OwnedRange) calls it after making ranges volatile, holding no lock a
 /// purge could wait for (vrange-malloc: after each free, outside its arena lock). Nothing is
 /// purged while the reclaimer is disabled (`VRANGE_RECLAIMER=off`).
