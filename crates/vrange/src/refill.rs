@@ -114,17 +114,9 @@ impl RefillRegion {
         if block % page != 0 {
             return Err(Error::Unaligned);
         }
-        let opened = UFFD.ensure(uffd::open_handled)?;
-        let fd = opened.fd;
-        if opened.replaced {
-            // The program closed the old descriptor, and the kernel dropped the live regions'
-            // registrations with it (their missing pages read zero since): register them again.
-            TABLE.with(|t| {
-                for e in t.iter() {
-                    let _ = uffd::register_missing(fd, e.start, e.len);
-                }
-            });
-        }
+        // A descriptor the program closed is replaced here; the refill thread registers the
+        // live regions on the new one (see `run`).
+        let fd = UFFD.ensure(uffd::open_handled)?.fd;
         let start = mem::map_anon(len, page)?;
         // A huge page would be filled (and dropped) whole, not by block.
         let _ = mem::advise_huge(start.as_ptr(), len, false);
@@ -198,7 +190,10 @@ impl Drop for RefillRegion {
 /// with no refill region left (the next region starts another).
 fn run() {
     let mut faults = [uffd::Fault::default(); 16];
+    let mut serving = None;
     loop {
+        // Read before the descriptor: a replacement in between is seen at the next turn.
+        let generation = UFFD.generation();
         let Some(fd) = UFFD.current() else {
             // Closed by the program: a new region opens a new one (regions of the old one fault
             // in zero pages now). Look again in a while.
@@ -208,6 +203,10 @@ fn run() {
             }
             continue;
         };
+        if serving.is_some_and(|old| old != generation) {
+            reregister(fd);
+        }
+        serving = Some(generation);
         match uffd::next_faults(fd, 1000, &mut faults) {
             Ok(0) if no_regions_left() => return,
             Ok(n) => {
@@ -218,6 +217,18 @@ fn run() {
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
         }
     }
+}
+
+/// The program closed the descriptor this thread served (closefrom), and a new region opened
+/// another. The old one's file lived until this thread's poll(2) on it returned; its release
+/// dropped every region's registration, and until now their missing pages read zero (counted
+/// in `descriptors_lost`). Registers the live regions on the new descriptor.
+fn reregister(fd: i32) {
+    TABLE.with(|t| {
+        for e in t.iter() {
+            let _ = uffd::register_missing(fd, e.start, e.len);
+        }
+    });
 }
 
 /// Whether the thread may leave: no region is left (decided, and the flag cleared, under the

@@ -13,6 +13,8 @@ use vrange_sys::sync::SpinLock;
 use vrange_sys::uffd::Reach;
 
 pub(crate) struct Held {
+    /// Bumped by every descriptor opened: tells a user of the old one that it was replaced.
+    generation: AtomicU64,
     fd: AtomicI32,
     dev: AtomicU64,
     ino: AtomicU64,
@@ -33,12 +35,18 @@ pub(crate) struct Opened {
 impl Held {
     pub const fn new() -> Held {
         Held {
+            generation: AtomicU64::new(0),
             fd: AtomicI32::new(-1),
             dev: AtomicU64::new(0),
             ino: AtomicU64::new(0),
             open: SpinLock::new(),
             owner: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Which descriptor is the current one: changes each time one is opened.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Acquire)
     }
 
     /// Whether a descriptor was ever opened in this process (one relaxed load).
@@ -87,6 +95,7 @@ impl Held {
         self.dev.store(ident.dev(), Relaxed);
         self.ino.store(ident.ino(), Relaxed);
         self.fd.store(ident.fd(), Release);
+        self.generation.fetch_add(1, Release);
         // The old owner, if any, is dropped: closed only if it still verifies (it does not:
         // that is why a new one was opened), else counted lost.
         *self.owner.lock().unwrap_or_else(|e| e.into_inner()) = Some(guest);
