@@ -195,6 +195,38 @@ impl VolatileRegion {
         })
     }
 
+    /// Whether the reclaimer purged the region (or part of it) while it was volatile. Reads
+    /// only: unlike [`VolatileRegion::unmark`] it neither pins the region nor changes its age.
+    /// Pages the kernel discarded from an armed hybrid range show only at the next unmark.
+    pub fn is_purged(&self) -> bool {
+        self.span(0, self.len)
+            .and_then(managed::is_purged)
+            .unwrap_or(false)
+    }
+
+    /// How long the region has been volatile, if it is (volatile or armed, not yet purged):
+    /// the age the reclaimer orders it by. `None` while pinned, purged or being purged.
+    pub fn idle(&self) -> Option<std::time::Duration> {
+        let (_, slot) = registry::owner_of(self.as_ptr() as usize)?;
+        if !crate::state::is_purgeable(slot.state().load()) {
+            return None;
+        }
+        let now = vrange_sys::clock::now_ns();
+        Some(std::time::Duration::from_nanos(
+            now.saturating_sub(slot.last_used()),
+        ))
+    }
+
+    /// Purges the region now if it is volatile, as the reclaimer would (whole ranges; a pinned
+    /// range is left alone), and counts it as an explicit purge. Returns the bytes freed. For a
+    /// client that keeps its own budget (a cache purging its least recently used entries).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a lazy region (the kernel alone purges those).
+    pub fn purge(&self) -> Result<usize, Error> {
+        crate::reclaim::purge_region(self.span(0, self.len)?)
+    }
+
     /// Sets the reclaim class of the whole region.
     pub fn set_priority(&self, priority: Priority) {
         let _ = self.set_priority_range(0, self.len, priority);

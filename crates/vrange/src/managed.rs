@@ -411,6 +411,46 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
     }
 }
 
+/// Whether the reclaimer purged any range of `span` (a word in `PURGING` or `PURGED`). Reads
+/// only: no range changes state, so a volatile range keeps its age.
+pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
+    if region_of(span)?.is_none() {
+        return Err(Error::NotRegion);
+    }
+    let mut purged = false;
+    for_each_range(span, |_, slot| {
+        purged |= matches!(
+            state::tag(slot.state().load()),
+            state::PURGING | state::PURGED
+        );
+        Ok(())
+    })?;
+    Ok(purged)
+}
+
+/// Purges every volatile range of `span` now, as the reclaimer would. Returns (ranges, bytes).
+/// The caller holds the purge lock ([`pause`]).
+pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {
+    let Some((_, first)) = region_of(span)? else {
+        return Err(Error::NotRegion);
+    };
+    if first.policy() == Policy::Lazy {
+        return Err(Error::Unsupported);
+    }
+    let (mut ranges, mut bytes) = (0, 0);
+    for_each_range(span, |idx, slot| {
+        let word = slot.state().load();
+        if purgeable(slot, word) {
+            if let Some(n) = purge(idx, slot, word) {
+                ranges += 1;
+                bytes += n as u64;
+            }
+        }
+        Ok(())
+    })?;
+    Ok((ranges, bytes))
+}
+
 /// Sets the reclaim class of every range of `span`.
 pub(crate) fn set_priority(span: Span, priority: Priority) -> Result<(), Error> {
     if region_of(span)?.is_none() {

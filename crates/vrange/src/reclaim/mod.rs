@@ -268,6 +268,18 @@ pub fn purge(bytes: usize) -> usize {
     freed as usize
 }
 
+/// Purges the volatile ranges of one region now (`VolatileRegion::purge`), counted as an
+/// explicit purge. Returns the bytes freed.
+pub(crate) fn purge_region(span: crate::span::Span) -> Result<usize, crate::Error> {
+    let t0 = now_ns();
+    let p = pause();
+    let done = crate::managed::purge_span(span);
+    drop(p);
+    let (ranges, freed) = done?;
+    stats::record(Source::Explicit, ranges, freed, now_ns() - t0);
+    Ok(freed as usize)
+}
+
 /// The purge candidates for a target (none for a zero target), collected before the purge lock
 /// is taken: see [`victims::candidates`].
 fn candidates(target: u64) -> Vec<victims::Candidate> {

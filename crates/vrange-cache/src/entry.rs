@@ -1,0 +1,95 @@
+//! `Entry`: a value handed to a reader, pinned while the guard lives.
+
+use crate::slab::Slab;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+use std::sync::Arc;
+
+/// A cached value, pinned: it derefs to the bytes, which cannot be purged while the entry
+/// lives, and stays readable even if the key is removed or replaced meanwhile. Dropping it lets
+/// the system take the value's slab back again (once no other entry of the slab is held).
+pub struct Entry {
+    slab: Arc<Slab>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the entry is a pin on a slab (whose operations are thread-safe) and a pointer to
+// bytes no one writes again while the slab lives.
+unsafe impl Send for Entry {}
+// SAFETY: as above; `&Entry` only reads.
+unsafe impl Sync for Entry {}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("len", &self.len)
+            .field("priority", &self.slab.priority)
+            .finish()
+    }
+}
+
+impl Entry {
+    /// An entry for a pin the caller took on `slab`; `ptr` and `len` lie inside it.
+    pub(crate) fn pinned(slab: Arc<Slab>, ptr: *const u8, len: usize) -> Entry {
+        Entry { slab, ptr, len }
+    }
+
+    /// The value's class.
+    pub fn priority(&self) -> vrange::Priority {
+        self.slab.priority
+    }
+
+    /// Gives the value up as its address and length, still pinned, for a caller that cannot
+    /// hold the guard (the C ABI). Release it with [`crate::Cache::release_raw`].
+    pub fn into_raw(self) -> (*const u8, usize) {
+        self.slab.raw.fetch_add(1, Relaxed);
+        let raw = (self.ptr, self.len);
+        std::mem::forget(self);
+        raw
+    }
+}
+
+/// Drops the pin and the slab reference of an entry given up by [`Entry::into_raw`]; `slab` is
+/// a new reference found by address.
+///
+/// # Safety
+/// An entry of `slab` must have been given up raw and not released yet.
+pub(crate) unsafe fn release_raw(slab: Arc<Slab>) -> vrange::Result<()> {
+    let mut n = slab.raw.load(Relaxed);
+    loop {
+        if n == 0 {
+            return Err(vrange::Error::NotRegion);
+        }
+        match slab.raw.compare_exchange_weak(n, n - 1, AcqRel, Relaxed) {
+            Ok(_) => break,
+            Err(now) => n = now,
+        }
+    }
+    slab.unpin();
+    // SAFETY: the forgotten entry held one strong reference to this slab; `slab` is another,
+    // so the count stays above zero until `slab` drops.
+    unsafe { Arc::decrement_strong_count(Arc::as_ptr(&slab)) };
+    Ok(())
+}
+
+impl std::ops::Deref for Entry {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies inside the slab, which this entry holds (mapped) and pins
+        // (not purged); slabs never reuse space, so no one writes these bytes meanwhile.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsRef<[u8]> for Entry {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.slab.unpin();
+    }
+}

@@ -1,0 +1,502 @@
+//! A concurrent key → bytes cache whose values live in volatile memory: the system may take
+//! them back when memory is short, a value in use is never taken, and a lookup says exactly
+//! what happened to a key (there, never there or removed, or purged).
+//!
+//! Fixed-capacity caches make the operator choose between an OOM kill (capacity too large for
+//! the container) and a wasted hit rate (too small). This one has no capacity: it grows while
+//! memory is free and gives memory back, least recently used first within priority classes,
+//! whenever vrange's reclaimer sees pressure (PSI, cgroup limits, headroom, a budget), in one
+//! order with all other vrange memory of the process. It can also keep its own resident budget.
+//!
+//! ```
+//! use vrange::Priority;
+//! use vrange_cache::{Cache, Miss};
+//!
+//! let cache: Cache<String> = Cache::new(Default::default());
+//! cache.insert("page:1".into(), b"<html>...</html>", Priority::Normal)?;
+//! match cache.lookup("page:1") {
+//!     Ok(v) => assert_eq!(&v[..], b"<html>...</html>"), // pinned while `v` lives
+//!     Err(Miss::Purged) => { /* the system took it back: render again */ }
+//!     Err(Miss::Absent) => { /* never cached, or removed */ }
+//! }
+//! // Or let the cache call the renderer when needed:
+//! let v = cache.get_or_insert_with("page:2".into(), 4, Priority::Low, |buf| {
+//!     buf.copy_from_slice(b"page");
+//! })?;
+//! assert_eq!(&v[..], b"page");
+//! # Ok::<(), vrange::Error>(())
+//! ```
+//!
+//! # Storage
+//! Values are copied (or written in place by [`Cache::insert_with`]) into *slabs*: vrange
+//! regions of [`Options::slab_bytes`] (256 KiB by default), one open slab per priority class,
+//! filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
+//! held and volatile otherwise; the reclaimer purges whole slabs, so a purge frees every page it
+//! claims. Values larger than a quarter of a slab get a region of their own. Entries whose
+//! slab was purged stay in the map until looked up (the lookup says `Purged` once), removed, or
+//! swept when they outnumber live entries. Removed or replaced values leave their space in
+//! their slab until all of its entries are gone: [`Stats::overhead_bytes`] reports it with
+//! page rounding and the open slabs' free tails.
+//!
+//! # Age
+//! A slab's age is the time its last holder released it; a hit on one entry renews the whole
+//! slab. Values inserted together age together, which is what a purge of the oldest slab
+//! relies on.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod counters;
+mod entry;
+mod slab;
+
+pub use counters::{ClassStats, Stats};
+pub use entry::Entry;
+pub use vrange::{Error, Policy, Priority, Result};
+
+use counters::{class, Shared, CLASSES};
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use slab::Slab;
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+
+/// Why a lookup returned no value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// Never inserted, removed, or purged and already reported.
+    Absent,
+    /// The system purged the value under memory pressure; the entry is now dropped.
+    Purged,
+}
+
+/// How a cache stores its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Bytes per slab (rounded up to a page; at least 64 KiB). Smaller slabs purge at a finer
+    /// grain; larger ones cost fewer regions.
+    pub slab_bytes: usize,
+    /// How slabs are purged (default [`Policy::Hybrid`]: the reclaimer purges them, and one
+    /// left volatile for the arm delay is also handed to the kernel's lazy-free path). A lazy
+    /// policy is taken as hybrid: a slab must be purged whole.
+    pub policy: Policy,
+    /// Resident bytes this cache keeps at most: past it, an insert purges the cache's own least
+    /// recently used slabs (lowest class first) down to 15/16 of it. `None`: no budget of its
+    /// own (the process's reclaimer still purges on pressure and on `VRANGE_BUDGET`).
+    pub budget: Option<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            slab_bytes: 256 << 10,
+            policy: Policy::Hybrid,
+            budget: None,
+        }
+    }
+}
+
+/// Alignment of values inside a slab.
+const ALIGN: usize = 16;
+const MIN_SLAB: usize = 64 << 10;
+/// Tombstones (purged entries not yet looked up) kept before a sweep drops them.
+const MIN_TOMBSTONES: u64 = 4096;
+
+struct Slot {
+    slab: Arc<Slab>,
+    off: usize,
+    len: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slab.entry_gone(self.len);
+    }
+}
+
+struct Open {
+    slab: Arc<Slab>,
+    used: usize,
+}
+
+type Map<K> = DashMap<K, Slot, foldhash::fast::RandomState>;
+
+/// The cache. Share it between threads by reference or `Arc`.
+pub struct Cache<K> {
+    map: Map<K>,
+    open: [Mutex<Option<Open>>; CLASSES],
+    /// Every slab, by start address: for sweeps, the budget, statistics and raw releases.
+    slabs: DashMap<usize, Weak<Slab>, foldhash::fast::RandomState>,
+    shared: Arc<Shared>,
+    opts: Options,
+    opened: AtomicUsize,
+    budget_lock: Mutex<()>,
+}
+
+impl<K: Hash + Eq> std::fmt::Debug for Cache<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("entries", &self.map.len())
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+/// A value's place, pinned; dropped without `commit` it gives the space up.
+struct Placed {
+    slab: Arc<Slab>,
+    off: usize,
+    len: usize,
+    committed: bool,
+}
+
+impl Placed {
+    fn buf(&mut self) -> &mut [u8] {
+        // SAFETY: the place lies inside the slab, which this guard holds pinned; it was handed
+        // to this guard alone (the slab never reuses space).
+        unsafe { std::slice::from_raw_parts_mut(self.slab.at(self.off), self.len) }
+    }
+
+    fn into_entry(mut self) -> Entry {
+        self.committed = true;
+        let slab = self.slab.clone();
+        // SAFETY: as in `buf`; the pin moves to the entry.
+        let ptr = unsafe { slab.at(self.off) };
+        Entry::pinned(slab, ptr, self.len)
+    }
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.slab.entry_gone(self.len);
+            self.slab.unpin();
+        }
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
+    /// An empty cache.
+    pub fn new(opts: Options) -> Cache<K> {
+        let page = vrange::page_size();
+        let opts = Options {
+            slab_bytes: opts.slab_bytes.max(MIN_SLAB).div_ceil(page) * page,
+            policy: match opts.policy {
+                Policy::Lazy => Policy::Hybrid,
+                p => p,
+            },
+            ..opts
+        };
+        Cache {
+            map: Map::default(),
+            open: Default::default(),
+            slabs: DashMap::default(),
+            shared: Arc::default(),
+            opts,
+            opened: AtomicUsize::new(0),
+            budget_lock: Mutex::new(()),
+        }
+    }
+
+    /// The options in force (slab size rounded).
+    pub fn options(&self) -> Options {
+        self.opts
+    }
+
+    fn region_opts(&self, priority: Priority) -> vrange::Options {
+        vrange::Options {
+            policy: self.opts.policy,
+            priority,
+            ..vrange::Options::default()
+        }
+    }
+
+    fn register(&self, slab: &Arc<Slab>) {
+        self.slabs.insert(slab.start(), Arc::downgrade(slab));
+    }
+
+    /// A pinned place for `len` bytes of class `priority`.
+    fn place(&self, len: usize, priority: Priority) -> Result<Placed> {
+        let placed = |slab, off| Placed {
+            slab,
+            off,
+            len,
+            committed: false,
+        };
+        if len > self.opts.slab_bytes / 4 {
+            let slab = Slab::new(len.max(1), self.region_opts(priority), &self.shared)?;
+            self.register(&slab);
+            slab.entry_added(len);
+            return Ok(placed(slab, 0));
+        }
+        let need = len.max(1).next_multiple_of(ALIGN);
+        let mut open = self.open[class(priority)].lock();
+        if let Some(o) = open.as_mut() {
+            if o.used + need <= o.slab.len() && o.slab.pin().is_ok() {
+                let off = o.used;
+                o.used += need;
+                o.slab.entry_added(len);
+                return Ok(placed(o.slab.clone(), off));
+            }
+        }
+        // Full, or purged while open: close it.
+        open.take();
+        let slab = Slab::new(
+            self.opts.slab_bytes,
+            self.region_opts(priority),
+            &self.shared,
+        )?;
+        self.register(&slab);
+        slab.entry_added(len);
+        *open = Some(Open {
+            slab: slab.clone(),
+            used: need,
+        });
+        drop(open);
+        self.opened_slab();
+        Ok(placed(slab, 0))
+    }
+
+    fn opened_slab(&self) {
+        let n = self.opened.fetch_add(1, Relaxed) + 1;
+        if n >= (self.slabs.len() / 8).max(8) {
+            self.opened.store(0, Relaxed);
+            self.sweep();
+        }
+    }
+
+    /// Puts a written value in the map; the slot takes over the place's count of the slab.
+    fn commit(&self, key: K, placed: &mut Placed, priority: Priority) {
+        let slot = Slot {
+            slab: placed.slab.clone(),
+            off: placed.off,
+            len: placed.len,
+        };
+        self.map.insert(key, slot);
+        self.shared.inserted(priority);
+        if let Some(b) = self.opts.budget {
+            if self.shared.resident() > b as u64 {
+                self.keep_budget(b as u64);
+            }
+        }
+    }
+
+    /// Inserts a copy of `value` under `key` (replacing any entry) in class `priority`.
+    ///
+    /// # Errors
+    /// [`Error::Os`] (ENOMEM) when a new slab cannot be mapped.
+    pub fn insert(&self, key: K, value: &[u8], priority: Priority) -> Result<()> {
+        self.insert_with(key, value.len(), priority, |buf| buf.copy_from_slice(value))
+    }
+
+    /// Inserts a value of `len` bytes written in place by `fill` (which sees zeroed or stale
+    /// bytes: it must write all of them). If `fill` panics, nothing is inserted.
+    ///
+    /// # Errors
+    /// As [`Cache::insert`].
+    pub fn insert_with(
+        &self,
+        key: K,
+        len: usize,
+        priority: Priority,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        let mut p = self.place(len, priority)?;
+        fill(p.buf());
+        self.commit(key, &mut p, priority);
+        p.committed = true; // the slot holds the count now
+        p.slab.unpin();
+        Ok(())
+    }
+
+    /// The value under `key`, pinned while the returned [`Entry`] lives; `None` if there is
+    /// none (use [`Cache::lookup`] to learn whether it was purged).
+    pub fn get<Q>(&self, key: &Q) -> Option<Entry>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.lookup(key).ok()
+    }
+
+    /// The value under `key`, pinned while the returned [`Entry`] lives, or why there is none.
+    /// A purged entry is reported once ([`Miss::Purged`]) and dropped.
+    ///
+    /// # Errors
+    /// [`Miss::Absent`] or [`Miss::Purged`].
+    pub fn lookup<Q>(&self, key: &Q) -> std::result::Result<Entry, Miss>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (slab, off, len) = match self.map.get(key) {
+            Some(s) => (s.slab.clone(), s.off, s.len),
+            None => {
+                self.shared.miss();
+                return Err(Miss::Absent);
+            }
+        };
+        match slab.pin() {
+            Ok(()) => {
+                self.shared.hit(slab.priority);
+                // SAFETY: the slot's place lies inside its slab, now pinned for the entry.
+                let ptr = unsafe { slab.at(off) };
+                Ok(Entry::pinned(slab, ptr, len))
+            }
+            Err(slab::Purged) => {
+                self.map
+                    .remove_if(key, |_, s| Arc::ptr_eq(&s.slab, &slab) && s.off == off);
+                self.shared.purged_lookup(slab.priority);
+                Err(Miss::Purged)
+            }
+        }
+    }
+
+    /// The value under `key`, or the one `regenerate` writes in place (`len` bytes) if there
+    /// is none or it was purged: the browser's "regenerate what was purged". Concurrent callers
+    /// may regenerate the same key more than once; the last insert stays.
+    ///
+    /// # Errors
+    /// As [`Cache::insert`].
+    pub fn get_or_insert_with(
+        &self,
+        key: K,
+        len: usize,
+        priority: Priority,
+        regenerate: impl FnOnce(&mut [u8]),
+    ) -> Result<Entry> {
+        if let Ok(e) = self.lookup(&key) {
+            return Ok(e);
+        }
+        let mut p = self.place(len, priority)?;
+        regenerate(p.buf());
+        self.commit(key, &mut p, priority);
+        Ok(p.into_entry())
+    }
+
+    /// Removes the entry under `key`. Returns whether there was one (a purged one counts).
+    /// Readers holding its value keep it until they drop their [`Entry`].
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.remove(key).is_some()
+    }
+
+    /// Removes every entry and closes the open slabs; memory returns as readers let go.
+    pub fn clear(&self) {
+        self.map.clear();
+        for o in &self.open {
+            o.lock().take();
+        }
+        self.sweep();
+    }
+
+    /// Entries held, not counting purged ones found by a sweep and not yet looked up.
+    pub fn len(&self) -> usize {
+        self.sweep();
+        self.map
+            .len()
+            .saturating_sub(self.shared.tombstones() as usize)
+    }
+
+    /// Whether [`Cache::len`] is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hits, misses and purges, and resident, value and purged bytes, by class.
+    pub fn stats(&self) -> Stats {
+        self.sweep();
+        let mut value = [0u64; CLASSES];
+        for s in self.slabs.iter() {
+            if let Some(slab) = s.value().upgrade() {
+                if !slab.is_dead() {
+                    value[class(slab.priority)] += slab.live_bytes() as u64;
+                }
+            }
+        }
+        let classes = std::array::from_fn(|i| counters::ClassStats {
+            value_bytes: value[i],
+            ..self.shared.class_stats(i)
+        });
+        Stats {
+            entries: self
+                .map
+                .len()
+                .saturating_sub(self.shared.tombstones() as usize) as u64,
+            misses: self.shared.misses(),
+            classes,
+            dropped_purged: self.shared.dropped_tombstones(),
+        }
+    }
+
+    /// Finds slabs the reclaimer purged while no one looked, forgets freed ones, and drops
+    /// tombstones once they outnumber live entries.
+    fn sweep(&self) {
+        self.slabs.retain(|_, w| match w.upgrade() {
+            Some(slab) => {
+                slab.check_purged();
+                !slab.is_dead()
+            }
+            None => false,
+        });
+        let tombstones = self.shared.tombstones();
+        if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 / 2) {
+            self.map.retain(|_, s| !s.slab.is_dead());
+            let left = self.shared.tombstones();
+            self.shared
+                .tombstones_dropped(tombstones.saturating_sub(left));
+        }
+    }
+
+    /// Purges this cache's least recently used unpinned slabs, lowest class first, until its
+    /// resident bytes are 15/16 of `budget`.
+    fn keep_budget(&self, budget: u64) {
+        let Some(_g) = self.budget_lock.try_lock() else {
+            return; // another thread is at it
+        };
+        self.sweep();
+        let target = budget - budget / 16;
+        if self.shared.resident() <= target {
+            return;
+        }
+        let mut victims: Vec<(Priority, std::cmp::Reverse<std::time::Duration>, Arc<Slab>)> = self
+            .slabs
+            .iter()
+            .filter_map(|s| s.value().upgrade())
+            .filter(|s| !s.is_dead() && s.unpinned())
+            .filter_map(|s| Some((s.priority, std::cmp::Reverse(s.idle()?), s)))
+            .collect();
+        victims.sort_unstable_by_key(|v| (v.0, v.1));
+        for (_, _, slab) in victims {
+            if self.shared.resident() <= target {
+                break;
+            }
+            slab.purge_now();
+        }
+    }
+
+    /// Releases a value handed out by [`Entry::into_raw`] (the C ABI's
+    /// `vrange_cache_release`).
+    ///
+    /// # Errors
+    /// [`Error::NotRegion`] if `ptr` lies in no slab of this cache with a raw pin outstanding.
+    ///
+    /// # Safety
+    /// `ptr` must come from [`Entry::into_raw`] on an entry of this cache and be released once.
+    pub unsafe fn release_raw(&self, ptr: *const u8) -> Result<()> {
+        let (start, _) = vrange::region_containing(ptr).ok_or(Error::NotRegion)?;
+        let slab = self
+            .slabs
+            .get(&(start as usize))
+            .and_then(|w| w.value().upgrade())
+            .ok_or(Error::NotRegion)?;
+        // SAFETY: forwarded: the entry given up by `into_raw` still holds its pin and its
+        // reference to this slab.
+        unsafe { entry::release_raw(slab) }
+    }
+}

@@ -1,0 +1,62 @@
+//! The cache's answers against the real kernel: hits, misses, explicit purges, pins.
+
+use vrange::Priority;
+use vrange_cache::{Cache, Miss, Options};
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (i as usize * 31 + j * 7) as u8 | 1)
+        .collect()
+}
+
+#[test]
+fn hit_miss_replace_remove() {
+    let _s = vrange_testkit::serial();
+    let c: Cache<u64> = Cache::new(Options::default());
+    for i in 0..100 {
+        c.insert(i, &value(i, 1000 + i as usize * 13), Priority::Normal)
+            .unwrap();
+    }
+    for i in 0..100 {
+        assert_eq!(
+            &c.get(&i).unwrap()[..],
+            &value(i, 1000 + i as usize * 13)[..]
+        );
+    }
+    assert_eq!(c.lookup(&1000).unwrap_err(), Miss::Absent);
+    c.insert(5, b"five", Priority::Low).unwrap();
+    assert_eq!(&c.get(&5).unwrap()[..], b"five");
+    assert!(c.remove(&5));
+    assert!(!c.remove(&5));
+    assert_eq!(c.lookup(&5).unwrap_err(), Miss::Absent);
+    assert_eq!(c.len(), 99);
+    let s = c.stats();
+    assert_eq!(s.hits(), 101);
+    assert_eq!(s.misses, 2);
+    assert!(s.value_bytes() > 0 && s.resident_bytes() >= s.value_bytes());
+}
+
+#[test]
+fn purged_entries_report_once_and_pinned_ones_survive() {
+    let _s = vrange_testkit::serial();
+    let c: Cache<u64> = Cache::new(Options::default());
+    let big = value(7, 1 << 20);
+    c.insert(1, &big, Priority::Normal).unwrap();
+    c.insert(2, &value(2, 3000), Priority::DropFirst).unwrap();
+    c.insert(3, &value(3, 3000), Priority::Normal).unwrap();
+    let held = c.get(&3).unwrap();
+    vrange::purge(usize::MAX);
+    assert_eq!(c.lookup(&1).unwrap_err(), Miss::Purged);
+    assert_eq!(c.lookup(&1).unwrap_err(), Miss::Absent);
+    assert_eq!(c.lookup(&2).unwrap_err(), Miss::Purged);
+    assert_eq!(&held[..], &value(3, 3000)[..]);
+    assert_eq!(&c.get(&3).unwrap()[..], &value(3, 3000)[..]);
+    drop(held);
+    let s = c.stats();
+    assert_eq!(s.purged_lookups(), 2);
+    assert_eq!(s.purged_bytes(), (1 << 20) + 3000);
+    let e = c
+        .get_or_insert_with(1, 100, Priority::Normal, |b| b.fill(9))
+        .unwrap();
+    assert_eq!(&e[..], &[9u8; 100][..]);
+}
