@@ -7,8 +7,10 @@
  *     vrange, vrange_unmark, vrange_forget, vrange_features, vrange_feature_flags, vrange_alloc,
  *     vrange_free, vrange_set_priority, vrange_shared_fd, vrange_map_shared, vrange_purge,
  *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop,
- *     vrange_fill, vrange_alloc_refill, vrange_version - mark memory as discardable and learn, when taking it back, whether the
- *     system discarded it
+ *     vrange_fill, vrange_alloc_refill, vrange_cache_create, vrange_cache_put,
+ *     vrange_cache_get, vrange_cache_release, vrange_cache_remove, vrange_cache_stats,
+ *     vrange_cache_destroy, vrange_version - mark memory as discardable and learn, when taking
+ *     it back, whether the system discarded it
  *
  * SYNOPSIS
  *     #include <vrange.h>
@@ -34,6 +36,17 @@
  *     const char *vrange_source_name(int source);
  *     int      vrange_set_option(const char *name, const char *value);
  *     void     vrange_reclaimer_stop(void);
+ *
+ *     struct vrange_cache *vrange_cache_create(const struct vrange_cache_options *options);
+ *     int      vrange_cache_put(struct vrange_cache *c, const void *key, size_t klen,
+ *                               const void *val, size_t vlen, int priority);
+ *     const void *vrange_cache_get(struct vrange_cache *c, const void *key, size_t klen,
+ *                                  size_t *vlen);
+ *     int      vrange_cache_release(struct vrange_cache *c, const void *value);
+ *     int      vrange_cache_remove(struct vrange_cache *c, const void *key, size_t klen);
+ *     int      vrange_cache_stats(struct vrange_cache *c, struct vrange_cache_stats *out,
+ *                                 size_t size);
+ *     void     vrange_cache_destroy(struct vrange_cache *c);
  *
  *     unsigned vrange_version(void);
  *     VRANGE_VERSION, VRANGE_VERSION_MAJOR, VRANGE_VERSION_MINOR, VRANGE_VERSION_PATCH,
@@ -249,6 +262,36 @@
  *     region drops its pin (if it holds one), unmaps it and closes its descriptor; the memory
  *     lives on while other processes map it.
  *
+ *   Caches
+ *     vrange_cache_create() makes a thread-safe cache of byte strings under byte-string keys
+ *     whose values live in volatile memory: the reclaimer (below) may take them back under
+ *     memory pressure, least recently used first within classes, in one order with every
+ *     other region of the process, and a value a caller holds is never taken. options may be
+ *     NULL for the defaults; otherwise set options->size to sizeof(struct
+ *     vrange_cache_options) and leave any field 0 for its default: slab_bytes (256 KiB) is
+ *     the size of the regions that hold values (small values share one; a value larger
+ *     than a quarter of it gets its own), budget (0: none) the resident bytes this cache
+ *     keeps at most (past it, a put purges the cache's least recently used slabs), and flags
+ *     0 (hybrid regions) or VRANGE_MANAGED.
+ *
+ *     vrange_cache_put() copies vlen bytes at val under the klen bytes at key (replacing any
+ *     entry) with class priority: 0 or one VRANGE_DROP_* value. vrange_cache_get() returns
+ *     the value under key, stores its length in *vlen (if vlen is not NULL) and pins it: it
+ *     stays readable, unchanged, until vrange_cache_release(c, value), even if the key is
+ *     removed or replaced meanwhile. Release every value you get, once; a value is
+ *     read-only. When there is no value, vrange_cache_get() returns NULL and sets errno to
+ *     ENOENT (never inserted, removed, or already reported purged) or ESTALE (the system
+ *     purged it; the entry is dropped, so the next get says ENOENT): regenerate it and put
+ *     it again. Values are purged whole, in slabs: values put together, and those of one
+ *     slab, age together; a get renews the whole slab.
+ *
+ *     vrange_cache_remove() drops the entry under key. vrange_cache_stats() fills *out (pass
+ *     sizeof(struct vrange_cache_stats) as size; later versions only append fields, as for
+ *     vrange_stats()) with hits, misses and purges, resident, value and purged bytes, and the
+ *     overhead (resident bytes holding no live value: page rounding, free tails of open
+ *     slabs, and removed values in slabs still in use), also per class. vrange_cache_destroy()
+ *     frees the cache; values still held stay readable and are leaked.
+ *
  *   Reclaimer
  *     The first managed or hybrid region (shared ones included) starts a thread,
  *     "vrange-reclaim", that listens to the memory-pressure sources the system offers and
@@ -328,6 +371,10 @@
  *
  *     vrange_source_name() returns a static string, or NULL with errno EINVAL when source is
  *     not a VRANGE_SOURCE_* value.
+ *
+ *     vrange_cache_create() returns the cache, or NULL with errno set. vrange_cache_get()
+ *     returns the value, or NULL with errno set. vrange_cache_put(), vrange_cache_release(),
+ *     vrange_cache_remove() and vrange_cache_stats() return 0, or -1 with errno set.
  *
  *     vrange_version() returns the library's VRANGE_VERSION; it cannot fail.
  *
@@ -424,6 +471,16 @@
  *             ENVIRONMENT, or value is malformed or out of range for it. Nothing
  *             changes then.
  *
+ *   vrange_cache_*()
+ *     EINVAL  c is NULL or not a live cache; key (or val) is NULL with a non-zero length;
+ *             options->size is smaller than two fields or options->flags is neither 0 nor
+ *             VRANGE_MANAGED; priority is neither 0 nor one VRANGE_DROP_* value; out is NULL
+ *             or size smaller than two fields; (vrange_cache_release()) value is not a value
+ *             of this cache with a get outstanding.
+ *     ENOMEM  (vrange_cache_create(), vrange_cache_put()) mapping memory for values failed.
+ *     ENOENT  (vrange_cache_get(), vrange_cache_remove()) no entry under key.
+ *     ESTALE  (vrange_cache_get()) the system purged the value under memory pressure.
+ *
  *   All functions
  *     ENOTRECOVERABLE
  *             An internal bug in libvrange (a Rust panic, caught at the ABI boundary).
@@ -454,12 +511,12 @@
  *     allocate the page-state table, probes the kernel on first use, and may start the
  *     reclaimer thread. vrange_alloc(), vrange_free(), vrange_set_priority(),
  *     vrange_shared_fd(), vrange_map_shared(), vrange_purge(), vrange_stats(),
- *     vrange_source_name(), vrange_set_option(), vrange_reclaimer_stop(), vrange_features()
- *     and vrange_feature_flags() are not async-signal-safe either. vrange_fill() is
- *     async-signal-safe (fstat(2) and ioctl(2) calls); in a process that used SIGBUS mode, an
- *     unmark of memory outside managed regions adds one fstat(2) and one ioctl(2), and the
- *     unmark that reports a purge of a managed SIGBUS range adds the same to install its zero
- *     pages.
+ *     vrange_source_name(), vrange_set_option(), vrange_reclaimer_stop(), vrange_features(),
+ *     vrange_feature_flags() and the vrange_cache_*() functions are not async-signal-safe
+ *     either. vrange_fill() is async-signal-safe (fstat(2) and ioctl(2) calls); in a process
+ *     that used SIGBUS mode, an unmark of memory outside managed regions adds one fstat(2)
+ *     and one ioctl(2), and the unmark that reports a purge of a managed SIGBUS range adds
+ *     the same to install its zero pages.
  *
  *   Threads
  *     All functions are thread-safe. Different threads may mark and unmark different pages
@@ -815,6 +872,69 @@ int vrange_set_option(const char *name, const char *value);
 /** Stops the reclaimer thread and waits for it; the next managed mark, new region or
  *  vrange_purge() starts it again (unless VRANGE_RECLAIMER is off). */
 void vrange_reclaimer_stop(void);
+
+/** A cache of byte strings in volatile memory; see Caches in vrange(3). Opaque. */
+struct vrange_cache;
+
+/** How vrange_cache_create() makes a cache; a 0 field means its default. */
+struct vrange_cache_options {
+    uint64_t size;       /**< sizeof(struct vrange_cache_options) */
+    uint64_t slab_bytes; /**< bytes per slab of values (default 256 KiB, at least 64 KiB) */
+    uint64_t budget;     /**< resident bytes kept at most by the cache itself (0: none) */
+    uint64_t flags;      /**< 0 (hybrid slabs) or VRANGE_MANAGED */
+};
+
+/** A cache's figures for one reclaim class. */
+struct vrange_cache_class_stats {
+    uint64_t hits;           /**< gets that returned a value of this class */
+    uint64_t inserts;        /**< values put */
+    uint64_t purged_lookups; /**< gets that found the value purged (ESTALE) */
+    uint64_t purged_entries; /**< entries the system purged (looked up or not) */
+    uint64_t purged_bytes;   /**< their value bytes */
+    uint64_t resident_bytes; /**< bytes of slabs not known to be purged */
+    uint64_t value_bytes;    /**< value bytes of live entries in them */
+    uint64_t slabs;          /**< slabs (regions) */
+};
+
+/** A cache's statistics; see vrange_cache_stats(). */
+struct vrange_cache_stats {
+    uint64_t size;           /**< bytes vrange_cache_stats() filled in */
+    uint64_t entries;        /**< entries held (purged ones not yet looked up excluded) */
+    uint64_t hits;
+    uint64_t misses;         /**< gets that said ENOENT */
+    uint64_t purged_lookups; /**< gets that said ESTALE */
+    uint64_t resident_bytes;
+    uint64_t value_bytes;
+    uint64_t overhead_bytes; /**< resident bytes holding no live value */
+    uint64_t purged_bytes;
+    uint64_t dropped_purged; /**< purged entries dropped unseen (too many piled up) */
+    struct vrange_cache_class_stats classes[4]; /**< DROP_FIRST, DROP_LOW, normal, DROP_LAST */
+};
+
+/** Makes a cache (options NULL: the defaults). Returns it, or NULL with errno set. */
+struct vrange_cache *vrange_cache_create(const struct vrange_cache_options *options);
+
+/** Copies vlen bytes at val under the klen bytes at key, class priority (0 or a VRANGE_DROP_*
+ *  value). Returns 0, or -1 with errno set. */
+int vrange_cache_put(struct vrange_cache *c, const void *key, size_t klen, const void *val,
+                     size_t vlen, int priority);
+
+/** The value under key, pinned until vrange_cache_release(); its length in *vlen. NULL with
+ *  errno ENOENT (absent) or ESTALE (purged by the system; the entry is dropped). */
+const void *vrange_cache_get(struct vrange_cache *c, const void *key, size_t klen,
+                             size_t *vlen);
+
+/** Releases a value from vrange_cache_get(). Returns 0, or -1 with errno EINVAL. */
+int vrange_cache_release(struct vrange_cache *c, const void *value);
+
+/** Removes the entry under key. Returns 0, or -1 with errno ENOENT if there was none. */
+int vrange_cache_remove(struct vrange_cache *c, const void *key, size_t klen);
+
+/** Fills *out (size: sizeof(struct vrange_cache_stats)). Returns 0, or -1 with errno set. */
+int vrange_cache_stats(struct vrange_cache *c, struct vrange_cache_stats *out, size_t size);
+
+/** Frees the cache. Values still held stay readable and are leaked. */
+void vrange_cache_destroy(struct vrange_cache *c);
 
 /** The running library's version: its VRANGE_VERSION (compare with this header's). */
 unsigned vrange_version(void);

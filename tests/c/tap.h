@@ -6,6 +6,10 @@
 #ifndef VRANGE_TEST_TAP_H
 #define VRANGE_TEST_TAP_H
 
+/* Not every test uses every helper. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-variable"
+
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>

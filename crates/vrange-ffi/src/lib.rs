@@ -10,11 +10,14 @@
 //!   holding an address);
 //! - `reclaimer`: `vrange_purge`, `vrange_stats`, `vrange_source_name`, `vrange_set_option`,
 //!   `vrange_reclaimer_stop`;
+//! - `cache`: `vrange_cache_create`, `_put`, `_get`, `_release`, `_remove`, `_stats`,
+//!   `_destroy` (over `vrange-cache`);
 //! - `version`: `vrange_version`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod alloc;
+mod cache;
 mod classic;
 mod features;
 mod flags;

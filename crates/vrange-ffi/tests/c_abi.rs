@@ -1,5 +1,6 @@
-//! The C ABI from C: builds `tests/c/test_vrange.c`, `tests/c/test_regions.c` and
-//! `tests/c/test_version.c` against `include/vrange.h` and the `libvrange.so` of this profile,
+//! The C ABI from C: builds `tests/c/test_vrange.c`, `tests/c/test_regions.c`,
+//! `tests/c/test_cache.c` and `tests/c/test_version.c` against `include/vrange.h` and the
+//! `libvrange.so` of this profile,
 //! through the generated `vrange.pc`, runs them, checks that the header compiles and links as
 //! C++11 and C++17 (`tests/c/header_cxx.cpp`), and that README's C example is
 //! `tests/c/readme_example.c` and runs.
@@ -139,6 +140,14 @@ fn c_test_program_passes() {
 #[cfg_attr(miri, ignore = "spawns compilers")]
 fn c_regions_test_passes() {
     run_c_test("test_regions", &[]);
+}
+
+/// Caches: put, get (ENOENT versus ESTALE), release, remove, statistics, purges, classes,
+/// a budget, threads and the error cases.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn c_cache_test_passes() {
+    run_c_test("test_cache", &[]);
 }
 
 /// The header's version macros name this crate's version, and `vrange_version()` returns the
