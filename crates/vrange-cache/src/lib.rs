@@ -32,11 +32,20 @@
 //! regions of [`Options::slab_bytes`] (256 KiB by default), one open slab per priority class,
 //! filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
 //! held and volatile otherwise; the reclaimer purges whole slabs, so a purge frees every page it
-//! claims. Values larger than a quarter of a slab get a region of their own. Entries whose
-//! slab was purged stay in the map until looked up (the lookup says `Purged` once), removed, or
-//! swept when they outnumber live entries. Removed or replaced values leave their space in
+//! claims. Values larger than a quarter of a slab get a region of their own. A slab found
+//! purged is unmapped at once; its entries stay in the map as tombstones until looked up (the
+//! lookup says `Purged` once) or removed. Only when tombstones pile up (more than 65,536 and
+//! more than twice the live entries) does a sweep drop them, and lookups of those keys then
+//! say `Absent` ([`Stats::dropped_purged`] counts them). Removed or replaced values leave their space in
 //! their slab until all of its entries are gone: [`Stats::overhead_bytes`] reports it with
 //! page rounding and the open slabs' free tails.
+//!
+//! # Pressure
+//! Before it maps a new slab, an insert checks the memory cgroup's headroom
+//! ([`vrange::reclaimer::make_room`], one `pread`) and purges the oldest volatile memory of
+//! the process if the new slab would leave less than the `VRANGE_HEADROOM` threshold free: a
+//! cache filling at memory speed must not pass its container's limit between two ticks of
+//! the reclaimer.
 //!
 //! # Age
 //! A slab's age is the time its last holder released it; a hit on one entry renews the whole
@@ -101,8 +110,10 @@ impl Default for Options {
 /// Alignment of values inside a slab.
 const ALIGN: usize = 16;
 const MIN_SLAB: usize = 64 << 10;
-/// Tombstones (purged entries not yet looked up) kept before a sweep drops them.
-const MIN_TOMBSTONES: u64 = 4096;
+/// Tombstones (purged entries not yet looked up: a map entry and a share of a small slab
+/// record, about 100 bytes each) kept before a sweep drops them: this many, or twice the live
+/// entries if more.
+const MIN_TOMBSTONES: u64 = 1 << 16;
 
 struct Slot {
     slab: Arc<Slab>,
@@ -226,6 +237,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             committed: false,
         };
         if len > self.opts.slab_bytes / 4 {
+            vrange::reclaimer::make_room(len);
             let slab = Slab::new(len.max(1), self.region_opts(priority), &self.shared)?;
             self.register(&slab);
             slab.entry_added(len);
@@ -243,6 +255,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
         // Full, or purged while open: close it.
         open.take();
+        vrange::reclaimer::make_room(self.opts.slab_bytes);
         let slab = Slab::new(
             self.opts.slab_bytes,
             self.region_opts(priority),
@@ -445,7 +458,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             None => false,
         });
         let tombstones = self.shared.tombstones();
-        if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 / 2) {
+        if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 * 2 / 3) {
             self.map.retain(|_, s| !s.slab.is_dead());
             let left = self.shared.tombstones();
             self.shared

@@ -2,7 +2,7 @@
 //! pinned while any reader or writer holds it and volatile otherwise; it never reuses space, so
 //! bytes once written stay what they were until the slab is dropped.
 //!
-//! Pinning counts holders in `pins`. Only the thread holding `lock` moves the count away from
+//! Pinning counts holders in `pins`. Only the thread holding the region's lock moves the count away from
 //! zero (and unmarks the region first) or, seeing it at zero, marks the region volatile; a
 //! count above zero is raised without the lock. So the region is pinned whenever `pins > 0`,
 //! and a reader never sees it purged under it.
@@ -20,11 +20,13 @@ pub(crate) struct Purged;
 
 #[derive(Debug)]
 pub(crate) struct Slab {
-    region: VolatileRegion,
+    start: usize,
+    len: usize,
     pins: AtomicU32,
     /// Pins held by values given out raw (`Entry::into_raw`), to refuse a double release.
     pub raw: AtomicU32,
-    lock: Mutex<()>,
+    /// The region; `None` once dead (unmapped: no one can hold a pin on a dead slab).
+    region: Mutex<Option<VolatileRegion>>,
     dead: AtomicBool,
     /// Entries (in the map or being written) whose values lie here, and their bytes.
     live: AtomicUsize,
@@ -39,10 +41,11 @@ impl Slab {
         let region = VolatileRegion::new(len, opts)?;
         shared.slab_created(opts.priority, region.len());
         Ok(Arc::new(Slab {
-            region,
+            start: region.as_ptr() as usize,
+            len: region.len(),
             pins: AtomicU32::new(1),
             raw: AtomicU32::new(0),
-            lock: Mutex::new(()),
+            region: Mutex::new(Some(region)),
             dead: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
@@ -52,11 +55,11 @@ impl Slab {
     }
 
     pub fn start(&self) -> usize {
-        self.region.as_ptr() as usize
+        self.start
     }
 
     pub fn len(&self) -> usize {
-        self.region.len()
+        self.len
     }
 
     pub fn is_dead(&self) -> bool {
@@ -74,7 +77,7 @@ impl Slab {
 
     /// How long it has been volatile (`None` while pinned or purged).
     pub fn idle(&self) -> Option<std::time::Duration> {
-        self.region.idle()
+        self.region.lock().as_ref()?.idle()
     }
 
     /// Pins the slab; `Err(Purged)` if its content is gone (it is then dead for good).
@@ -86,15 +89,15 @@ impl Slab {
                 Err(now) => p = now,
             }
         }
-        let _g = self.lock.lock();
-        if self.is_dead() {
+        let mut region = self.region.lock();
+        let Some(r) = region.as_ref() else {
             return Err(Purged);
-        }
+        };
         if self.pins.load(Acquire) == 0 {
             // A slab is never split and unmark only fails for memory vrange does not own.
-            let report = self.region.unmark().unwrap_or_default();
+            let report = r.unmark().unwrap_or_default();
             if report.was_purged() {
-                self.die();
+                self.die(&mut region);
                 return Err(Purged);
             }
         }
@@ -107,43 +110,48 @@ impl Slab {
         if self.pins.fetch_sub(1, AcqRel) != 1 {
             return;
         }
-        let _g = self.lock.lock();
-        if self.pins.load(Acquire) == 0 && !self.is_dead() {
-            // SAFETY: no holder is left (`pins` is zero and only the holder of `lock`, which
-            // this thread is, can raise it from zero), so no reference into the region is live.
-            let _ = unsafe { self.region.mark() };
+        let region = self.region.lock();
+        if let Some(r) = region.as_ref().filter(|_| self.pins.load(Acquire) == 0) {
+            // SAFETY: no holder is left (`pins` is zero and only the holder of the region's
+            // lock, which this thread is, can raise it from zero), so no reference into the
+            // region is live.
+            let _ = unsafe { r.mark() };
         }
     }
 
     /// Marks the slab dead if the reclaimer purged it while no one held it. Returns whether it
     /// did (the caller's sweep found a purge nobody had looked up yet).
     pub fn check_purged(&self) -> bool {
-        if self.is_dead() || self.pins.load(Relaxed) != 0 || !self.region.is_purged() {
+        if self.is_dead() || self.pins.load(Relaxed) != 0 {
             return false;
         }
-        let _g = self.lock.lock();
-        if self.is_dead() || self.pins.load(Acquire) != 0 {
-            return false;
+        let mut region = self.region.lock();
+        match region.as_ref() {
+            Some(r) if self.pins.load(Acquire) == 0 && r.is_purged() => {
+                self.die(&mut region);
+                true
+            }
+            _ => false,
         }
-        self.die();
-        true
     }
 
     /// Purges the slab now if no one holds it (the cache's own budget). Returns bytes freed.
     pub fn purge_now(&self) -> usize {
-        let _g = self.lock.lock();
-        if self.is_dead() || self.pins.load(Acquire) != 0 {
+        let mut region = self.region.lock();
+        let Some(r) = region.as_ref().filter(|_| self.pins.load(Acquire) == 0) else {
             return 0;
-        }
-        let freed = self.region.purge().unwrap_or(0);
+        };
+        let freed = r.purge().unwrap_or(0);
         if freed > 0 {
-            self.die();
+            self.die(&mut region);
         }
         freed
     }
 
-    /// The content is gone. Called with `lock` held.
-    fn die(&self) {
+    /// The content is gone: unmaps the region (no one holds a pin, and no one can take one
+    /// from now on). Called with the region's lock held.
+    fn die(&self, region: &mut Option<VolatileRegion>) {
+        *region = None;
         if !self.dead.swap(true, AcqRel) {
             self.shared.slab_died(
                 self.priority,
@@ -162,7 +170,7 @@ impl Slab {
 
     /// A value of `len` bytes here left the cache (removed, replaced, dropped).
     pub fn entry_gone(&self, len: usize) {
-        let _g = self.lock.lock();
+        let _g = self.region.lock();
         self.live.fetch_sub(1, Relaxed);
         self.live_bytes.fetch_sub(len, Relaxed);
         if self.is_dead() {
@@ -173,11 +181,11 @@ impl Slab {
     /// The address of byte `off`.
     ///
     /// # Safety
-    /// `off` must lie inside the slab; whoever reads through the pointer must hold a pin.
+    /// `off` must lie inside the slab; whoever reads through the pointer must hold a pin
+    /// (which keeps the region mapped and its content in place).
     pub unsafe fn at(&self, off: usize) -> *mut u8 {
-        debug_assert!(off < self.len());
-        // SAFETY: forwarded: the offset lies inside the region.
-        unsafe { self.region.as_ptr().add(off) }
+        debug_assert!(off <= self.len());
+        (self.start + off) as *mut u8
     }
 }
 

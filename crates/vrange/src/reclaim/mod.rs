@@ -245,6 +245,73 @@ pub fn catch_up() -> usize {
     freed as usize
 }
 
+/// The headroom file of [`make_room`]'s callers (the thread keeps its own), and when to try
+/// opening it again if this process's cgroup has none.
+struct Room {
+    file: Option<HeadroomFile>,
+    retry_at: u64,
+}
+
+static ROOM: Mutex<Room> = Mutex::new(Room {
+    file: None,
+    retry_at: 0,
+});
+
+/// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
+/// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
+/// the oldest volatile ranges are purged until twice the threshold is free again, as the
+/// thread would do at its next tick. Returns the bytes freed (counted under
+/// [`Source::Headroom`]).
+///
+/// For clients that fill volatile memory faster than the thread's tick (a cache filling at
+/// memory speed can pass a container's limit between two ticks, and volatile memory that is
+/// not yet armed is memory the kernel cannot reclaim without swap). Costs one `pread` of the
+/// cgroup's usage on a verified descriptor; one caller at a time (others return 0 at once).
+/// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
+/// reclaimer is disabled.
+pub fn make_room(bytes: usize) -> usize {
+    let setting = config::get().headroom.load(Relaxed);
+    if setting == 0 || STATE.load(Relaxed) == DISABLED || stats::volatile_resident() == 0 {
+        return 0;
+    }
+    let Ok(mut room) = ROOM.try_lock() else {
+        return 0;
+    };
+    let t0 = now_ns();
+    if room.file.as_ref().is_some_and(|h| !h.is_intact()) {
+        room.file = None;
+    }
+    if room.file.is_none() {
+        if t0 < room.retry_at {
+            return 0;
+        }
+        room.file = MemCgroup::current().and_then(|cg| HeadroomFile::new(&cg).ok().flatten());
+        room.retry_at = t0 + 1_000_000_000;
+    }
+    let Some(h) = room.file.as_ref() else {
+        return 0;
+    };
+    let Ok(headroom) = h.bytes() else {
+        return 0;
+    };
+    let threshold = if setting == config::HEADROOM_AUTO {
+        victims::auto_headroom(h.ceiling())
+    } else {
+        setting
+    };
+    let deficit = victims::headroom_deficit(headroom.saturating_sub(bytes as u64), threshold);
+    drop(room);
+    if deficit == 0 {
+        return 0;
+    }
+    let victims = candidates(deficit);
+    let p = pause();
+    let (ranges, freed) = victims::purge_oldest(&victims, deficit);
+    drop(p);
+    stats::record(Source::Headroom, ranges, freed, now_ns() - t0);
+    freed as usize
+}
+
 /// A setting changed: the thread re-reads them (and a disabled reclaimer may start).
 pub(crate) fn config_changed() {
     if config::get().enabled.load(Relaxed) {
