@@ -1,6 +1,7 @@
-//! The cache's statistics. Gauges and rare events are plain atomics; the counters of the hot
-//! path (hits, misses) are striped over cache lines so that threads on different CPUs do not
-//! bounce one line on every lookup.
+//! The cache's statistics, and the list of idle slabs. Gauges and rare events are plain
+//! atomics. The counters of the hot path (hits, misses) have a cache line per thread for the
+//! first 64 threads, which count with a plain load and store (no locked instruction: a hit
+//! makes as few as it can), and one shared line, counted with `fetch_add`, for later threads.
 
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::AtomicU64;
@@ -9,7 +10,8 @@ use vrange::Priority;
 
 /// Reclaim classes, in purge order.
 pub(crate) const CLASSES: usize = 4;
-const STRIPES: usize = 8;
+/// Threads with a line of their own; one more line is shared by the rest.
+const OWN_LINES: usize = 64;
 
 pub(crate) const PRIORITIES: [Priority; CLASSES] = [
     Priority::DropFirst,
@@ -38,26 +40,41 @@ struct Class {
     purged_bytes: AtomicU64,
 }
 
-/// Counters shared by a cache and its slabs (which may outlive it in a reader's hands).
-#[derive(Debug, Default)]
+/// What a cache shares with its slabs (which may outlive it in a reader's hands): the
+/// statistics, and the list of slabs whose last pin was dropped since the last flush.
+#[derive(Debug)]
 pub(crate) struct Shared {
-    hot: [CachePadded<Hot>; STRIPES],
+    idle: parking_lot::Mutex<Vec<std::sync::Weak<crate::slab::Slab>>>,
+    hot: Box<[CachePadded<Hot>]>,
+    flush: std::sync::OnceLock<vrange::reclaimer::FlushHook>,
     classes: [Class; CLASSES],
     tombstones: AtomicU64,
     dropped_tombstones: AtomicU64,
 }
 
-fn stripe() -> usize {
+/// This thread's line: its own (below `OWN_LINES`) or the shared one. Threads are numbered
+/// once, in the order they first count, and numbers are never reused, so no two live threads
+/// own one line.
+fn line() -> usize {
     use std::cell::Cell;
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local!(static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) });
-    STRIPE.with(|s| {
+    thread_local!(static LINE: Cell<usize> = const { Cell::new(usize::MAX) });
+    LINE.with(|s| {
         if s.get() == usize::MAX {
-            s.set(NEXT.fetch_add(1, Relaxed) % STRIPES);
+            s.set(NEXT.fetch_add(1, Relaxed).min(OWN_LINES));
         }
         s.get()
     })
+}
+
+fn count(a: &AtomicU64, line: usize) {
+    if line < OWN_LINES {
+        // Only this thread writes its line; readers may see a count a hit late.
+        a.store(a.load(Relaxed) + 1, Relaxed);
+    } else {
+        a.fetch_add(1, Relaxed);
+    }
 }
 
 fn dec(a: &AtomicU64, n: u64) {
@@ -65,12 +82,49 @@ fn dec(a: &AtomicU64, n: u64) {
 }
 
 impl Shared {
+    /// Shared state of a new cache, with its flush hook: it lives as long as any slab (which
+    /// may outlive the cache in a reader's hands), so idle slabs are always released.
+    pub fn new() -> std::sync::Arc<Shared> {
+        let shared = std::sync::Arc::new(Shared {
+            idle: Default::default(),
+            hot: (0..=OWN_LINES).map(|_| CachePadded::default()).collect(),
+            flush: std::sync::OnceLock::new(),
+            classes: Default::default(),
+            tombstones: AtomicU64::new(0),
+            dropped_tombstones: AtomicU64::new(0),
+        });
+        let weak = std::sync::Arc::downgrade(&shared);
+        let hook = vrange::reclaimer::on_flush(move || {
+            if let Some(s) = weak.upgrade() {
+                s.flush_idle();
+            }
+        });
+        let _ = shared.flush.set(hook);
+        shared
+    }
+
+    /// A slab lost its last pin: the next flush marks it volatile.
+    pub fn queue_idle(&self, slab: std::sync::Weak<crate::slab::Slab>) {
+        self.idle.lock().push(slab);
+    }
+
+    /// Marks volatile every queued slab still unpinned (in the order they went idle, so that
+    /// vrange ages them in that order).
+    pub fn flush_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock());
+        for slab in idle.iter().filter_map(std::sync::Weak::upgrade) {
+            slab.release_if_idle();
+        }
+    }
+
     pub fn hit(&self, p: Priority) {
-        self.hot[stripe()].hits[class(p)].fetch_add(1, Relaxed);
+        let line = line();
+        count(&self.hot[line].hits[class(p)], line);
     }
 
     pub fn miss(&self) {
-        self.hot[stripe()].misses.fetch_add(1, Relaxed);
+        let line = line();
+        count(&self.hot[line].misses, line);
     }
 
     pub fn inserted(&self, p: Priority) {

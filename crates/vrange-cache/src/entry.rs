@@ -1,6 +1,7 @@
 //! `Entry`: a value handed to a reader, pinned while the guard lives.
 
 use crate::slab::Slab;
+use std::ptr::NonNull;
 use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 use std::sync::Arc;
 
@@ -8,13 +9,14 @@ use std::sync::Arc;
 /// lives, and stays readable even if the key is removed or replaced meanwhile. Dropping it lets
 /// the system take the value's slab back again (once no other entry of the slab is held).
 pub struct Entry {
-    slab: Arc<Slab>,
+    /// Alive while the entry's pin lasts: a pinned slab holds a reference to itself.
+    slab: NonNull<Slab>,
     ptr: *const u8,
     len: usize,
 }
 
-// SAFETY: the entry is a pin on a slab (whose operations are thread-safe) and a pointer to
-// bytes no one writes again while the slab lives.
+// SAFETY: the entry is a pin on a slab (whose operations are thread-safe, and which the pin
+// keeps alive) and a pointer to bytes no one writes again while the slab lives.
 unsafe impl Send for Entry {}
 // SAFETY: as above; `&Entry` only reads.
 unsafe impl Sync for Entry {}
@@ -23,34 +25,43 @@ impl std::fmt::Debug for Entry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Entry")
             .field("len", &self.len)
-            .field("priority", &self.slab.priority)
+            .field("priority", &self.slab().priority)
             .finish()
     }
 }
 
 impl Entry {
     /// An entry for a pin the caller took on `slab`; `ptr` and `len` lie inside it.
-    pub(crate) fn pinned(slab: Arc<Slab>, ptr: *const u8, len: usize) -> Entry {
-        Entry { slab, ptr, len }
+    pub(crate) fn pinned(slab: &Slab, ptr: *const u8, len: usize) -> Entry {
+        Entry {
+            slab: NonNull::from(slab),
+            ptr,
+            len,
+        }
+    }
+
+    fn slab(&self) -> &Slab {
+        // SAFETY: the entry holds a pin, and a pinned slab holds a reference to itself
+        // (`slab.rs`): it lives at least until `Drop` below drops the pin.
+        unsafe { self.slab.as_ref() }
     }
 
     /// The value's class.
     pub fn priority(&self) -> vrange::Priority {
-        self.slab.priority
+        self.slab().priority
     }
 
     /// Gives the value up as its address and length, still pinned, for a caller that cannot
     /// hold the guard (the C ABI). Release it with [`crate::Cache::release_raw`].
     pub fn into_raw(self) -> (*const u8, usize) {
-        self.slab.raw.fetch_add(1, Relaxed);
+        self.slab().raw.fetch_add(1, Relaxed);
         let raw = (self.ptr, self.len);
         std::mem::forget(self);
         raw
     }
 }
 
-/// Drops the pin and the slab reference of an entry given up by [`Entry::into_raw`]; `slab` is
-/// a new reference found by address.
+/// Drops the pin of an entry given up by [`Entry::into_raw`]; `slab` was found by address.
 ///
 /// # Safety
 /// An entry of `slab` must have been given up raw and not released yet.
@@ -66,9 +77,6 @@ pub(crate) unsafe fn release_raw(slab: Arc<Slab>) -> vrange::Result<()> {
         }
     }
     slab.unpin();
-    // SAFETY: the forgotten entry held one strong reference to this slab; `slab` is another,
-    // so the count stays above zero until `slab` drops.
-    unsafe { Arc::decrement_strong_count(Arc::as_ptr(&slab)) };
     Ok(())
 }
 
@@ -90,6 +98,6 @@ impl AsRef<[u8]> for Entry {
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        self.slab.unpin();
+        self.slab().unpin();
     }
 }

@@ -47,9 +47,17 @@
 //! cache filling at memory speed must not pass its container's limit between two ticks of
 //! the reclaimer.
 //!
+//! # Hits, and when a released slab becomes volatile
+//! A hit costs a map lookup and two atomic operations on its slab: a slab stays pinned on the
+//! cache's behalf after its last reader lets go, until the next *flush*, which marks every such
+//! idle slab volatile in the order they went idle. vrange's reclaimer flushes at each tick
+//! (`VRANGE_POLL_MS`, 100 ms) and before every purge ([`vrange::reclaimer::on_flush`]), and so
+//! does the cache before it maps a slab: memory is never kept from a purge that should take
+//! it, it only becomes volatile up to a tick later than its last use.
+//!
 //! # Age
-//! A slab's age is the time its last holder released it; a hit on one entry renews the whole
-//! slab. Values inserted together age together, which is what a purge of the oldest slab
+//! A slab's age is the time it was flushed after its last use; a hit on one entry renews the
+//! whole slab. Values inserted together age together, which is what a purge of the oldest slab
 //! relies on.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -127,6 +135,22 @@ impl Drop for Slot {
     }
 }
 
+/// Starts loading the cache line at `addr` (a value's first bytes) so that its miss overlaps
+/// the pin's atomic operations instead of following them: a hit's reader nearly always reads
+/// the value next. A hint only; the address need not be mapped.
+#[inline(always)]
+fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 (SSE, always present on x86-64) never faults and changes no state a
+    // program can observe, whatever the address. (Safe to call in newer Rust: hence the allow.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 struct Open {
     slab: Arc<Slab>,
     used: usize,
@@ -135,7 +159,7 @@ struct Open {
 type Map<K> = DashMap<K, Slot, foldhash::fast::RandomState>;
 
 /// The cache. Share it between threads by reference or `Arc`.
-pub struct Cache<K> {
+pub struct Cache<K: Hash + Eq> {
     map: Map<K>,
     open: [Mutex<Option<Open>>; CLASSES],
     /// Every slab, by start address: for sweeps, the budget, statistics and raw releases.
@@ -172,10 +196,9 @@ impl Placed {
 
     fn into_entry(mut self) -> Entry {
         self.committed = true;
-        let slab = self.slab.clone();
         // SAFETY: as in `buf`; the pin moves to the entry.
-        let ptr = unsafe { slab.at(self.off) };
-        Entry::pinned(slab, ptr, self.len)
+        let ptr = unsafe { self.slab.at(self.off) };
+        Entry::pinned(&self.slab, ptr, self.len)
     }
 }
 
@@ -185,6 +208,18 @@ impl Drop for Placed {
             self.slab.entry_gone(self.len);
             self.slab.unpin();
         }
+    }
+}
+
+impl<K: Hash + Eq> Drop for Cache<K> {
+    fn drop(&mut self) {
+        // Entries first, then release the slabs no reader holds (held ones go at their
+        // readers' last drop and the next flush).
+        self.map.clear();
+        for o in &self.open {
+            o.lock().take();
+        }
+        self.shared.flush_idle();
     }
 }
 
@@ -200,11 +235,12 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             },
             ..opts
         };
+        let shared = Shared::new();
         Cache {
             map: Map::default(),
             open: Default::default(),
             slabs: DashMap::default(),
-            shared: Arc::default(),
+            shared,
             opts,
             opened: AtomicUsize::new(0),
             budget_lock: Mutex::new(()),
@@ -344,27 +380,30 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (slab, off, len) = match self.map.get(key) {
-            Some(s) => (s.slab.clone(), s.off, s.len),
+        // Pinned under the map's guard: the slot's reference keeps the slab alive until the
+        // pin does.
+        let (slab, off, pinned) = match self.map.get(key) {
+            Some(s) => {
+                prefetch(s.slab.start() + s.off);
+                let pinned = s.slab.pin();
+                if pinned.is_ok() {
+                    self.shared.hit(s.slab.priority);
+                    // SAFETY: the slot's place lies inside its slab, now pinned for the entry.
+                    let ptr = unsafe { s.slab.at(s.off) };
+                    return Ok(Entry::pinned(&s.slab, ptr, s.len));
+                }
+                (s.slab.clone(), s.off, pinned)
+            }
             None => {
                 self.shared.miss();
                 return Err(Miss::Absent);
             }
         };
-        match slab.pin() {
-            Ok(()) => {
-                self.shared.hit(slab.priority);
-                // SAFETY: the slot's place lies inside its slab, now pinned for the entry.
-                let ptr = unsafe { slab.at(off) };
-                Ok(Entry::pinned(slab, ptr, len))
-            }
-            Err(slab::Purged) => {
-                self.map
-                    .remove_if(key, |_, s| Arc::ptr_eq(&s.slab, &slab) && s.off == off);
-                self.shared.purged_lookup(slab.priority);
-                Err(Miss::Purged)
-            }
-        }
+        debug_assert!(pinned.is_err());
+        self.map
+            .remove_if(key, |_, s| Arc::ptr_eq(&s.slab, &slab) && s.off == off);
+        self.shared.purged_lookup(slab.priority);
+        Err(Miss::Purged)
     }
 
     /// The value under `key`, or the one `regenerate` writes in place (`len` bytes) if there
@@ -450,6 +489,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// Finds slabs the reclaimer purged while no one looked, forgets freed ones, and drops
     /// tombstones once they outnumber live entries.
     fn sweep(&self) {
+        self.shared.flush_idle();
         self.slabs.retain(|_, w| match w.upgrade() {
             Some(slab) => {
                 slab.check_purged();

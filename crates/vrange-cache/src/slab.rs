@@ -1,38 +1,66 @@
-//! A slab: one vrange region holding the values of one or more entries, purged whole. It is
-//! pinned while any reader or writer holds it and volatile otherwise; it never reuses space, so
-//! bytes once written stay what they were until the slab is dropped.
+//! A slab: one vrange region holding the values of one or more entries, purged whole. It never
+//! reuses space, so bytes once written stay what they were while the slab is mapped.
 //!
-//! Pinning counts holders in `pins`. Only the thread holding the region's lock moves the count away from
-//! zero (and unmarks the region first) or, seeing it at zero, marks the region volatile; a
-//! count above zero is raised without the lock. So the region is pinned whenever `pins > 0`,
-//! and a reader never sees it purged under it.
+//! # Pins, and why a hit changes no range state
+//! `state` holds the readers' and writers' pin count and two flags. `HELD`: the region is
+//! pinned (unmarked) on the cache's behalf. `QUEUED`: the slab waits in the cache's idle list.
+//!
+//! | event | state before | what happens |
+//! |---|---|---|
+//! | pin (fast) | `HELD`, n | CAS to n+1: no lock, no call into vrange |
+//! | pin (slow) | not `HELD` | under the region's lock: unmark the region (purged: the slab dies), then `HELD`, 1 |
+//! | unpin | `HELD`, n | n−1; the last one queues the slab (sets `QUEUED`) unless queued |
+//! | flush | `HELD`, 0 | under the region's lock: CAS to 0 (neither flag), then mark the region volatile |
+//! | flush | `HELD`, n > 0 | CAS clearing `QUEUED`: the last unpin will queue it again |
+//!
+//! The region is thus pinned whenever the count is above zero (only the slow path, under the
+//! lock, sets `HELD`, and the flush clears it only at a zero count, by CAS), and volatile
+//! within one flush of its last unpin. vrange's reclaimer runs the flush
+//! ([`vrange::reclaimer::on_flush`]) at each tick and before every purge, so an idle slab is
+//! never spared a purge it should get.
+//!
+//! While `HELD`, the slab holds a reference to itself (`Inner::me`): a pin keeps it alive,
+//! so an `Entry` needs no reference count of its own, and a hit makes two atomic operations
+//! on the slab, not four.
 
 use crate::counters::Shared;
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use vrange::{Options, Priority, VolatileRegion};
 
 /// The slab's content is gone (the system purged it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Purged;
 
+const HELD: u32 = 1 << 31;
+const QUEUED: u32 = 1 << 30;
+const COUNT: u32 = QUEUED - 1;
+
+#[derive(Debug)]
+struct Inner {
+    /// The region; `None` once dead (unmapped: no one can hold a pin on a dead slab).
+    region: Option<VolatileRegion>,
+    /// The slab's reference to itself while `HELD`.
+    me: Option<Arc<Slab>>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Slab {
     start: usize,
     len: usize,
-    pins: AtomicU32,
+    state: AtomicU32,
     /// Pins held by values given out raw (`Entry::into_raw`), to refuse a double release.
     pub raw: AtomicU32,
-    /// The region; `None` once dead (unmapped: no one can hold a pin on a dead slab).
-    region: Mutex<Option<VolatileRegion>>,
+    inner: Mutex<Inner>,
     dead: AtomicBool,
     /// Entries (in the map or being written) whose values lie here, and their bytes.
     live: AtomicUsize,
     live_bytes: AtomicUsize,
     pub priority: Priority,
     shared: Arc<Shared>,
+    me: Weak<Slab>,
 }
 
 impl Slab {
@@ -40,18 +68,24 @@ impl Slab {
     pub fn new(len: usize, opts: Options, shared: &Arc<Shared>) -> vrange::Result<Arc<Slab>> {
         let region = VolatileRegion::new(len, opts)?;
         shared.slab_created(opts.priority, region.len());
-        Ok(Arc::new(Slab {
+        let slab = Arc::new_cyclic(|me| Slab {
             start: region.as_ptr() as usize,
             len: region.len(),
-            pins: AtomicU32::new(1),
+            state: AtomicU32::new(HELD | 1),
             raw: AtomicU32::new(0),
-            region: Mutex::new(Some(region)),
+            inner: Mutex::new(Inner {
+                region: Some(region),
+                me: None,
+            }),
             dead: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
             priority: opts.priority,
             shared: shared.clone(),
-        }))
+            me: me.clone(),
+        });
+        slab.inner.lock().me = Some(slab.clone());
+        Ok(slab)
     }
 
     pub fn start(&self) -> usize {
@@ -70,65 +104,91 @@ impl Slab {
         self.live_bytes.load(Relaxed)
     }
 
-    /// Whether no one holds it pinned (a candidate for a purge of the cache's own budget).
+    /// Whether the region is volatile as far as the cache knows (no pin, not held).
     pub fn unpinned(&self) -> bool {
-        self.pins.load(Relaxed) == 0
+        self.state.load(Relaxed) == 0
     }
 
-    /// How long it has been volatile (`None` while pinned or purged).
+    /// How long it has been volatile (`None` while held or purged).
     pub fn idle(&self) -> Option<std::time::Duration> {
-        self.region.lock().as_ref()?.idle()
+        self.inner.lock().region.as_ref()?.idle()
     }
 
     /// Pins the slab; `Err(Purged)` if its content is gone (it is then dead for good).
     pub fn pin(&self) -> Result<(), Purged> {
-        let mut p = self.pins.load(Relaxed);
-        while p != 0 {
-            match self.pins.compare_exchange_weak(p, p + 1, Acquire, Relaxed) {
+        let mut s = self.state.load(Relaxed);
+        while s & HELD != 0 {
+            match self.state.compare_exchange_weak(s, s + 1, Acquire, Relaxed) {
                 Ok(_) => return Ok(()),
-                Err(now) => p = now,
+                Err(now) => s = now,
             }
         }
-        let mut region = self.region.lock();
-        let Some(r) = region.as_ref() else {
-            return Err(Purged);
-        };
-        if self.pins.load(Acquire) == 0 {
+        let mut inner = self.inner.lock();
+        if self.state.load(Acquire) & HELD == 0 {
+            let Some(r) = inner.region.as_ref() else {
+                return Err(Purged);
+            };
             // A slab is never split and unmark only fails for memory vrange does not own.
-            let report = r.unmark().unwrap_or_default();
-            if report.was_purged() {
-                self.die(&mut region);
+            if r.unmark().unwrap_or_default().was_purged() {
+                self.die(&mut inner);
                 return Err(Purged);
             }
+            inner.me = self.me.upgrade();
+            // No pin can exist without HELD, and only this lock's holder sets it.
+            self.state.fetch_or(HELD, AcqRel);
         }
-        self.pins.fetch_add(1, AcqRel);
+        self.state.fetch_add(1, AcqRel);
         Ok(())
     }
 
-    /// Drops one pin; the last makes the slab volatile again.
+    /// Drops one pin; the last one queues the slab for the next flush.
     pub fn unpin(&self) {
-        if self.pins.fetch_sub(1, AcqRel) != 1 {
-            return;
+        let before = self.state.fetch_sub(1, AcqRel);
+        debug_assert!(before & HELD != 0 && before & COUNT != 0);
+        if before & COUNT == 1 && before & QUEUED == 0 {
+            let queued = self.state.fetch_or(QUEUED, AcqRel);
+            if queued & QUEUED == 0 {
+                self.shared.queue_idle(self.me.clone());
+            }
         }
-        let region = self.region.lock();
-        if let Some(r) = region.as_ref().filter(|_| self.pins.load(Acquire) == 0) {
-            // SAFETY: no holder is left (`pins` is zero and only the holder of the region's
-            // lock, which this thread is, can raise it from zero), so no reference into the
-            // region is live.
+    }
+
+    /// Marks the region volatile if no one holds a pin (the flush of the idle list).
+    pub fn release_if_idle(&self) {
+        let mut inner = self.inner.lock();
+        let mut s = self.state.load(Acquire);
+        loop {
+            if s & HELD == 0 {
+                return;
+            }
+            let next = if s & COUNT == 0 { 0 } else { s & !QUEUED };
+            match self.state.compare_exchange(s, next, AcqRel, Acquire) {
+                Ok(_) if next == 0 => break,
+                Ok(_) => return,
+                Err(now) => s = now,
+            }
+        }
+        if let Some(r) = inner.region.as_ref() {
+            // SAFETY: the count was zero and HELD is now clear, so a reader must take the
+            // slow path, which waits for this lock: no reference into the region is live.
             let _ = unsafe { r.mark() };
         }
+        // Dropped after the lock: it may be the last reference.
+        let me = inner.me.take();
+        drop(inner);
+        drop(me);
     }
 
     /// Marks the slab dead if the reclaimer purged it while no one held it. Returns whether it
     /// did (the caller's sweep found a purge nobody had looked up yet).
     pub fn check_purged(&self) -> bool {
-        if self.is_dead() || self.pins.load(Relaxed) != 0 {
+        if self.is_dead() || self.state.load(Relaxed) != 0 {
             return false;
         }
-        let mut region = self.region.lock();
-        match region.as_ref() {
-            Some(r) if self.pins.load(Acquire) == 0 && r.is_purged() => {
-                self.die(&mut region);
+        let mut inner = self.inner.lock();
+        match inner.region.as_ref() {
+            Some(r) if self.state.load(Acquire) == 0 && r.is_purged() => {
+                self.die(&mut inner);
                 true
             }
             _ => false,
@@ -137,21 +197,25 @@ impl Slab {
 
     /// Purges the slab now if no one holds it (the cache's own budget). Returns bytes freed.
     pub fn purge_now(&self) -> usize {
-        let mut region = self.region.lock();
-        let Some(r) = region.as_ref().filter(|_| self.pins.load(Acquire) == 0) else {
+        let mut inner = self.inner.lock();
+        let Some(r) = inner
+            .region
+            .as_ref()
+            .filter(|_| self.state.load(Acquire) == 0)
+        else {
             return 0;
         };
         let freed = r.purge().unwrap_or(0);
         if freed > 0 {
-            self.die(&mut region);
+            self.die(&mut inner);
         }
         freed
     }
 
     /// The content is gone: unmaps the region (no one holds a pin, and no one can take one
     /// from now on). Called with the region's lock held.
-    fn die(&self, region: &mut Option<VolatileRegion>) {
-        *region = None;
+    fn die(&self, inner: &mut Inner) {
+        inner.region = None;
         if !self.dead.swap(true, AcqRel) {
             self.shared.slab_died(
                 self.priority,
@@ -170,7 +234,7 @@ impl Slab {
 
     /// A value of `len` bytes here left the cache (removed, replaced, dropped).
     pub fn entry_gone(&self, len: usize) {
-        let _g = self.region.lock();
+        let _g = self.inner.lock();
         self.live.fetch_sub(1, Relaxed);
         self.live_bytes.fetch_sub(len, Relaxed);
         if self.is_dead() {

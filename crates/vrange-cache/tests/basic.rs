@@ -60,3 +60,42 @@ fn purged_entries_report_once_and_pinned_ones_survive() {
         .unwrap();
     assert_eq!(&e[..], &[9u8; 100][..]);
 }
+
+#[test]
+fn an_entry_outlives_its_cache_and_its_slab_goes_with_it() {
+    let _s = vrange_testkit::serial();
+    let before = vrange::stats().pinned_bytes;
+    let c: Cache<u64> = Cache::new(Options::default());
+    c.insert(1, &value(1, 5000), Priority::Normal).unwrap();
+    let e = c.get(&1).unwrap();
+    drop(c);
+    assert_eq!(&e[..], &value(1, 5000)[..], "still readable, unchanged");
+    drop(e);
+    // The slab was held only by the entry: the next flush (a reclaimer tick) frees it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while vrange::stats().pinned_bytes != before {
+        assert!(std::time::Instant::now() < deadline, "a region left pinned");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_idle_slab_becomes_volatile_at_the_reclaimers_next_tick() {
+    let _s = vrange_testkit::serial();
+    let c: Cache<u64> = Cache::new(Options::default());
+    c.insert(1, &value(1, 5000), Priority::Normal).unwrap();
+    drop(c.get(&1).unwrap());
+    // Held on the cache's behalf after the last reader: not volatile yet...
+    let slab = c.stats().resident_bytes();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while vrange::stats().volatile_bytes < slab {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reclaimer's tick should have flushed the idle slab"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // ... and, volatile, it is the first to go.
+    vrange::purge(1);
+    assert_eq!(c.lookup(&1).unwrap_err(), Miss::Purged);
+}

@@ -99,7 +99,9 @@ pub use vrange_sys::probe::{features, Features, ThpMode};
 /// The reclaimer thread: whether it runs, what it listens to, and stopping it. It starts by
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
-    pub use crate::reclaim::{active_sources, catch_up, is_running, make_room, stop};
+    pub use crate::reclaim::{
+        active_sources, catch_up, is_running, make_room, on_flush, stop, FlushHook,
+    };
 }
 
 /// Statistics other processes publish (`vrange stat`, `vrange run --stats`): each process whose

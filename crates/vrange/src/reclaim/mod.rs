@@ -32,7 +32,10 @@
 //! mapping.
 
 pub(crate) mod config;
+mod flush;
 mod victims;
+
+pub use flush::{on_flush, FlushHook};
 
 pub use config::{set_option, Config, Headroom, Psi, OPTIONS};
 
@@ -265,13 +268,18 @@ static ROOM: Mutex<Room> = Mutex::new(Room {
 ///
 /// For clients that fill volatile memory faster than the thread's tick (a cache filling at
 /// memory speed can pass a container's limit between two ticks, and volatile memory that is
-/// not yet armed is memory the kernel cannot reclaim without swap). Costs one `pread` of the
-/// cgroup's usage on a verified descriptor; one caller at a time (others return 0 at once).
+/// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
+/// ([`on_flush`]) first, then costs one `pread` of the cgroup's usage on a verified
+/// descriptor; one caller at a time (others return 0 at once).
 /// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
 /// reclaimer is disabled.
 pub fn make_room(bytes: usize) -> usize {
     let setting = config::get().headroom.load(Relaxed);
-    if setting == 0 || STATE.load(Relaxed) == DISABLED || stats::volatile_resident() == 0 {
+    if setting == 0 || STATE.load(Relaxed) == DISABLED {
+        return 0;
+    }
+    flush::run();
+    if stats::volatile_resident() == 0 {
         return 0;
     }
     let Ok(mut room) = ROOM.try_lock() else {
@@ -353,6 +361,7 @@ fn candidates(target: u64) -> Vec<victims::Candidate> {
     if target == 0 {
         Vec::new()
     } else {
+        flush::run();
         victims::candidates()
     }
 }
@@ -521,6 +530,7 @@ fn run() {
         if STATE.load(Acquire) != RUNNING {
             break;
         }
+        flush::run();
         let reasons = WAKE_REASONS.swap(0, AcqRel);
         if reasons & WAKE_CONFIG != 0 && watch.is_none() {
             ACTIVE.store(sources_without_descriptors(), Relaxed);

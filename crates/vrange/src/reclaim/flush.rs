@@ -1,0 +1,61 @@
+//! Flush hooks: a client that defers marking (a cache keeps a slab pinned for up to a tick
+//! after its last reader let go, so that a hit changes no range state) registers a function
+//! that marks what it deferred. The reclaimer thread calls every hook at each tick, and every
+//! purge calls them first, so deferred memory is volatile by the time victims are chosen.
+
+use std::cell::Cell;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+type Hook = Arc<dyn Fn() + Send + Sync>;
+
+static HOOKS: Mutex<Vec<(usize, Hook)>> = Mutex::new(Vec::new());
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+thread_local!(static RUNNING: Cell<bool> = const { Cell::new(false) });
+
+/// A registered flush hook ([`on_flush`]); dropping it unregisters the hook.
+#[derive(Debug)]
+pub struct FlushHook {
+    id: usize,
+}
+
+/// Registers `f`, called by the reclaimer thread at each tick (`VRANGE_POLL_MS`) and by every
+/// purge ([`crate::purge`], the budget's and headroom's) before it chooses victims: the place
+/// to mark volatile whatever the client kept pinned only to spare its hot path a state change.
+/// `f` runs on any thread, never twice at once in one thread; it may mark and unmark, and must
+/// not wait for a thread that could be purging.
+pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
+    let id = NEXT_ID.fetch_add(1, Relaxed);
+    let mut hooks = HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    hooks.push((id, Arc::new(f)));
+    LIVE.store(hooks.len(), Relaxed);
+    FlushHook { id }
+}
+
+impl Drop for FlushHook {
+    fn drop(&mut self) {
+        let mut hooks = HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+        hooks.retain(|(id, _)| *id != self.id);
+        LIVE.store(hooks.len(), Relaxed);
+    }
+}
+
+/// Calls every hook (outside the list's lock, so that a hook may be dropped meanwhile), unless
+/// this thread is already inside one (a hook's mark that catches up on the budget purges).
+pub(crate) fn run() {
+    if LIVE.load(Relaxed) == 0 || RUNNING.with(Cell::get) {
+        return;
+    }
+    let hooks: Vec<Hook> = match HOOKS.try_lock() {
+        Ok(h) => h.iter().map(|(_, f)| f.clone()).collect(),
+        Err(_) => return,
+    };
+    RUNNING.with(|r| r.set(true));
+    for f in hooks {
+        f();
+    }
+    RUNNING.with(|r| r.set(false));
+}
