@@ -1,0 +1,143 @@
+//! What clients that keep their own order or budget use (a cache): the read-only purge check,
+//! a region's idle time, an explicit purge of one region, flush hooks run before every purge,
+//! and `make_room` purging in the caller's thread when a memory cgroup's headroom runs out.
+
+mod common;
+use common::quiet;
+use std::time::Duration;
+use vrange::{Error, Options, Policy, VolatileRegion};
+use vrange_sys::cgroup::join_before_exec;
+use vrange_testkit::pattern::{check, fill};
+use vrange_testkit::proc::Exit;
+use vrange_testkit::role::{role, role_command, say, Role};
+use vrange_testkit::{cgroup, serial, skip};
+
+const MIB: usize = 1 << 20;
+
+fn region(len: usize, policy: Policy) -> VolatileRegion {
+    let r = VolatileRegion::new(
+        len,
+        Options {
+            policy,
+            ..Options::default()
+        },
+    )
+    .expect("region");
+    fill(r.as_ptr(), r.len(), 5);
+    r
+}
+
+#[test]
+fn is_purged_idle_and_purge_of_one_region() {
+    let _s = serial();
+    quiet();
+    let r = region(MIB, Policy::Managed);
+    let other = region(MIB, Policy::Managed);
+    assert!(!r.is_purged());
+    assert_eq!(r.idle(), None, "pinned: not idle");
+    assert_eq!(r.purge(), Ok(0), "a pinned region is not purged");
+    // SAFETY: no reference into the regions while they are volatile.
+    unsafe {
+        r.mark().unwrap();
+        other.mark().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let idle = r.idle().expect("volatile: idle");
+    assert!(idle >= Duration::from_millis(15), "idle for {idle:?}");
+    assert!(!r.is_purged(), "volatile, not purged");
+    assert_eq!(r.purge(), Ok(r.len()), "purged whole, now");
+    assert!(r.is_purged());
+    assert_eq!(r.idle(), None, "purged: not idle");
+    assert!(!other.is_purged(), "the other region is left alone");
+    assert!(r.unmark().unwrap().was_purged());
+    assert!(!other.unmark().unwrap().was_purged());
+    assert!(check(other.as_ptr(), other.len(), 5));
+    let lazy = region(MIB, Policy::Lazy);
+    assert_eq!(lazy.purge(), Err(Error::Unsupported));
+}
+
+#[test]
+fn flush_hooks_run_before_a_purge_chooses_and_not_after_they_are_dropped() {
+    let _s = serial();
+    quiet();
+    let r = std::sync::Arc::new(region(MIB, Policy::Managed));
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook = {
+        let (r, calls) = (r.clone(), calls.clone());
+        vrange::reclaimer::on_flush(move || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // SAFETY: the test holds no reference into the region.
+            unsafe { r.mark().unwrap() };
+        })
+    };
+    // The region was pinned; the purge runs the hook first, which makes it volatile.
+    assert!(vrange::purge(usize::MAX) >= MIB);
+    assert!(
+        r.unmark().unwrap().was_purged(),
+        "the hook's mark came before the choice"
+    );
+    drop(hook);
+    let before = calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(before >= 1);
+    vrange::purge(usize::MAX);
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        before,
+        "dropped: not called"
+    );
+    assert!(!r.unmark().unwrap().was_purged());
+}
+
+const ROOM_TEST: &str = "make_room_purges_in_the_callers_thread_when_headroom_runs_out";
+const ROOM_ROLE: &str = "make-room";
+
+/// In a 64 MiB cgroup with the thread's sources quiet (a one-minute tick): 40 MiB volatile and
+/// 16 MiB ordinary memory leave about 8 MiB free, under the 16 MiB threshold.
+fn make_room_role() {
+    for (k, v) in [
+        ("VRANGE_PSI", "off"),
+        ("VRANGE_VMPRESSURE", "off"),
+        ("VRANGE_POLL_MS", "60000"),
+        ("VRANGE_HEADROOM", "16M"),
+    ] {
+        vrange::set_option(k, v).unwrap();
+    }
+    let r = region(40 * MIB, Policy::Managed);
+    // SAFETY: no reference into the region while it is volatile.
+    unsafe { r.mark().unwrap() };
+    let plenty = vrange::reclaimer::make_room(0);
+    let ordinary = vec![1u8; 16 * MIB];
+    let freed = vrange::reclaimer::make_room(MIB);
+    let purged = r.unmark().unwrap().was_purged();
+    say(format!(
+        "ROOM before={plenty} freed={freed} purged={} sum={}",
+        u8::from(purged),
+        ordinary.iter().map(|&b| b as u64).sum::<u64>()
+    ));
+}
+
+#[test]
+fn make_room_purges_in_the_callers_thread_when_headroom_runs_out() {
+    if role().as_deref() == Some(ROOM_ROLE) {
+        return make_room_role();
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-room-", 64 * MIB as u64) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let mut cmd = role_command(ROOM_TEST, ROOM_ROLE);
+    join_before_exec(&mut cmd, &cg.file("cgroup.procs")).expect("open cgroup.procs");
+    let mut p = Role::spawn("room", cmd);
+    let reply = p.next(Duration::from_secs(60));
+    let exit = p.wait(Duration::from_secs(30));
+    let diagnostics = p.diagnostics();
+    drop(p);
+    cgroup::remove(child);
+    let reply = reply.unwrap_or_else(|e| panic!("the role: {e}; {exit}\n{diagnostics}"));
+    assert_eq!(exit, Exit::Code(0));
+    assert_eq!(reply.u64("before"), 0, "plenty of headroom: nothing purged");
+    assert!(reply.u64("freed") >= 40 * MIB as u64, "{reply:?}");
+    assert_eq!(reply.u64("purged"), 1, "the volatile region was purged");
+}
