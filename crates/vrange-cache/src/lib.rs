@@ -428,6 +428,20 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         Ok(p.into_entry())
     }
 
+    /// Whether an entry under `key` is held and its slab not purged. Pins nothing and counts
+    /// no lookup (a purge it finds is still reported by the next [`Cache::lookup`]); the answer
+    /// may be stale by the time the caller acts on it.
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.get(key).is_some_and(|s| {
+            s.slab.check_purged();
+            !s.slab.is_dead()
+        })
+    }
+
     /// Removes the entry under `key`. Returns whether there was one (a purged one counts).
     /// Readers holding its value keep it until they drop their [`Entry`].
     pub fn remove<Q>(&self, key: &Q) -> bool

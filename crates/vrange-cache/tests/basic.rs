@@ -45,7 +45,11 @@ fn purged_entries_report_once_and_pinned_ones_survive() {
     c.insert(2, &value(2, 3000), Priority::DropFirst).unwrap();
     c.insert(3, &value(3, 3000), Priority::Normal).unwrap();
     let held = c.get(&3).unwrap();
+    let hits = c.stats().hits();
+    assert!(c.contains_key(&1) && !c.contains_key(&99));
+    assert_eq!(c.stats().hits(), hits, "contains_key counts no lookup");
     vrange::purge(usize::MAX);
+    assert!(!c.contains_key(&2), "a purge the sweep found shows in contains_key");
     assert_eq!(c.lookup(&1).unwrap_err(), Miss::Purged);
     assert_eq!(c.lookup(&1).unwrap_err(), Miss::Absent);
     assert_eq!(c.lookup(&2).unwrap_err(), Miss::Purged);
