@@ -49,7 +49,10 @@ fn purged_entries_report_once_and_pinned_ones_survive() {
     assert!(c.contains_key(&1) && !c.contains_key(&99));
     assert_eq!(c.stats().hits(), hits, "contains_key counts no lookup");
     vrange::purge(usize::MAX);
-    assert!(!c.contains_key(&2), "a purge the sweep found shows in contains_key");
+    assert!(
+        !c.contains_key(&2),
+        "a purge the sweep found shows in contains_key"
+    );
     assert_eq!(c.lookup(&1).unwrap_err(), Miss::Purged);
     assert_eq!(c.lookup(&1).unwrap_err(), Miss::Absent);
     assert_eq!(c.lookup(&2).unwrap_err(), Miss::Purged);

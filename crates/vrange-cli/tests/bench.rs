@@ -370,3 +370,43 @@ fn refill_quick_reads_the_compressed_file_every_way() {
     }
     files(&out, &["refill.csv", "refill.svg"]);
 }
+
+#[test]
+fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
+    let _s = serial();
+    if let Some(why) = needs_cgroups() {
+        return skip(&why);
+    }
+    let out = bench("cache", &[]);
+    let (header, rows) = table(&out, "value");
+    assert_eq!(header[2], "vrange-cache");
+    assert!(rows.len() >= 6, "{}", out.text);
+    for r in &rows[..6] {
+        for cell in &r[2..6] {
+            positive(cell, "ns per hit");
+        }
+    }
+    // The scenario's table (the first "peer" table lists the hot path's peers).
+    let at = out.md.find("| requests/s").expect("the scenario's table");
+    let line_start = out.md[..at].rfind('\n').map_or(0, |i| i + 1);
+    let (header, rows) = markdown_table(&out.md[line_start..], "peer");
+    let vr = rows
+        .iter()
+        .find(|r| r[0].starts_with("vrange-cache"))
+        .unwrap_or_else(|| panic!("no vrange-cache row:\n{}", out.text));
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    assert_eq!(vr[col("OOM kills")], "0", "{vr:?}");
+    assert_eq!(rows.len(), 3, "three peers");
+    for r in &rows {
+        assert_eq!(r[col("wrong values")], "0", "{r:?}");
+    }
+    files(
+        &out,
+        &[
+            "cache-hot.csv",
+            "cache-scenario.csv",
+            "cache-seconds.csv",
+            "cache.svg",
+        ],
+    );
+}

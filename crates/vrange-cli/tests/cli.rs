@@ -295,7 +295,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("ebizzy, pressure, lazyfree, pagetable, markcost, refill, all"),
+        err.contains("ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, all"),
         "{err}"
     );
     let help = vrange().args(["bench", "--help"]).output().unwrap();
@@ -307,6 +307,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
         "pagetable",
         "markcost",
         "refill",
+        "cache",
         "all",
     ] {
         assert!(

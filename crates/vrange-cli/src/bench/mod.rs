@@ -1,18 +1,20 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
-//! One file per suite (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `refill`, `markcost`); the shared
-//! pieces are the machine description (`machine`), CSV and number formats (`report`), the SVG
-//! plots (`plot`), the allocators compared and how they are preloaded (`alloc`), and child
-//! processes, C workloads and memory cgroups (`proc`). Every suite prints the machine first,
-//! then aligned tables with the published numbers beside ours where they exist, and writes the
-//! same report in Markdown (`SUITE.md`), CSV files and an SVG plot into `--out`. A suite that
-//! cannot run here (no root, no memory cgroup) prints `skipped: <reason>` and still succeeds; a
-//! measurement that fails is an error (exit status 1).
+//! One file per suite (`cache` is a directory: `hot`, `scenario`) (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`,
+//! `markcost`); the shared pieces are the machine description (`machine`), CSV and number
+//! formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
+//! preloaded (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
+//! suite prints the machine first, then aligned tables with the published numbers beside ours
+//! where they exist, and writes the same report in Markdown (`SUITE.md`), CSV files and an SVG
+//! plot into `--out`. A suite that cannot run here (no root, no memory cgroup) prints
+//! `skipped: <reason>` and still succeeds; a measurement that fails is an error (exit status 1).
 //!
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
-//! `ebizzy --pressure`) are this executable again, with the hidden `bench-role` subcommand.
+//! `ebizzy --pressure`, the cache suite's service and its neighbour) are this executable
+//! again, with the hidden `bench-role` subcommand.
 
 mod alloc;
+mod cache;
 mod ebizzy;
 mod lazyfree;
 mod machine;
@@ -44,6 +46,9 @@ pub enum Suite {
     Markcost,
     /// A zstd-compressed file read through a refill region, beside its peers, in a small cgroup.
     Refill,
+    /// vrange-cache beside moka, quick_cache and lru: hits, inserts, and a service whose
+    /// neighbour takes memory in a small cgroup.
+    Cache,
     /// Every suite above, in that order.
     All,
 }
@@ -51,12 +56,13 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 6] = [
+    const ALL: [Suite; 7] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
         Suite::Pagetable,
         Suite::Refill,
+        Suite::Cache,
         Suite::Markcost,
     ];
 
@@ -68,6 +74,7 @@ impl Suite {
             Suite::Pagetable => "pagetable",
             Suite::Markcost => "markcost",
             Suite::Refill => "refill",
+            Suite::Cache => "cache",
             Suite::All => "all",
         }
     }
@@ -235,6 +242,7 @@ pub fn main(args: Args) -> i32 {
             Suite::Pagetable => pagetable::run(&ctx),
             Suite::Markcost => markcost::run(&ctx),
             Suite::Refill => refill::run(&ctx),
+            Suite::Cache => cache::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {
@@ -261,6 +269,7 @@ pub fn role(role: &str, args: &[String]) -> i32 {
     match role {
         "pagetable" => pagetable::role(args),
         "refill" => refill::role(args),
+        "cache" => cache::role(args),
         "hog" => ebizzy::hog_role(args),
         _ => {
             eprintln!("vrange bench-role: unknown role {role:?}");

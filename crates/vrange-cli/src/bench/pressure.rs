@@ -47,10 +47,6 @@ struct Outcome {
     trace: Vec<(f64, f64, f64)>,
 }
 
-fn read_u64(path: &std::path::Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
 fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> {
     let cg = proc::child_cgroup("vrange-bench-pressure", s.limit_mib << 20)?;
     let procs = cg.cgroup().file("cgroup.procs");
@@ -99,7 +95,7 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
     };
     let next_ms = started.elapsed().as_secs_f64() * 1e3;
     let oom_kills = cg.cgroup().oom_kills().unwrap_or(0);
-    let max_usage = read_u64(&cg.cgroup().file("memory.max_usage_in_bytes"));
+    let max_usage = proc::read_u64(&cg.cgroup().file("memory.max_usage_in_bytes"));
     let (rss_end_kb, _) = proc::rss_lazy_kb(pid);
     peak.stdin = None; // end of input: reuse and exit
     let reused = peak.line("REUSED", Instant::now() + DEADLINE);

@@ -232,3 +232,26 @@ pub fn rss_lazy_kb(pid: u32) -> (u64, u64) {
     vrange_sys::procfs::smaps_rollup(Some(pid as i32))
         .map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
 }
+
+/// This process's (minor, major) page faults so far.
+pub fn page_faults() -> (u64, u64) {
+    // SAFETY: getrusage fills the struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    (u.ru_minflt as u64, u.ru_majflt as u64)
+}
+
+/// A file holding one number (a cgroup counter).
+pub fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The cgroup's peak usage (v1 max_usage_in_bytes, v2 memory.peak).
+pub fn cgroup_peak(cg: &MemCgroup) -> Option<u64> {
+    ["memory.max_usage_in_bytes", "memory.peak"]
+        .iter()
+        .find_map(|f| read_u64(&cg.file(f)))
+}

@@ -126,16 +126,6 @@ impl Blocks {
     }
 }
 
-fn rusage_faults() -> (u64, u64) {
-    // SAFETY: getrusage fills the struct it is given.
-    let u = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
-        u
-    };
-    (u.ru_minflt as u64, u.ru_majflt as u64)
-}
-
 /// The offsets every method reads: `random` of them at random, then one byte per 4 KiB in
 /// order over the whole array.
 fn offsets(size: usize, random: usize) -> (Vec<usize>, Vec<usize>) {
@@ -281,7 +271,7 @@ pub fn role(args: &[String]) -> i32 {
         }
         (t_rand, t1.elapsed().as_secs_f64(), sum)
     };
-    let faults0 = rusage_faults();
+    let faults0 = proc::page_faults();
     let fills0 = vrange::stats().refill_fills;
     let (t_rand, t_seq, sum) = match method.as_str() {
         "ordinary" => {
@@ -346,7 +336,7 @@ pub fn role(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let faults = rusage_faults();
+    let faults = proc::page_faults();
     println!(
         "done rand_secs={t_rand:.4} seq_secs={t_seq:.4} sum={sum} minflt={} majflt={} fills={}",
         faults.0 - faults0.0,
@@ -380,16 +370,8 @@ fn run_method(ctx: &Ctx, method: &str, args: &[String], limit: u64) -> Result<Ou
         line,
         exit: exit.to_string(),
         oom_kills: cg.oom_kills().ok(),
-        peak: cgroup_peak(cg),
+        peak: proc::cgroup_peak(cg),
     })
-}
-
-/// The cgroup's peak usage (v1 max_usage_in_bytes, v2 memory.peak).
-fn cgroup_peak(cg: &vrange_sys::cgroup::MemCgroup) -> Option<u64> {
-    ["memory.max_usage_in_bytes", "memory.peak"]
-        .iter()
-        .find_map(|f| std::fs::read_to_string(cg.file(f)).ok())
-        .and_then(|t| t.trim().parse().ok())
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
