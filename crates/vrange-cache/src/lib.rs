@@ -32,8 +32,9 @@
 //! regions of [`Options::slab_bytes`] (256 KiB by default), one open slab per priority class,
 //! filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
 //! held and volatile otherwise; the reclaimer purges whole slabs, so a purge frees every page it
-//! claims. Values larger than a quarter of a slab get a region of their own. Each region's
-//! values start at a different multiple of 64 bytes below a page (cache colouring). A slab found
+//! claims. Values larger than a quarter of a slab (less 4 KiB) get a region of their own.
+//! Each region's values start at a different multiple of 64 bytes below a page (cache
+//! colouring). A slab found
 //! purged is unmapped at once; its entries stay in the map as tombstones until looked up (the
 //! lookup says `Purged` once) or removed. Only when tombstones pile up (more than 65,536 and
 //! more than twice the live entries) does a sweep drop them, and lookups of those keys then
@@ -116,6 +117,8 @@ impl Default for Options {
     }
 }
 
+/// The largest colour (see `Cache::colour`).
+const MAX_COLOUR: usize = 63 * 64;
 /// Alignment of values inside a slab.
 const ALIGN: usize = 16;
 const MIN_SLAB: usize = 64 << 10;
@@ -275,7 +278,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             len,
             committed: false,
         };
-        if len > self.opts.slab_bytes / 4 {
+        // Four values of this size must fit a slab behind the largest colour.
+        if len > (self.opts.slab_bytes - MAX_COLOUR) / 4 {
             let c = self.colour();
             vrange::reclaimer::make_room(len + c);
             let slab = Slab::new(len + c, self.region_opts(priority), &self.shared)?;
