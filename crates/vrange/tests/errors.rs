@@ -5,6 +5,7 @@ use common::{force_purge, Mapping};
 use vrange::{mark_volatile, page_size, unmark, volatile_pages, Error};
 use vrange_sys::mem;
 use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::serial;
 
 fn both(ptr: *mut u8, len: usize) -> (Result<usize, Error>, Result<vrange::Unmarked, Error>) {
     // SAFETY: test-owned memory; the calls must fail before touching anything.
@@ -21,6 +22,8 @@ fn raw_map(len: usize, prot: i32, flags: i32, fd: i32) -> *mut u8 {
 
 #[test]
 fn errno_table() {
+    // A hole left by munmap is refilled by the next mmap of any thread: tests here take turns.
+    let _serial = serial();
     let page = page_size();
     let m = Mapping::new(4 * page);
     let tail = Mapping::new(2 * page);
@@ -80,6 +83,8 @@ fn errno_table() {
 
 #[test]
 fn holes_shared_file_and_protected_memory_are_refused() {
+    // A hole left by munmap is refilled by the next mmap of any thread: tests here take turns.
+    let _serial = serial();
     let page = page_size();
     let hole = Mapping::new(3 * page);
     // SAFETY: test-owned memory; punching a hole in our own mapping.
@@ -126,6 +131,7 @@ fn holes_shared_file_and_protected_memory_are_refused() {
 
 #[test]
 fn locked_memory_is_refused_and_left_pinned() {
+    let _serial = serial();
     let page = page_size();
     let m = Mapping::new(8 * page);
     fill(m.ptr, m.len, 20);
@@ -154,6 +160,7 @@ fn locked_memory_is_refused_and_left_pinned() {
 
 #[test]
 fn regression_refused_mark_keeps_an_earlier_purge() {
+    let _serial = serial();
     // A page purged while volatile, then a larger mark refused because of a locked page: the
     // clean-up pin must not forget the loss.
     let page = page_size();
@@ -188,6 +195,7 @@ fn regression_refused_mark_keeps_an_earlier_purge() {
 /// range at 2^48 is accepted (it lies within the tracked range's end), one a page above is not.
 #[test]
 fn zero_length_at_the_tracked_boundary() {
+    let _serial = serial();
     let top = (1usize << 48) as *mut u8;
     // SAFETY: a zero-length call touches no memory.
     assert_eq!(unsafe { vrange::mark_volatile(top, 0) }, Ok(0));
