@@ -5,6 +5,7 @@
 
 mod bench;
 mod clock;
+mod coord;
 mod demo;
 mod man;
 mod run;
@@ -104,6 +105,15 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Coordinate a container's processes: purge the oldest volatile data of any of them first.
+    #[command(
+        after_help = "Runs in the foreground until SIGINT or SIGTERM. Processes using vrange \
+        connect when the socket exists (VRANGE_COORDINATOR=PATH|off in their environment \
+        overrides where they look); without a coordinator each purges on its own."
+    )]
+    Daemon(coord::DaemonArgs),
+    /// A live view of a coordinator's participants: volatile, pinned, purged, requests obeyed.
+    Top(coord::TopArgs),
     /// A short tour: mark data volatile, create real pressure, show what was purged and saved.
     Demo,
     /// What this kernel and these privileges allow, and what falls back.
@@ -137,6 +147,8 @@ fn main() {
         } => stat::main(pid, watch, interval, count),
         Command::Bench(args) => bench::main(args),
         Command::BenchRole { role, args } => bench::role(&role, &args),
+        Command::Daemon(args) => coord::daemon(args),
+        Command::Top(args) => coord::top(args),
         Command::Demo => demo::main(),
         Command::Features => {
             print!("{}", vrange::features());

@@ -51,6 +51,33 @@ impl MemCgroup {
         discover().ok()
     }
 
+    /// The memory cgroup at directory `path`: v1 if it has `memory.limit_in_bytes`, v2 if it
+    /// has `memory.current`; `None` otherwise (not a cgroup, or no memory controller).
+    pub fn at(path: &Path) -> Option<MemCgroup> {
+        let version = if path.join("memory.limit_in_bytes").exists() {
+            Version::V1
+        } else if path.join("memory.current").exists() {
+            Version::V2
+        } else {
+            return None;
+        };
+        Some(MemCgroup {
+            version,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The memory cgroup of process `pid` (as [`MemCgroup::current`] finds this process's,
+    /// through this process's view of the mounts).
+    pub fn of_process(pid: u32) -> Option<MemCgroup> {
+        discover_for(&format!("/proc/{pid}/cgroup")).ok()
+    }
+
+    /// Whether `other` is this cgroup or lies below it.
+    pub fn contains(&self, other: &MemCgroup) -> bool {
+        self.version == other.version && other.path.starts_with(&self.path)
+    }
+
     /// The hierarchy this cgroup lives in.
     pub fn version(&self) -> Version {
         self.version
@@ -370,8 +397,12 @@ pub fn v2_pressure_file() -> Option<PathBuf> {
 
 /// Finds this process's memory cgroup, or says why there is none.
 fn discover() -> Result<MemCgroup, String> {
-    let proc_cgroup = crate::fd::read_file("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    discover_for("/proc/self/cgroup")
+}
+
+fn discover_for(file: &str) -> Result<MemCgroup, String> {
+    let proc_cgroup =
+        crate::fd::read_file(file).map_err(|e| format!("cannot read {file}: {e}"))?;
     let (v1_path, v2_path) = parse_proc_cgroup(&proc_cgroup);
     let mounts = match fs::read("/proc/self/mountinfo") {
         Ok(bytes) => parse_mountinfo(&String::from_utf8_lossy(&bytes)),

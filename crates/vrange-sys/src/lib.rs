@@ -43,6 +43,7 @@ pub mod process;
 pub mod procfs;
 pub mod settings;
 pub mod shm;
+pub mod sock;
 pub mod statsdir;
 pub mod sync;
 pub mod uffd;

@@ -59,6 +59,7 @@ macro_rules! mapping_accessors {
     };
 }
 
+pub mod coordination;
 mod error;
 mod handle;
 mod lazy;
@@ -92,7 +93,9 @@ pub use refill::RefillRegion;
 pub use region::{Huge, Region};
 pub use registry::{Policy, Priority};
 pub use scratch::{ScratchRegion, MAX_SCRATCH_REGIONS};
-pub use stats::{register_allocator, stats, AllocatorStats, Source, SourceStats, Stats};
+pub use stats::{
+    register_allocator, stats, AllocatorStats, CoordinatorStats, Source, SourceStats, Stats,
+};
 pub use vrange_sys::mem::page_size;
 pub use vrange_sys::probe::{features, Features, ThpMode};
 

@@ -116,6 +116,60 @@ pub struct Stats {
     pub sources: [SourceStats; 7],
     /// What a client allocator built on vrange reports (zero without one).
     pub allocator: AllocatorStats,
+    /// This process as a participant of a coordinator (`vrange daemon`).
+    pub coordinator: CoordinatorStats,
+}
+
+/// This process's dealings with a coordinator (see [`coordination`](crate::coordination)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoordinatorStats {
+    /// Whether a live coordinator orders this process's pressure purges now.
+    pub connected: bool,
+    /// Times this process connected to a coordinator.
+    pub connections: u64,
+    /// Purge requests obeyed, and the ranges and bytes they freed.
+    pub requests: u64,
+    pub ranges: u64,
+    pub bytes: u64,
+    /// Pressure signals left to the coordinator (this process's own reclaimer would have
+    /// purged on them).
+    pub deferred: u64,
+}
+
+static COORD_CONNECTED: AtomicBool = AtomicBool::new(false);
+static COORD: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+/// Whether a live coordinator orders this process's purges (for [`stats`]).
+pub(crate) fn set_coordinated(on: bool) {
+    COORD_CONNECTED.store(on, Relaxed);
+}
+
+/// A connection to a coordinator was made.
+pub(crate) fn count_coordinator_connection() {
+    COORD[0].fetch_add(1, Relaxed);
+}
+
+/// A coordinator's purge request freed `ranges` ranges, `bytes` bytes.
+pub(crate) fn record_coordinated(ranges: u64, bytes: u64) {
+    COORD[1].fetch_add(1, Relaxed);
+    COORD[2].fetch_add(ranges, Relaxed);
+    COORD[3].fetch_add(bytes, Relaxed);
+}
+
+/// A pressure signal was left to the coordinator.
+pub(crate) fn count_deferred() {
+    COORD[4].fetch_add(1, Relaxed);
+}
+
+fn coordinator_stats() -> CoordinatorStats {
+    CoordinatorStats {
+        connected: COORD_CONNECTED.load(Relaxed),
+        connections: COORD[0].load(Relaxed),
+        requests: COORD[1].load(Relaxed),
+        ranges: COORD[2].load(Relaxed),
+        bytes: COORD[3].load(Relaxed),
+        deferred: COORD[4].load(Relaxed),
+    }
 }
 
 /// The counters of an allocator whose free memory is volatile (vrange-malloc), reported with
@@ -314,6 +368,7 @@ pub fn stats() -> Stats {
     s.refill_bytes = REFILL_BYTES.load(Relaxed);
     s.refill_failures = REFILL_FAILURES.load(Relaxed);
     s.allocator = allocator_stats();
+    s.coordinator = coordinator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
         *out = SourceStats {
             events: c.events.load(Relaxed),

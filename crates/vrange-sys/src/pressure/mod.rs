@@ -131,17 +131,20 @@ pub enum Signal {
     VmpressureMedium,
     /// A [`VmPressure`] listener for [`Level::Critical`].
     VmpressureCritical,
+    /// A message from the coordinator (a socket polled for input, never drained here).
+    Coordinator,
 }
 
 impl Signal {
     /// Every signal, in bit order.
-    pub const ALL: [Signal; 6] = [
+    pub const ALL: [Signal; 7] = [
         Signal::Wake,
         Signal::PsiSystem,
         Signal::PsiCgroup,
         Signal::VmpressureLow,
         Signal::VmpressureMedium,
         Signal::VmpressureCritical,
+        Signal::Coordinator,
     ];
 
     const fn bit(self) -> u8 {
@@ -151,7 +154,15 @@ impl Signal {
     /// Whether sources of this signal are eventfds: readable (POLLIN) until drained. PSI
     /// triggers instead report POLLPRI, and poll(2) itself consumes the event.
     const fn is_eventfd(self) -> bool {
-        !matches!(self, Signal::PsiSystem | Signal::PsiCgroup)
+        !matches!(
+            self,
+            Signal::PsiSystem | Signal::PsiCgroup | Signal::Coordinator
+        )
+    }
+
+    /// Whether sources of this signal are PSI triggers (polled for POLLPRI).
+    const fn is_psi(self) -> bool {
+        matches!(self, Signal::PsiSystem | Signal::PsiCgroup)
     }
 }
 

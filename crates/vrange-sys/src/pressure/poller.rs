@@ -72,12 +72,12 @@ impl Poller {
         }
         self.fds[self.len] = libc::pollfd {
             fd,
-            events: if signal.is_eventfd() {
-                libc::POLLIN
-            } else {
+            events: if signal.is_psi() {
                 // A PSI fd is always readable (it shows the averages); only POLLPRI means a
                 // trigger event.
                 libc::POLLPRI
+            } else {
+                libc::POLLIN
             },
             revents: 0,
         };

@@ -33,6 +33,7 @@
 
 pub(crate) mod config;
 mod flush;
+mod participant;
 mod victims;
 
 pub use flush::{on_flush, FlushHook};
@@ -523,6 +524,7 @@ fn run() {
     // Under thrashing vmpressure fires hundreds of times a second: answer each source at most
     // once per poll interval.
     let mut answered = [0u64; 4];
+    let mut coordinator = participant::Participant::default();
     while STATE.load(Acquire) == RUNNING {
         let poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
         let ready = wait(&mut watch, &mut volatile_since, poll);
@@ -531,6 +533,12 @@ fn run() {
             break;
         }
         flush::run();
+        if ready.broken().contains(Signal::Coordinator) {
+            coordinator.disconnect();
+        }
+        coordinator.serve(t);
+        // While a live coordinator orders purges across processes, pressure is its to answer.
+        let coordinated = coordinator.coordinated(t);
         let reasons = WAKE_REASONS.swap(0, AcqRel);
         if reasons & WAKE_CONFIG != 0 && watch.is_none() {
             ACTIVE.store(sources_without_descriptors(), Relaxed);
@@ -549,14 +557,19 @@ fn run() {
         {
             if ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
                 answered[i] = t;
-                respond(source, t, victims::amount(source, volatile, share));
+                if coordinated {
+                    stats::count_deferred();
+                } else {
+                    respond(source, t, victims::amount(source, volatile, share));
+                }
             }
         }
         // Opening files (sources, /proc, the statistics file) waits while the program has a
         // standard descriptor closed: see `fd::std_fds_open`.
         let files_ok = fd::std_fds_open();
         if let Some(w) = watch.as_mut().filter(|_| files_ok) {
-            let mut reopen = !ready.broken().is_empty() || reasons & WAKE_CONFIG != 0;
+            let mut reopen = ready.broken().iter().any(|s| s != Signal::Coordinator)
+                || reasons & WAKE_CONFIG != 0;
             if !reopen && t.saturating_sub(last_check) >= 1_000_000_000 {
                 last_check = t;
                 reopen = w.stale();
@@ -567,11 +580,23 @@ fn run() {
             if reopen {
                 // Close the old sources before opening new ones.
                 drop(watch.take());
-                watch = Some(Watch::open());
+                let mut fresh = Watch::open();
+                if let Some(id) = coordinator.ident() {
+                    let _ = fresh.poller.add(id, Signal::Coordinator);
+                }
+                watch = Some(fresh);
+            }
+            if let Some(w) = watch.as_mut() {
+                if coordinator.connect(t) {
+                    match coordinator.ident() {
+                        Some(id) if w.poller.add(id, Signal::Coordinator).is_ok() => {}
+                        _ => coordinator.disconnect(),
+                    }
+                }
             }
         }
         if let Some(w) = &watch {
-            check_headroom(w, t);
+            check_headroom(w, t, coordinated);
         }
         check_budget(reasons & WAKE_BUDGET != 0, t);
         let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
@@ -585,7 +610,7 @@ fn run() {
     ACTIVE.store(0, Relaxed);
 }
 
-fn check_headroom(watch: &Watch, t: u64) {
+fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
     let setting = config::get().headroom.load(Relaxed);
     let Some(h) = watch.headroom.as_ref() else {
         return;
@@ -603,7 +628,9 @@ fn check_headroom(watch: &Watch, t: u64) {
         setting
     };
     let deficit = victims::headroom_deficit(headroom, threshold);
-    if deficit > 0 {
+    if deficit > 0 && coordinated {
+        stats::count_deferred();
+    } else if deficit > 0 {
         respond(Source::Headroom, t, deficit);
     }
 }

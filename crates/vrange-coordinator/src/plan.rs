@@ -1,0 +1,132 @@
+//! Where to cut the one global order: pure functions of the participants' inventories (tested
+//! with made-up ones).
+
+use vrange::coordination::{bucket_floor_ms, Inventory, BUCKETS, CLASSES};
+
+/// A point in the global order (lowest class first, then oldest): everything of a class below
+/// `class`, and of `class` what has been volatile for at least `min_age_ms`, comes before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    pub class: u8,
+    pub min_age_ms: u64,
+    /// Bytes before the cut, by the inventories.
+    pub bytes: u64,
+}
+
+/// The bytes of every inventory, summed by class and bucket.
+pub fn merge<'a>(inventories: impl IntoIterator<Item = &'a Inventory>) -> [[u64; BUCKETS]; CLASSES] {
+    let mut all = [[0u64; BUCKETS]; CLASSES];
+    for inv in inventories {
+        for (c, row) in inv.volatile.iter().enumerate() {
+            for (b, v) in row.iter().enumerate() {
+                all[c][b] = all[c][b].saturating_add(*v);
+            }
+        }
+    }
+    all
+}
+
+/// The latest cut whose bytes reach `target`, walking whole buckets: classes from the lowest,
+/// within a class from the oldest bucket. `None` if nothing is volatile; everything if the
+/// target is more than all.
+pub fn cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64) -> Option<Cut> {
+    let mut bytes = 0u64;
+    let mut last = None;
+    for (class, row) in merged.iter().enumerate() {
+        for bucket in (0..BUCKETS).rev() {
+            if row[bucket] == 0 {
+                continue;
+            }
+            bytes = bytes.saturating_add(row[bucket]);
+            last = Some(Cut {
+                class: class as u8,
+                min_age_ms: bucket_floor_ms(bucket),
+                bytes,
+            });
+            if bytes >= target {
+                return last;
+            }
+        }
+    }
+    last
+}
+
+/// Bytes before `cut` in one inventory (whether a participant is asked at all).
+pub fn before(inv: &Inventory, cut: &Cut) -> u64 {
+    inv.volatile
+        .iter()
+        .enumerate()
+        .map(|(class, row)| {
+            row.iter()
+                .enumerate()
+                .filter(|(b, _)| {
+                    class < cut.class as usize
+                        || (class == cut.class as usize && bucket_floor_ms(*b) >= cut.min_age_ms)
+                })
+                .map(|(_, v)| *v)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Bytes to purge so that headroom returns to twice the threshold (as each process's own
+/// reclaimer computes it).
+pub fn deficit(headroom: u64, threshold: u64) -> u64 {
+    if headroom >= threshold {
+        0
+    } else {
+        threshold.saturating_mul(2) - headroom
+    }
+}
+
+/// The headroom threshold for a ceiling under `auto` (as each process's own reclaimer).
+pub fn auto_threshold(ceiling: u64) -> u64 {
+    (ceiling / 16).clamp(4 << 20, 256 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vrange::coordination::bucket_of;
+
+    fn inv(entries: &[(usize, u64, u64)]) -> Inventory {
+        let mut i = Inventory::default();
+        for &(class, age_ms, bytes) in entries {
+            i.volatile[class][bucket_of(age_ms)] += bytes;
+        }
+        i
+    }
+
+    #[test]
+    fn lowest_class_first_then_oldest_across_participants() {
+        let a = inv(&[(2, 60_000, 10), (2, 1_000, 10)]);
+        let b = inv(&[(2, 30_000, 10), (0, 10, 5)]);
+        let m = merge([&a, &b]);
+        // The low class goes first, however young.
+        let c = cut(&m, 5).unwrap();
+        assert_eq!((c.class, c.bytes), (0, 5));
+        assert_eq!(before(&a, &c), 0);
+        assert_eq!(before(&b, &c), 5);
+        // Then A's oldest, then B's, before A's young data.
+        let c = cut(&m, 15).unwrap();
+        assert_eq!((c.class, c.bytes), (2, 15));
+        assert_eq!(before(&a, &c), 10);
+        assert_eq!(before(&b, &c), 5);
+        let c = cut(&m, 25).unwrap();
+        assert_eq!(c.bytes, 25);
+        assert_eq!(before(&b, &c), 15);
+        assert_eq!(before(&a, &c), 10);
+        assert!(c.min_age_ms <= 30_000 && c.min_age_ms > 1_000);
+        // More than everything: the last cut, everything.
+        assert_eq!(cut(&m, 1000).unwrap().bytes, 35);
+        assert_eq!(cut(&merge([&Inventory::default()]), 1), None);
+    }
+
+    #[test]
+    fn deficits_and_thresholds() {
+        assert_eq!(deficit(10, 8), 0);
+        assert_eq!(deficit(3, 8), 13);
+        assert_eq!(auto_threshold(128 << 20), 8 << 20);
+        assert_eq!(auto_threshold(1 << 20), 4 << 20);
+    }
+}

@@ -1,0 +1,377 @@
+//! The coordinator's loop: one thread, one poll(2) over the listening socket, every connection
+//! and the scope's pressure sources. Nothing here waits for a participant: requests are sent
+//! without blocking and answered whenever the participant answers; one that does not answer
+//! within the request timeout is marked unresponsive and left out of the plan until it speaks
+//! again.
+
+use crate::plan::{self, Cut};
+use crate::scope::{Event, Scope, Watch};
+use crate::{Options, Shared};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+use vrange::coordination::{Inventory, Message, Row, Status, MAX_MESSAGE, NAME_LEN};
+use vrange_sys::cgroup::MemCgroup;
+use vrange_sys::sock::{self, PeerCred, Recv};
+
+enum Role {
+    /// Connected, said nothing yet.
+    Pending,
+    Participant,
+}
+
+/// One connection.
+struct Conn {
+    fd: OwnedFd,
+    cred: PeerCred,
+    role: Role,
+    name: [u8; NAME_LEN],
+    inventory: Option<Box<Inventory>>,
+    heard: Instant,
+    /// The request waiting for an answer, and when it was sent.
+    pending: Option<(u64, Instant)>,
+    responsive: bool,
+    ping_seq: u64,
+}
+
+impl Conn {
+    fn send(&self, m: &Message) -> io::Result<bool> {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let n = m.encode(&mut buf);
+        sock::send(self.fd.as_fd(), &buf[..n])
+    }
+
+    fn row(&self, now: Instant) -> Row {
+        let inv = self.inventory.as_deref();
+        Row {
+            pid: self.cred.pid.max(0) as u32,
+            uid: self.cred.uid,
+            name: self.name,
+            volatile: inv.map_or(0, Inventory::volatile_total),
+            pinned: inv.map_or(0, |i| i.pinned),
+            purged: inv.map_or(0, |i| i.purged),
+            obeyed: inv.map_or(0, |i| i.obeyed),
+            freed: inv.map_or(0, |i| i.freed_for_coordinator),
+            quiet_ms: now.duration_since(self.heard).as_millis() as u64,
+            responsive: u8::from(self.responsive),
+        }
+    }
+}
+
+/// A purge round in flight: from the pressure seen to the last answer.
+struct Round {
+    started: Instant,
+    cut: Cut,
+}
+
+pub(crate) struct Server<'a> {
+    opts: &'a Options,
+    shared: &'a Shared,
+    listener: OwnedFd,
+    watch: Watch,
+    conns: Vec<Conn>,
+    next_id: u64,
+    round: Option<Round>,
+    last_ping: Instant,
+    me: u32,
+    status: Status,
+}
+
+impl<'a> Server<'a> {
+    pub fn new(opts: &'a Options, shared: &'a Shared, listener: OwnedFd) -> io::Result<Self> {
+        Ok(Server {
+            opts,
+            shared,
+            listener,
+            watch: Watch::open(&opts.scope)?,
+            conns: Vec::new(),
+            next_id: 1,
+            round: None,
+            last_ping: Instant::now(),
+            // SAFETY: geteuid cannot fail.
+            me: unsafe { libc::geteuid() },
+            status: Status::default(),
+        })
+    }
+
+    /// Runs until `shared.stop` is set.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut next_tick = Instant::now();
+        while !self.shared.stop.load(Relaxed) {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let mut events = self.poll(wait)?;
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + self.opts.interval;
+                events.push(None);
+            }
+            if !events.is_empty() {
+                self.tick(&events, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// One poll over everything; handles connections, returns the pressure events (and `None`
+    /// entries for nothing in particular).
+    fn poll(&mut self, wait: Duration) -> io::Result<Vec<Option<Event>>> {
+        let sources = self.watch.fds();
+        let mut fds = Vec::with_capacity(1 + sources.len() + self.conns.len());
+        fds.push(sock::poll_in(self.listener.as_raw_fd()));
+        for (fd, _) in &sources {
+            let mut p = sock::poll_in(*fd);
+            if self.watch.is_psi(*fd) {
+                p.events = libc::POLLPRI;
+            }
+            fds.push(p);
+        }
+        fds.extend(self.conns.iter().map(|c| sock::poll_in(c.fd.as_raw_fd())));
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        sock::poll(&mut fds, ms)?;
+        let mut events = Vec::new();
+        for (p, (fd, ev)) in fds[1..].iter().zip(&sources) {
+            if p.revents != 0 {
+                self.watch.drain(*fd);
+                events.push(Some(*ev));
+            }
+        }
+        let ready: Vec<bool> = fds[1 + sources.len()..].iter().map(sock::poll_ready).collect();
+        // From the last: a swap_remove only moves a connection already served.
+        for i in (0..ready.len()).rev() {
+            if ready[i] && !self.serve(i) {
+                self.conns.swap_remove(i);
+                events.push(None);
+            }
+        }
+        if sock::poll_ready(&fds[0]) {
+            self.accept_all();
+        }
+        Ok(events)
+    }
+
+    fn accept_all(&mut self) {
+        while let Ok(Some(fd)) = sock::accept(self.listener.as_fd()) {
+            let Ok(cred) = sock::peer_cred(fd.as_fd()) else {
+                continue;
+            };
+            if !self.authorized(&cred) {
+                self.status.refused += 1;
+                continue;
+            }
+            self.conns.push(Conn {
+                fd,
+                cred,
+                role: Role::Pending,
+                name: [0; NAME_LEN],
+                inventory: None,
+                heard: Instant::now(),
+                pending: None,
+                responsive: true,
+                ping_seq: 0,
+            });
+        }
+    }
+
+    /// Same user; or root coordinating a cgroup, for processes in it (or the machine).
+    fn authorized(&self, cred: &PeerCred) -> bool {
+        if cred.uid == self.me {
+            return true;
+        }
+        if self.me != 0 || cred.pid <= 0 {
+            return false;
+        }
+        match (&self.opts.scope, &self.watch.cgroup) {
+            (Scope::Machine, _) => true,
+            (Scope::Cgroup(_), Some(cg)) => {
+                MemCgroup::of_process(cred.pid as u32).is_some_and(|theirs| cg.contains(&theirs))
+            }
+            (Scope::Cgroup(_), None) => false,
+        }
+    }
+
+    /// Reads every message waiting on connection `i`; `false` drops it (closed, malformed,
+    /// unexpected).
+    fn serve(&mut self, i: usize) -> bool {
+        let mut buf = [0u8; MAX_MESSAGE];
+        loop {
+            let c = &mut self.conns[i];
+            let n = match sock::recv(c.fd.as_fd(), &mut buf) {
+                Ok(Recv::Message(n)) => n,
+                Ok(Recv::Empty) => return true,
+                Ok(Recv::Closed) => return false,
+                Ok(Recv::TooLong) | Err(_) => {
+                    self.status.refused += 1;
+                    return false;
+                }
+            };
+            c.heard = Instant::now();
+            let ok = match (&c.role, Message::decode(&buf[..n])) {
+                (Role::Pending, Ok(Message::Hello { name, .. })) => {
+                    c.role = Role::Participant;
+                    c.name = name;
+                    let ping_ms = self.opts.ping.as_millis().clamp(1, u32::MAX as u128) as u32;
+                    c.send(&Message::Welcome { ping_ms }).is_ok()
+                        && c.send(&Message::Ping { seq: 0 }).is_ok()
+                }
+                (Role::Pending, Ok(Message::Monitor)) => {
+                    self.answer_monitor(i);
+                    return false;
+                }
+                (Role::Participant, Ok(Message::Inventory(inv))) => {
+                    c.inventory = Some(inv);
+                    c.responsive = true;
+                    true
+                }
+                (Role::Participant, Ok(Message::Purged { id, bytes, .. })) => {
+                    // A late answer (after the timeout) still counts; an id never sent is
+                    // ignored: it asks nothing of the coordinator.
+                    if c.pending.is_some_and(|(want, _)| want == id) {
+                        c.pending = None;
+                        c.responsive = true;
+                        self.status.freed += bytes;
+                    }
+                    true
+                }
+                _ => {
+                    self.status.refused += 1;
+                    false
+                }
+            };
+            if !ok {
+                return false;
+            }
+        }
+    }
+
+    fn answer_monitor(&mut self, i: usize) {
+        let now = Instant::now();
+        let mut status = self.status;
+        status.participants = self.participants().count() as u64;
+        let mut msgs = vec![Message::Status(status)];
+        msgs.extend(
+            self.participants()
+                .map(|c| Message::Row(Box::new(c.row(now)))),
+        );
+        msgs.push(Message::End);
+        let c = &self.conns[i];
+        for m in &msgs {
+            if !matches!(c.send(m), Ok(true)) {
+                break;
+            }
+        }
+    }
+
+    fn participants(&self) -> impl Iterator<Item = &Conn> {
+        self.conns
+            .iter()
+            .filter(|c| matches!(c.role, Role::Participant))
+    }
+
+    /// Pings, times out requests, reads the pressure and plans a round.
+    fn tick(&mut self, events: &[Option<Event>], now: Instant) {
+        if now.duration_since(self.last_ping) >= self.opts.ping {
+            self.last_ping = now;
+            let mut dead = Vec::new();
+            for (i, c) in self.conns.iter_mut().enumerate() {
+                if matches!(c.role, Role::Participant) {
+                    c.ping_seq += 1;
+                    if c.send(&Message::Ping { seq: c.ping_seq }).is_err() {
+                        dead.push(i);
+                    }
+                } else if now.duration_since(c.heard) > self.opts.request_timeout {
+                    // Connected and silent: not a participant.
+                    dead.push(i);
+                }
+            }
+            for i in dead.into_iter().rev() {
+                self.conns.swap_remove(i);
+            }
+        }
+        for c in &mut self.conns {
+            if let Some((_, sent)) = c.pending {
+                if now.duration_since(sent) > self.opts.request_timeout {
+                    // Left out of plans until it answers; its request stays open.
+                    c.responsive = false;
+                }
+            }
+        }
+        if let Some(r) = &self.round {
+            if self
+                .conns
+                .iter()
+                .all(|c| c.pending.is_none() || !c.responsive)
+            {
+                self.shared
+                    .round_done(r.started.elapsed(), r.cut, self.status.freed);
+                self.round = None;
+            }
+        }
+        let (headroom, ceiling) = self.watch.headroom().unwrap_or((u64::MAX, 0));
+        self.status.headroom = if ceiling == 0 { 0 } else { headroom };
+        self.status.limit = ceiling;
+        let threshold = self
+            .opts
+            .headroom
+            .unwrap_or_else(|| plan::auto_threshold(ceiling));
+        let mut target = if ceiling == 0 {
+            0
+        } else {
+            plan::deficit(headroom, threshold)
+        };
+        let live: Vec<&Inventory> = self
+            .participants()
+            .filter(|c| c.responsive)
+            .filter_map(|c| c.inventory.as_deref())
+            .collect();
+        let merged = plan::merge(live.iter().copied());
+        let volatile: u64 = merged.iter().flatten().sum();
+        for e in events.iter().flatten() {
+            self.shared.event(*e);
+            target = target.max(match e {
+                Event::Critical => volatile,
+                Event::Psi | Event::Medium => (volatile / 4).max(2 << 20),
+            });
+        }
+        self.shared
+            .publish(&self.status, self.metrics_rows(now), self.watch.oom_kills());
+        if target == 0 || self.round.is_some() {
+            return;
+        }
+        let Some(cut) = plan::cut(&merged, target) else {
+            return;
+        };
+        self.status.rounds += 1;
+        let mut sent = 0;
+        for c in self.conns.iter_mut() {
+            let asked = c.responsive
+                && c.pending.is_none()
+                && matches!(c.role, Role::Participant)
+                && c.inventory.as_deref().is_some_and(|i| plan::before(i, &cut) > 0);
+            if !asked {
+                continue;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let m = Message::Purge {
+                id,
+                class: cut.class,
+                min_age_ms: cut.min_age_ms,
+            };
+            if matches!(c.send(&m), Ok(true)) {
+                c.pending = Some((id, now));
+                sent += 1;
+            } else {
+                c.responsive = false;
+            }
+        }
+        self.status.requests += sent;
+        if sent > 0 {
+            self.round = Some(Round { started: now, cut });
+        }
+    }
+
+    fn metrics_rows(&self, now: Instant) -> Vec<Row> {
+        self.participants().map(|c| c.row(now)).collect()
+    }
+}

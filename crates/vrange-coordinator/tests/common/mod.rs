@@ -1,0 +1,178 @@
+//! Roles the coordinator's tests start: participants holding volatile chunks, a hog, a
+//! coordinator process; and the plumbing to run them in a memory cgroup.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+use vrange::{Options, Policy, VolatileRegion};
+use vrange_sys::cgroup::{join_before_exec, MemCgroup};
+use vrange_testkit::role::{command, role_command, say, Role};
+
+pub const MIB: usize = 1 << 20;
+/// Bytes of one chunk a participant holds.
+pub const CHUNK: usize = 4 * MIB;
+
+pub fn seed(i: usize) -> u64 {
+    i as u64 * 7919 + 11
+}
+
+/// The participant role: holds volatile chunks made on command, reports which were purged.
+///
+/// Commands: `mark` (one more chunk, filled, then volatile), `pin` (one more chunk, filled and
+/// kept pinned), `report`, `exit`.
+pub fn participant() {
+    let managed = Options {
+        policy: Policy::Managed,
+        ..Options::default()
+    };
+    let mut volatile: Vec<VolatileRegion> = Vec::new();
+    let mut pinned: Vec<(VolatileRegion, u64)> = Vec::new();
+    while let Some(cmd) = command() {
+        match cmd.as_str() {
+            "mark" => {
+                let mut r = VolatileRegion::new(CHUNK, managed).expect("region");
+                {
+                    let mut p = r.pin().expect("pin");
+                    vrange_testkit::pattern::fill(p.as_mut_ptr(), CHUNK, seed(volatile.len()));
+                }
+                volatile.push(r);
+                say(format!("MARKED i={}", volatile.len() - 1));
+            }
+            "pin" => {
+                let mut r = VolatileRegion::new(CHUNK, managed).expect("region");
+                let s = seed(1000 + pinned.len());
+                // SAFETY: the region is pinned (new) and ours.
+                vrange_testkit::pattern::fill(r.as_ptr(), CHUNK, s);
+                pinned.push((r, s));
+                say("PINNED");
+            }
+            "report" => {
+                let bits: String = volatile
+                    .iter()
+                    .map(|r| if r.is_purged() { '1' } else { '0' })
+                    .collect();
+                let pinned_ok = pinned.iter().all(|(r, s)| {
+                    vrange_testkit::pattern::check(r.as_ptr(), CHUNK, *s)
+                });
+                let st = vrange::stats().coordinator;
+                say(format!(
+                    "REPORT purged={bits} pinned_ok={} coordinated={} connections={} requests={} deferred={}",
+                    u8::from(pinned_ok),
+                    u8::from(st.connected),
+                    st.connections,
+                    st.requests,
+                    st.deferred
+                ));
+            }
+            "exit" => break,
+            other => panic!("unknown command {other}"),
+        }
+    }
+}
+
+/// The hog role: touches `VRT_HOG_MIB` MiB in 2 MiB steps every `VRT_HOG_STEP_MS`, says
+/// `HOGGED`, then holds it until its input ends.
+pub fn hog() {
+    vrange_testkit::hog::prefer_oom_kill().expect("oom_score_adj");
+    let mib: usize = env("VRT_HOG_MIB").parse().expect("VRT_HOG_MIB");
+    let step_ms: u64 = env("VRT_HOG_STEP_MS").parse().expect("VRT_HOG_STEP_MS");
+    vrange_testkit::hog::touch(mib * MIB, 2 * MIB, Duration::from_millis(step_ms)).expect("hog");
+    say("HOGGED");
+    while command().is_some() {}
+}
+
+/// The coordinator role: runs a coordinator on `VRT_SOCKET` for cgroup `VRT_CGROUP` until
+/// killed.
+pub fn coordinator() {
+    let opts = options(Path::new(&env("VRT_SOCKET")), Path::new(&env("VRT_CGROUP")));
+    let shared = vrange_coordinator::Shared::default();
+    say("LISTENING");
+    vrange_coordinator::run(&opts, &shared).expect("coordinator");
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} unset"))
+}
+
+/// The tests' coordinator: quick ticks, a fixed headroom of 32 MiB, short timeouts.
+pub fn options(socket: &Path, cgroup: &Path) -> vrange_coordinator::Options {
+    vrange_coordinator::Options {
+        socket: socket.to_path_buf(),
+        scope: vrange_coordinator::Scope::Cgroup(cgroup.to_path_buf()),
+        interval: Duration::from_millis(50),
+        ping: Duration::from_millis(100),
+        request_timeout: Duration::from_millis(500),
+        headroom: Some(32 << 20),
+        metrics: None,
+    }
+}
+
+/// Starts role `role` of test `test` in cgroup `cg` with extra environment.
+pub fn spawn(test: &str, role: &str, cg: &MemCgroup, env: &[(&str, String)]) -> Role {
+    let mut cmd = role_command(test, role);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    join_before_exec(&mut cmd, &cg.file("cgroup.procs")).expect("cgroup.procs");
+    Role::spawn(role, cmd)
+}
+
+/// A private directory for one test's socket.
+pub fn socket_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vrange-coord-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).expect("socket dir");
+    dir
+}
+
+/// Waits until the coordinator at `socket` has `n` participants that reported an inventory.
+pub fn await_participants(socket: &Path, n: u64, timeout: Duration) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let seen = vrange_coordinator::query(socket)
+            .map(|(s, rows)| (s.participants, rows.iter().filter(|r| r.volatile > 0).count()));
+        if let Ok((p, with_data)) = seen {
+            if p >= n && with_data as u64 >= n {
+                return Ok(());
+            }
+        }
+        if t0.elapsed() > timeout {
+            return Err(format!("{n} participants not connected after {timeout:?}: {seen:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A coordinator running in a thread of the test process.
+pub struct InProcess {
+    pub shared: std::sync::Arc<vrange_coordinator::Shared>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl InProcess {
+    pub fn start(opts: vrange_coordinator::Options) -> InProcess {
+        let shared = std::sync::Arc::new(vrange_coordinator::Shared::default());
+        let s = shared.clone();
+        let thread = std::thread::spawn(move || vrange_coordinator::run(&opts, &s));
+        InProcess {
+            shared,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("coordinator thread").expect("coordinator");
+        }
+    }
+}
+
+/// Parses a `REPORT` answer's purged bits.
+pub fn purged_bits(r: &vrange_testkit::role::Reply) -> Vec<bool> {
+    r.str("purged").chars().map(|c| c == '1').collect()
+}

@@ -1,0 +1,186 @@
+//! One purge order for the container. Four participants in one memory cgroup hold volatile
+//! chunks of staggered ages (A's oldest older than B's oldest, and so on); a hog grows in the
+//! same cgroup. With the coordinator the chunks purged are the oldest of the container: every
+//! purged chunk is older than every kept one. Without it each process purges its own oldest
+//! when it sees the pressure, in no order across processes (the run prints how many purged
+//! chunks were younger than the oldest kept). No OOM kill either way.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use vrange_testkit::role::{role, Role};
+use vrange_testkit::{cgroup, serial, skip};
+
+const LIMIT: u64 = 224 << 20;
+/// Chunks per participant; marked A0..A7, then B0..B7, and so on, 100 ms apart.
+const CHUNKS: usize = 8;
+const NAMES: [&str; 4] = ["A", "B", "C", "D"];
+const HOG_MIB: usize = 96;
+
+fn roles() -> bool {
+    match role().as_deref() {
+        Some("participant") => participant(),
+        Some("hog") => hog(),
+        Some(_) => panic!("unknown role"),
+        None => return false,
+    }
+    true
+}
+
+/// What happened to each chunk, in marking order: (participant, chunk, purged).
+struct Outcome {
+    chunks: Vec<(usize, usize, bool)>,
+    kills: u64,
+    reports: Vec<vrange_testkit::role::Reply>,
+}
+
+fn scenario(test: &str, coordinated: bool) -> Option<Outcome> {
+    let child = match cgroup::child("vrange-coord-", LIMIT) {
+        Ok(c) => c,
+        Err(why) => {
+            skip(why);
+            return None;
+        }
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir(if coordinated { "on" } else { "off" });
+    let socket = dir.join("coordinator.sock");
+    let coordinator = coordinated.then(|| InProcess::start(options(&socket, cg.path())));
+    let setting = if coordinated {
+        socket.display().to_string()
+    } else {
+        "off".to_string()
+    };
+    let mut ps: Vec<Role> = NAMES
+        .iter()
+        .map(|_| spawn(test, "participant", &cg, &[("VRANGE_COORDINATOR", setting.clone())]))
+        .collect();
+    let mut order = Vec::new();
+    for (p, role) in ps.iter_mut().enumerate() {
+        for i in 0..CHUNKS {
+            assert!(role.send("mark"));
+            let r = role.next(Duration::from_secs(10)).expect("MARKED");
+            assert_eq!(r.tag, "MARKED");
+            order.push((p, i));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    if coordinated {
+        await_participants(&socket, NAMES.len() as u64, Duration::from_secs(10))
+            .expect("participants connect");
+    } else {
+        // Give each reclaimer its sources (a tick after the first volatile byte).
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut hog = spawn(
+        test,
+        "hog",
+        &cg,
+        &[
+            ("VRT_HOG_MIB", HOG_MIB.to_string()),
+            ("VRT_HOG_STEP_MS", "20".to_string()),
+        ],
+    );
+    let hogged = hog.next(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    let mut reports = Vec::new();
+    for role in ps.iter_mut() {
+        assert!(role.send("report"));
+        reports.push(role.next(Duration::from_secs(10)).expect("REPORT"));
+    }
+    let kills = cg.oom_kills().expect("OOM kill count");
+    drop(hog);
+    drop(ps);
+    drop(coordinator);
+    let _ = std::fs::remove_dir_all(&dir);
+    cgroup::remove(child);
+    assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
+    let bits: Vec<Vec<bool>> = reports.iter().map(purged_bits).collect();
+    let chunks = order.iter().map(|&(p, i)| (p, i, bits[p][i])).collect();
+    Some(Outcome {
+        chunks,
+        kills,
+        reports,
+    })
+}
+
+fn show(o: &Outcome) -> String {
+    let mut s = String::from("purged in marking order (oldest first): ");
+    for &(p, i, purged) in &o.chunks {
+        s += &format!("{}{}{} ", NAMES[p], i, if purged { "x" } else { "" });
+    }
+    s
+}
+
+/// Purged chunks younger than the oldest kept one: 0 when the purge followed one global order.
+fn inversions(o: &Outcome) -> usize {
+    let Some(first_kept) = o.chunks.iter().position(|c| !c.2) else {
+        return 0;
+    };
+    o.chunks[first_kept..].iter().filter(|c| c.2).count()
+}
+
+#[test]
+fn the_coordinator_purges_the_oldest_of_the_container_first() {
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let Some(o) = scenario("the_coordinator_purges_the_oldest_of_the_container_first", true)
+    else {
+        return;
+    };
+    println!("{}", show(&o));
+    assert_eq!(o.kills, 0, "no OOM kill");
+    let purged = o.chunks.iter().filter(|c| c.2).count();
+    assert!(purged >= 4, "pressure purged something: {}", show(&o));
+    assert!(purged < o.chunks.len(), "not everything: {}", show(&o));
+    // The purged chunks are a prefix of the marking order: the youngest process loses data
+    // only after every older chunk of every process is gone.
+    assert_eq!(inversions(&o), 0, "one global order: {}", show(&o));
+    for r in &o.reports {
+        assert_eq!(r.u64("pinned_ok"), 1);
+        assert!(r.u64("connections") >= 1, "{r:?}");
+    }
+    let obeyed: u64 = o.reports.iter().map(|r| r.u64("requests")).sum();
+    assert!(obeyed >= 1, "purges came as requests: {:?}", o.reports);
+}
+
+#[test]
+fn without_the_coordinator_each_process_purges_its_own_oldest() {
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let Some(o) = scenario(
+        "without_the_coordinator_each_process_purges_its_own_oldest",
+        false,
+    ) else {
+        return;
+    };
+    println!("{}", show(&o));
+    assert_eq!(o.kills, 0, "no OOM kill");
+    for r in &o.reports {
+        assert_eq!(r.u64("connections"), 0);
+        assert_eq!(r.u64("requests"), 0);
+    }
+    // Each process purged its own oldest first: per process, the purged chunks are a prefix of
+    // its own marking order; across processes there is no order (whoever saw the pressure
+    // first purged), which the coordinator exists to fix.
+    for p in 0..NAMES.len() {
+        let mine: Vec<bool> = o.chunks.iter().filter(|c| c.0 == p).map(|c| c.2).collect();
+        let kept = mine.iter().position(|purged| !purged).unwrap_or(mine.len());
+        assert!(
+            mine[kept..].iter().all(|purged| !purged),
+            "{} purged its own oldest first: {}",
+            NAMES[p],
+            show(&o)
+        );
+    }
+    assert!(o.chunks.iter().any(|c| c.2), "pressure purged something");
+    println!(
+        "purged chunks younger than the oldest kept one: {} (0 with the coordinator)",
+        inversions(&o)
+    );
+}

@@ -1,0 +1,533 @@
+//! The coordinator protocol: what a process using vrange and a coordinator (`vrange daemon`)
+//! say to each other over a UNIX sequenced-packet socket. Every message is one packet of a
+//! fixed length per kind, little-endian, at most [`MAX_MESSAGE`] bytes, starting with the
+//! 4-byte magic `VRC1` and a kind byte (then three zero bytes). Anything else (a wrong length,
+//! magic, kind or padding, a class out of range) is [`Malformed`]: the receiver drops the
+//! connection and acts on nothing from it.
+//!
+//! | message | from → to | when | body |
+//! |---|---|---|---|
+//! | `Hello` | participant → coordinator | on connecting | pid, program name (16 bytes) |
+//! | `Welcome` | coordinator → participant | answer to `Hello` | ping interval (ms) |
+//! | `Ping` | coordinator → participant | every interval | sequence number |
+//! | `Inventory` | participant → coordinator | answer to `Ping` and after each purge | volatile bytes by class and age bucket; pinned, purged, obeyed |
+//! | `Purge` | coordinator → participant | pressure | request id, class `P`, age `A` |
+//! | `Purged` | participant → coordinator | answer to `Purge` | bytes and ranges freed, the youngest age purged |
+//! | `Monitor` | `vrange top` → coordinator | on connecting | none |
+//! | `Status`, `Row`…, `End` | coordinator → monitor | answer to `Monitor` | totals; one row per participant |
+//!
+//! A purge request names a point in the one global order (lowest class first, then oldest):
+//! the participant purges every volatile range of a class below `P`, and those of class `P`
+//! volatile for at least `A` milliseconds: everything before the point, nothing after.
+//! Inventories are never per-range lists: [`CLASSES`] × [`BUCKETS`] byte counts, the buckets
+//! growing by √2 from 100 ms ([`bucket_of`], [`bucket_floor_ms`]).
+//!
+//! Liveness: a participant takes the coordinator for gone when the socket closes, or when no
+//! message came for three ping intervals (a stopped or hung coordinator), and then purges on
+//! its own again (as without a coordinator) until it reconnects.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// The largest message either side accepts.
+pub const MAX_MESSAGE: usize = 2048;
+/// Priority classes (`Priority::DropFirst` = 0 … `Priority::DropLast` = 3).
+pub const CLASSES: usize = 4;
+/// Age buckets of an inventory.
+pub const BUCKETS: usize = 40;
+/// Bytes of a program name in `Hello` and `Row` (NUL-padded, like `/proc/PID/comm`).
+pub const NAME_LEN: usize = 16;
+
+const MAGIC: [u8; 4] = *b"VRC1";
+const HEADER: usize = 8;
+
+/// The lower bound of age bucket `k` in milliseconds: 0, then 100 ms × √2^(k−1).
+pub fn bucket_floor_ms(k: usize) -> u64 {
+    if k == 0 {
+        0
+    } else {
+        let half = (k - 1) as u32;
+        let whole = 100u64 << (half / 2);
+        if half % 2 == 0 {
+            whole
+        } else {
+            // × √2 to within 0.01 %.
+            whole * 14_142 / 10_000
+        }
+    }
+}
+
+/// The bucket of an age in milliseconds.
+pub fn bucket_of(age_ms: u64) -> usize {
+    (1..BUCKETS)
+        .rev()
+        .find(|&k| age_ms >= bucket_floor_ms(k))
+        .unwrap_or(0)
+}
+
+/// Volatile bytes by class and age bucket, and the participant's totals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inventory {
+    /// Echo of the `Ping` answered (0: sent after a purge).
+    pub seq: u64,
+    /// `volatile[class][bucket]`: bytes the participant would purge, by how long ago their
+    /// range became volatile.
+    pub volatile: [[u64; BUCKETS]; CLASSES],
+    /// Bytes of managed memory in use (pinned).
+    pub pinned: u64,
+    /// Bytes of purged ranges not yet reused.
+    pub purged: u64,
+    /// Bytes purged since the process started, by any source.
+    pub purged_total: u64,
+    /// Purge requests obeyed.
+    pub obeyed: u64,
+    /// Bytes freed for those requests.
+    pub freed_for_coordinator: u64,
+}
+
+impl Default for Inventory {
+    fn default() -> Inventory {
+        Inventory {
+            seq: 0,
+            volatile: [[0; BUCKETS]; CLASSES],
+            pinned: 0,
+            purged: 0,
+            purged_total: 0,
+            obeyed: 0,
+            freed_for_coordinator: 0,
+        }
+    }
+}
+
+impl Inventory {
+    /// Volatile bytes in all classes and buckets.
+    pub fn volatile_total(&self) -> u64 {
+        self.volatile.iter().flatten().sum()
+    }
+}
+
+/// One participant as the coordinator shows it to a monitor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Its pid.
+    pub pid: u32,
+    /// Its effective uid.
+    pub uid: u32,
+    /// Its program name (NUL-padded).
+    pub name: [u8; NAME_LEN],
+    /// Volatile bytes now.
+    pub volatile: u64,
+    /// Pinned bytes now.
+    pub pinned: u64,
+    /// Purged bytes not yet reused.
+    pub purged: u64,
+    /// Purge requests obeyed.
+    pub obeyed: u64,
+    /// Bytes freed for the coordinator.
+    pub freed: u64,
+    /// Milliseconds since its last message.
+    pub quiet_ms: u64,
+    /// Whether it answers (0: no, a request timed out; 1: yes).
+    pub responsive: u8,
+}
+
+/// The coordinator's totals, first in its answer to a monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Status {
+    /// Participants connected.
+    pub participants: u64,
+    /// Pressure events answered with purge requests.
+    pub rounds: u64,
+    /// Purge requests sent.
+    pub requests: u64,
+    /// Bytes the participants reported freed.
+    pub freed: u64,
+    /// Headroom of the coordinated cgroup or machine when last read (bytes).
+    pub headroom: u64,
+    /// Its limit (bytes; 0: none).
+    pub limit: u64,
+    /// Connections dropped for malformed messages or refused credentials.
+    pub refused: u64,
+}
+
+/// A message of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Message {
+    Hello { pid: u32, name: [u8; NAME_LEN] },
+    Welcome { ping_ms: u32 },
+    Ping { seq: u64 },
+    Inventory(Box<Inventory>),
+    Purge { id: u64, class: u8, min_age_ms: u64 },
+    Purged { id: u64, bytes: u64, ranges: u64, youngest_ms: u64 },
+    Monitor,
+    Status(Status),
+    Row(Box<Row>),
+    End,
+}
+
+/// A message that does not parse: wrong length, magic, kind, padding or value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed;
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("malformed coordinator message")
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+const INVENTORY_LEN: usize = 8 + CLASSES * BUCKETS * 8 + 5 * 8;
+const ROW_LEN: usize = 4 + 4 + NAME_LEN + 6 * 8 + 8;
+const _: () = assert!(HEADER + INVENTORY_LEN <= MAX_MESSAGE);
+
+impl Message {
+    fn kind(&self) -> u8 {
+        match self {
+            Message::Hello { .. } => 1,
+            Message::Welcome { .. } => 2,
+            Message::Ping { .. } => 3,
+            Message::Inventory(_) => 4,
+            Message::Purge { .. } => 5,
+            Message::Purged { .. } => 6,
+            Message::Monitor => 7,
+            Message::Status(_) => 8,
+            Message::Row(_) => 9,
+            Message::End => 10,
+        }
+    }
+
+    /// The body length of each kind (`None`: no such kind).
+    fn body_len(kind: u8) -> Option<usize> {
+        Some(match kind {
+            1 => 4 + NAME_LEN,
+            2 => 8,
+            3 => 8,
+            4 => INVENTORY_LEN,
+            5 => 24,
+            6 => 32,
+            7 | 10 => 0,
+            8 => 7 * 8,
+            9 => ROW_LEN,
+            _ => return None,
+        })
+    }
+
+    /// Writes the message into `buf` and returns its length.
+    pub fn encode(&self, buf: &mut [u8; MAX_MESSAGE]) -> usize {
+        let mut w = Writer { buf, at: 0 };
+        w.bytes(&MAGIC);
+        w.bytes(&[self.kind(), 0, 0, 0]);
+        match self {
+            Message::Hello { pid, name } => {
+                w.u32(*pid);
+                w.bytes(name);
+            }
+            Message::Welcome { ping_ms } => {
+                w.u32(*ping_ms);
+                w.u32(0);
+            }
+            Message::Ping { seq } => w.u64(*seq),
+            Message::Inventory(inv) => {
+                w.u64(inv.seq);
+                for v in inv.volatile.iter().flatten() {
+                    w.u64(*v);
+                }
+                for v in [
+                    inv.pinned,
+                    inv.purged,
+                    inv.purged_total,
+                    inv.obeyed,
+                    inv.freed_for_coordinator,
+                ] {
+                    w.u64(v);
+                }
+            }
+            Message::Purge {
+                id,
+                class,
+                min_age_ms,
+            } => {
+                w.u64(*id);
+                w.bytes(&[*class, 0, 0, 0, 0, 0, 0, 0]);
+                w.u64(*min_age_ms);
+            }
+            Message::Purged {
+                id,
+                bytes,
+                ranges,
+                youngest_ms,
+            } => {
+                for v in [*id, *bytes, *ranges, *youngest_ms] {
+                    w.u64(v);
+                }
+            }
+            Message::Monitor | Message::End => {}
+            Message::Status(s) => {
+                for v in [
+                    s.participants,
+                    s.rounds,
+                    s.requests,
+                    s.freed,
+                    s.headroom,
+                    s.limit,
+                    s.refused,
+                ] {
+                    w.u64(v);
+                }
+            }
+            Message::Row(r) => {
+                w.u32(r.pid);
+                w.u32(r.uid);
+                w.bytes(&r.name);
+                for v in [r.volatile, r.pinned, r.purged, r.obeyed, r.freed, r.quiet_ms] {
+                    w.u64(v);
+                }
+                w.bytes(&[r.responsive, 0, 0, 0, 0, 0, 0, 0]);
+            }
+        }
+        w.at
+    }
+
+    /// Parses one whole message.
+    ///
+    /// # Errors
+    /// [`Malformed`] for anything but exactly one message of a known kind.
+    pub fn decode(msg: &[u8]) -> Result<Message, Malformed> {
+        if msg.len() < HEADER || msg[..4] != MAGIC || msg[5..8] != [0, 0, 0] {
+            return Err(Malformed);
+        }
+        let kind = msg[4];
+        if Message::body_len(kind) != Some(msg.len() - HEADER) {
+            return Err(Malformed);
+        }
+        let mut r = Reader {
+            buf: &msg[HEADER..],
+        };
+        let m = match kind {
+            1 => Message::Hello {
+                pid: r.u32(),
+                name: r.array(),
+            },
+            2 => {
+                let ping_ms = r.u32();
+                if r.u32() != 0 || ping_ms == 0 {
+                    return Err(Malformed);
+                }
+                Message::Welcome { ping_ms }
+            }
+            3 => Message::Ping { seq: r.u64() },
+            4 => {
+                let mut inv = Box::<Inventory>::default();
+                inv.seq = r.u64();
+                for v in inv.volatile.iter_mut().flatten() {
+                    *v = r.u64();
+                }
+                inv.pinned = r.u64();
+                inv.purged = r.u64();
+                inv.purged_total = r.u64();
+                inv.obeyed = r.u64();
+                inv.freed_for_coordinator = r.u64();
+                Message::Inventory(inv)
+            }
+            5 => {
+                let id = r.u64();
+                let pad: [u8; 8] = r.array();
+                if pad[1..] != [0; 7] || pad[0] as usize >= CLASSES {
+                    return Err(Malformed);
+                }
+                Message::Purge {
+                    id,
+                    class: pad[0],
+                    min_age_ms: r.u64(),
+                }
+            }
+            6 => Message::Purged {
+                id: r.u64(),
+                bytes: r.u64(),
+                ranges: r.u64(),
+                youngest_ms: r.u64(),
+            },
+            7 => Message::Monitor,
+            8 => Message::Status(Status {
+                participants: r.u64(),
+                rounds: r.u64(),
+                requests: r.u64(),
+                freed: r.u64(),
+                headroom: r.u64(),
+                limit: r.u64(),
+                refused: r.u64(),
+            }),
+            9 => {
+                let (pid, uid, name) = (r.u32(), r.u32(), r.array());
+                let vals: [u64; 6] = std::array::from_fn(|_| r.u64());
+                let flag: [u8; 8] = r.array();
+                if flag[1..] != [0; 7] || flag[0] > 1 {
+                    return Err(Malformed);
+                }
+                Message::Row(Box::new(Row {
+                    pid,
+                    uid,
+                    name,
+                    volatile: vals[0],
+                    pinned: vals[1],
+                    purged: vals[2],
+                    obeyed: vals[3],
+                    freed: vals[4],
+                    quiet_ms: vals[5],
+                    responsive: flag[0],
+                }))
+            }
+            _ => Message::End,
+        };
+        Ok(m)
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8; MAX_MESSAGE],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.buf[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+}
+
+/// Reads a body whose length was checked against its kind, so every read is in bounds.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn array<const N: usize>(&mut self) -> [u8; N] {
+        let (head, rest) = self.buf.split_at(N);
+        self.buf = rest;
+        head.try_into().unwrap_or([0; N])
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.array())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.array())
+    }
+}
+
+/// Where a participant looks for a coordinator, in order, when `VRANGE_COORDINATOR` is unset:
+/// the user's own (in the user's private statistics directory), then the system-wide one.
+pub fn default_sockets(euid: u32) -> [PathBuf; 2] {
+    [user_socket(euid), PathBuf::from(SYSTEM_SOCKET)]
+}
+
+/// The socket of a coordinator run by user `euid` (not root): in the user's private
+/// directory, `/dev/shm/vrange-<euid>`, beside the statistics files.
+pub fn user_socket(euid: u32) -> PathBuf {
+    crate::publish::default_dir(euid).join("coordinator.sock")
+}
+
+/// The socket of a coordinator run by root.
+pub const SYSTEM_SOCKET: &str = "/run/vrange/coordinator.sock";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_grow_by_root_two() {
+        assert_eq!(bucket_floor_ms(0), 0);
+        assert_eq!(bucket_floor_ms(1), 100);
+        assert_eq!(bucket_floor_ms(2), 141);
+        assert_eq!(bucket_floor_ms(3), 200);
+        assert_eq!(bucket_floor_ms(21), 102_400);
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(99), 0);
+        assert_eq!(bucket_of(100), 1);
+        assert_eq!(bucket_of(199), 2);
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+        for k in 1..BUCKETS {
+            assert!(bucket_floor_ms(k) > bucket_floor_ms(k - 1));
+            assert_eq!(bucket_of(bucket_floor_ms(k)), k);
+        }
+    }
+
+    #[test]
+    fn every_message_round_trips_and_damage_is_refused() {
+        let mut inv = Inventory {
+            seq: 9,
+            pinned: 1,
+            purged: 2,
+            purged_total: 3,
+            obeyed: 4,
+            freed_for_coordinator: 5,
+            ..Inventory::default()
+        };
+        inv.volatile[2][7] = 1 << 20;
+        let all = [
+            Message::Hello {
+                pid: 7,
+                name: *b"renderer\0\0\0\0\0\0\0\0",
+            },
+            Message::Welcome { ping_ms: 250 },
+            Message::Ping { seq: 3 },
+            Message::Inventory(Box::new(inv)),
+            Message::Purge {
+                id: 1,
+                class: 3,
+                min_age_ms: 1000,
+            },
+            Message::Purged {
+                id: 1,
+                bytes: 2,
+                ranges: 3,
+                youngest_ms: 4,
+            },
+            Message::Monitor,
+            Message::Status(Status {
+                participants: 4,
+                ..Status::default()
+            }),
+            Message::Row(Box::new(Row {
+                pid: 1,
+                uid: 2,
+                name: [b'x'; NAME_LEN],
+                volatile: 3,
+                pinned: 4,
+                purged: 5,
+                obeyed: 6,
+                freed: 7,
+                quiet_ms: 8,
+                responsive: 1,
+            })),
+            Message::End,
+        ];
+        let mut buf = [0u8; MAX_MESSAGE];
+        for m in all {
+            let n = m.encode(&mut buf);
+            assert_eq!(Message::decode(&buf[..n]), Ok(m.clone()));
+            assert_eq!(Message::decode(&buf[..n - 1]), Err(Malformed), "{m:?}");
+            let mut longer = buf[..n].to_vec();
+            longer.push(0);
+            assert_eq!(Message::decode(&longer), Err(Malformed), "{m:?}");
+            let mut bad = buf[..n].to_vec();
+            bad[0] ^= 1;
+            assert_eq!(Message::decode(&bad), Err(Malformed));
+        }
+        let n = Message::Purge {
+            id: 1,
+            class: 0,
+            min_age_ms: 0,
+        }
+        .encode(&mut buf);
+        buf[HEADER + 8] = CLASSES as u8;
+        assert_eq!(Message::decode(&buf[..n]), Err(Malformed));
+    }
+}

@@ -1,0 +1,279 @@
+//! This process as a participant of a coordinator (`vrange daemon`): the reclaimer thread
+//! connects when the coordinator's socket exists, answers its pings with an inventory, obeys its
+//! purge requests, and while the coordinator is live leaves pressure purges to it. See
+//! [`coordination`](crate::coordination) for the protocol.
+//!
+//! | `VRANGE_COORDINATOR` | sockets tried (once a second while none is connected) |
+//! |---|---|
+//! | unset or empty | `/dev/shm/vrange-<euid>/coordinator.sock`, then `/run/vrange/coordinator.sock` |
+//! | an absolute path | that socket |
+//! | `off` | none: this process never connects |
+//!
+//! Another value is reported once on stderr and taken as `off`.
+//!
+//! - **Authenticated**: the coordinator's credentials (SO_PEERCRED, recorded by the kernel when
+//!   it listened) must be this process's effective uid or root; otherwise the connection is
+//!   closed before anything is read from it.
+//! - **Bounded**: one message per packet, at most [`MAX_MESSAGE`] bytes; a malformed, oversized
+//!   or unexpected message closes the connection and nothing in it is acted on.
+//! - **Never blocking**: sends are non-blocking and raise no SIGPIPE; a coordinator that stops
+//!   reading loses its answers, not this process's time.
+//! - **Falling back**: a closed connection (a killed coordinator) is seen at once, the poll set
+//!   reports the hang-up; a coordinator that sends nothing for three ping intervals (stopped,
+//!   hung) is dropped. Either way the reclaimer purges on its own again from the same tick on,
+//!   exactly as without a coordinator, and tries to reconnect a second later.
+//! - The descriptor is a guest's (`sys::fd::GuestFd`: above the floor, close-on-exec, verified
+//!   before every use, closed in a fork child) and exists only while connected.
+
+use super::victims;
+use crate::coordination::{self, bucket_of, Inventory, Message, CLASSES, MAX_MESSAGE, NAME_LEN};
+use crate::managed::{self, pause};
+use crate::registry;
+use crate::stats;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::OnceLock;
+use vrange_sys::clock::now_ns;
+use vrange_sys::fd::{GuestFd, Ident};
+use vrange_sys::sock::{self, Recv};
+
+/// How long to wait between connection attempts.
+const RETRY_NS: u64 = 1_000_000_000;
+/// A coordinator silent for this many ping intervals is taken for gone.
+const SILENT_PINGS: u64 = 3;
+/// Before the `Welcome`, the ping interval assumed.
+const FIRST_PING_MS: u64 = 1000;
+
+/// The sockets to try, read from `VRANGE_COORDINATOR` once.
+fn sockets() -> &'static [PathBuf] {
+    static PATHS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    PATHS.get_or_init(|| {
+        use std::os::unix::ffi::OsStrExt;
+        const NAME: &str = "VRANGE_COORDINATOR";
+        match vrange_sys::settings::var(NAME) {
+            None | Some(b"") => {
+                coordination::default_sockets(vrange_sys::statsdir::effective_uid()).to_vec()
+            }
+            Some(b"off") => Vec::new(),
+            Some(v) if v.first() == Some(&b'/') => {
+                vec![PathBuf::from(std::ffi::OsStr::from_bytes(v))]
+            }
+            Some(v) => {
+                vrange_sys::settings::warn(NAME, v, "an absolute path or off", &"off");
+                Vec::new()
+            }
+        }
+    })
+}
+
+/// A connection to a coordinator, held by the reclaimer thread.
+pub(super) struct Link {
+    sock: GuestFd,
+    /// The ping interval the coordinator announced (ms).
+    ping_ms: u64,
+    welcomed: bool,
+    /// When the coordinator last sent anything.
+    heard: u64,
+}
+
+/// What the reclaimer thread keeps between ticks.
+#[derive(Default)]
+pub(super) struct Participant {
+    link: Option<Link>,
+    next_try: u64,
+}
+
+impl Participant {
+    /// Whether a live coordinator orders this process's pressure purges now.
+    pub fn coordinated(&self, now: u64) -> bool {
+        self.link.as_ref().is_some_and(|l| {
+            l.welcomed && now.saturating_sub(l.heard) < SILENT_PINGS * l.ping_ms * 1_000_000
+        })
+    }
+
+    /// The socket, for the thread's poll set.
+    pub fn ident(&self) -> Option<Ident> {
+        self.link.as_ref().map(|l| l.sock.ident())
+    }
+
+    /// Connects if there is no link and a coordinator's socket exists (at most once a second).
+    /// Returns whether a new link was made (the caller adds it to its poll set).
+    pub fn connect(&mut self, now: u64) -> bool {
+        if self.link.is_some() || now < self.next_try {
+            return false;
+        }
+        self.next_try = now + RETRY_NS;
+        for path in sockets() {
+            // A missing socket is the common case: a stat, no descriptor.
+            if std::fs::symlink_metadata(path).is_err() {
+                continue;
+            }
+            if let Some(link) = open(path, now) {
+                stats::count_coordinator_connection();
+                self.link = Some(link);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Drops the link (its descriptor is closed only if it verifies).
+    pub fn disconnect(&mut self) {
+        self.link = None;
+        stats::set_coordinated(false);
+    }
+
+    /// Reads and answers every message waiting; drops the link on anything wrong, or when the
+    /// coordinator has been silent too long. Call on each tick.
+    pub fn serve(&mut self, now: u64) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let ok = link.serve();
+        let silent = now.saturating_sub(link.heard)
+            >= SILENT_PINGS * link.ping_ms.max(1) * 1_000_000;
+        if !ok || silent {
+            self.disconnect();
+        } else {
+            stats::set_coordinated(self.coordinated(now));
+        }
+    }
+}
+
+fn open(path: &std::path::Path, now: u64) -> Option<Link> {
+    let sock = sock::connect(path).ok()?;
+    let me = vrange_sys::statsdir::effective_uid();
+    let peer = sock::peer_cred(sock.get()?).ok()?;
+    if peer.uid != me && peer.uid != 0 {
+        return None;
+    }
+    let link = Link {
+        sock,
+        ping_ms: FIRST_PING_MS,
+        welcomed: false,
+        heard: now,
+    };
+    let hello = Message::Hello {
+        pid: std::process::id(),
+        name: program_name(),
+    };
+    link.send(&hello).then_some(link)
+}
+
+/// This program's name as `/proc/self/comm` shows it (NUL-padded).
+fn program_name() -> [u8; NAME_LEN] {
+    let mut name = [0u8; NAME_LEN];
+    if let Ok(text) = vrange_sys::fd::read_file("/proc/self/comm") {
+        for (d, s) in name.iter_mut().zip(text.trim_end().bytes()) {
+            *d = s;
+        }
+    }
+    name
+}
+
+impl Link {
+    /// Sends one message; `false` if the connection is broken. A full queue (the coordinator
+    /// is not reading) drops the message and keeps the link: silence ends it later.
+    fn send(&self, m: &Message) -> bool {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let n = m.encode(&mut buf);
+        match self.sock.get() {
+            Some(fd) => sock::send(fd, &buf[..n]).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Handles every message waiting. `false`: drop the link.
+    fn serve(&mut self) -> bool {
+        let mut buf = [0u8; MAX_MESSAGE];
+        loop {
+            let Some(fd) = self.sock.get() else {
+                return false;
+            };
+            let n = match sock::recv(fd, &mut buf) {
+                Ok(Recv::Message(n)) => n,
+                Ok(Recv::Empty) => return true,
+                _ => return false,
+            };
+            let reply = match Message::decode(&buf[..n]) {
+                Ok(Message::Welcome { ping_ms }) if !self.welcomed => {
+                    self.welcomed = true;
+                    self.ping_ms = u64::from(ping_ms);
+                    None
+                }
+                Ok(Message::Ping { seq }) if self.welcomed => Some(inventory(seq)),
+                Ok(Message::Purge {
+                    id,
+                    class,
+                    min_age_ms,
+                }) if self.welcomed => {
+                    let (ranges, bytes, youngest_ms) = obey(class, min_age_ms);
+                    let done = Message::Purged {
+                        id,
+                        bytes,
+                        ranges,
+                        youngest_ms,
+                    };
+                    if !self.send(&done) {
+                        return false;
+                    }
+                    Some(inventory(0))
+                }
+                _ => return false,
+            };
+            self.heard = now_ns();
+            if let Some(m) = reply {
+                if !self.send(&m) {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// This process's inventory now: volatile bytes by class and age, and its totals. One pass over
+/// the registry.
+fn inventory(seq: u64) -> Message {
+    let now = now_ns();
+    let mut inv = Box::new(Inventory {
+        seq,
+        ..Inventory::default()
+    });
+    registry::for_each_live(|_, slot| {
+        let word = slot.state().load();
+        if managed::purgeable(slot, word) {
+            let age_ms = now.saturating_sub(slot.last_used()) / 1_000_000;
+            let class = (slot.priority() as usize).min(CLASSES - 1);
+            inv.volatile[class][bucket_of(age_ms)] += slot.len.load(Relaxed) as u64;
+        }
+    });
+    let s = stats::stats();
+    inv.pinned = s.pinned_bytes;
+    inv.purged = s.purged_bytes;
+    inv.purged_total = s.purged_total_bytes;
+    inv.obeyed = s.coordinator.requests;
+    inv.freed_for_coordinator = s.coordinator.bytes;
+    Message::Inventory(inv)
+}
+
+/// Purges everything before the point (`class`, `min_age_ms`) of the global order: every
+/// volatile range of a lower class, and those of `class` volatile for at least `min_age_ms`.
+/// Returns (ranges, bytes, age in ms of the youngest range purged).
+fn obey(class: u8, min_age_ms: u64) -> (u64, u64, u64) {
+    let victims = super::candidates(u64::MAX);
+    let now = now_ns();
+    let cutoff = now.saturating_sub(min_age_ms.saturating_mul(1_000_000));
+    let chosen: Vec<victims::Candidate> = victims
+        .into_iter()
+        .filter(|c| {
+            (c.priority as u8) < class || (c.priority as u8 == class && c.last_used <= cutoff)
+        })
+        .collect();
+    let youngest = chosen.iter().map(|c| c.last_used).max();
+    let p = pause();
+    let (ranges, bytes) = victims::purge_oldest(&chosen, u64::MAX);
+    drop(p);
+    stats::record_coordinated(ranges, bytes);
+    let youngest_ms = youngest.map_or(0, |t| now.saturating_sub(t) / 1_000_000);
+    (ranges, bytes, youngest_ms)
+}
