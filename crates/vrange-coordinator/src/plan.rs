@@ -26,6 +26,23 @@ pub fn merge<'a>(inventories: impl IntoIterator<Item = &'a Inventory>) -> [[u64;
     all
 }
 
+/// `inv` as it would read `elapsed` later: each bucket's bytes moved to the bucket of its lower
+/// bound plus the time passed (a bucket's bytes stay together; they are at least that old).
+pub fn aged(inv: &Inventory, elapsed: std::time::Duration) -> Inventory {
+    let ms = elapsed.as_millis() as u64;
+    let mut out = Inventory {
+        volatile: [[0; BUCKETS]; CLASSES],
+        ..inv.clone()
+    };
+    for (c, row) in inv.volatile.iter().enumerate() {
+        for (b, v) in row.iter().enumerate() {
+            let to = vrange::coordination::bucket_of(bucket_floor_ms(b).saturating_add(ms));
+            out.volatile[c][to] += v;
+        }
+    }
+    out
+}
+
 /// The latest cut whose bytes reach `target`, walking whole buckets: classes from the lowest,
 /// within a class from the oldest bucket. `None` if nothing is volatile; everything if the
 /// target is more than all.
@@ -120,6 +137,19 @@ mod tests {
         // More than everything: the last cut, everything.
         assert_eq!(cut(&m, 1000).unwrap().bytes, 35);
         assert_eq!(cut(&merge([&Inventory::default()]), 1), None);
+    }
+
+    #[test]
+    fn a_stale_inventory_is_aged_before_it_is_compared() {
+        let old = inv(&[(2, 1_000, 10)]);
+        let later = aged(&old, std::time::Duration::from_secs(10));
+        assert_eq!(later.volatile_total(), 10);
+        assert_eq!(later.volatile[2][bucket_of(11_000)], 10);
+        // A fresh report of data 5 s old now comes after the stale one's.
+        let fresh = inv(&[(2, 5_000, 10)]);
+        let c = cut(&merge([&later, &fresh]), 10).unwrap();
+        assert_eq!(before(&later, &c), 10);
+        assert_eq!(before(&fresh, &c), 0);
     }
 
     #[test]

@@ -28,6 +28,8 @@ struct Conn {
     role: Role,
     name: [u8; NAME_LEN],
     inventory: Option<Box<Inventory>>,
+    /// When the inventory came.
+    received: Instant,
     heard: Instant,
     /// The request waiting for an answer, and when it was sent.
     pending: Option<(u64, Instant)>,
@@ -165,6 +167,7 @@ impl<'a> Server<'a> {
                 role: Role::Pending,
                 name: [0; NAME_LEN],
                 inventory: None,
+                received: Instant::now(),
                 heard: Instant::now(),
                 pending: None,
                 responsive: true,
@@ -220,6 +223,7 @@ impl<'a> Server<'a> {
                 }
                 (Role::Participant, Ok(Message::Inventory(inv))) => {
                     c.inventory = Some(inv);
+                    c.received = Instant::now();
                     c.responsive = true;
                     true
                 }
@@ -289,11 +293,14 @@ impl<'a> Server<'a> {
             }
         }
         for c in &mut self.conns {
-            if let Some((_, sent)) = c.pending {
-                if now.duration_since(sent) > self.opts.request_timeout {
-                    // Left out of plans until it answers; its request stays open.
-                    c.responsive = false;
-                }
+            let late = c
+                .pending
+                .is_some_and(|(_, sent)| now.duration_since(sent) > self.opts.request_timeout);
+            // Pings unanswered as long: stopped or hung.
+            let silent = now.duration_since(c.heard) > self.opts.request_timeout + self.opts.ping;
+            if late || (silent && matches!(c.role, Role::Participant)) {
+                // Left out of plans until it speaks again; a request stays open.
+                c.responsive = false;
             }
         }
         if let Some(r) = &self.round {
@@ -319,12 +326,13 @@ impl<'a> Server<'a> {
         } else {
             plan::deficit(headroom, threshold)
         };
-        let live: Vec<&Inventory> = self
+        // Each inventory aged by the time since it came, so that all share one clock.
+        let live: Vec<Inventory> = self
             .participants()
             .filter(|c| c.responsive)
-            .filter_map(|c| c.inventory.as_deref())
+            .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
             .collect();
-        let merged = plan::merge(live.iter().copied());
+        let merged = plan::merge(live.iter());
         let volatile: u64 = merged.iter().flatten().sum();
         for e in events.iter().flatten() {
             self.shared.event(*e);
@@ -347,7 +355,9 @@ impl<'a> Server<'a> {
             let asked = c.responsive
                 && c.pending.is_none()
                 && matches!(c.role, Role::Participant)
-                && c.inventory.as_deref().is_some_and(|i| plan::before(i, &cut) > 0);
+                && c.inventory
+                    .as_deref()
+                    .is_some_and(|i| plan::before(&plan::aged(i, c.received.elapsed()), &cut) > 0);
             if !asked {
                 continue;
             }

@@ -56,14 +56,16 @@ pub fn participant() {
                 let pinned_ok = pinned.iter().all(|(r, s)| {
                     vrange_testkit::pattern::check(r.as_ptr(), CHUNK, *s)
                 });
-                let st = vrange::stats().coordinator;
+                let all = vrange::stats();
+                let st = all.coordinator;
                 say(format!(
-                    "REPORT purged={bits} pinned_ok={} coordinated={} connections={} requests={} deferred={}",
+                    "REPORT purged={bits} pinned_ok={} coordinated={} connections={} requests={} deferred={} own_bytes={}",
                     u8::from(pinned_ok),
                     u8::from(st.connected),
                     st.connections,
                     st.requests,
-                    st.deferred
+                    st.deferred,
+                    all.purged_total_bytes.saturating_sub(st.bytes)
                 ));
             }
             "exit" => break,
@@ -125,6 +127,21 @@ pub fn socket_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir(&dir).expect("socket dir");
     dir
+}
+
+/// Waits until the coordinator at `socket` has `n` participants (with or without data).
+pub fn await_connected(socket: &Path, n: u64, timeout: Duration) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let seen = vrange_coordinator::query(socket).map(|(s, _)| s.participants);
+        if seen.as_ref().is_ok_and(|&p| p >= n) {
+            return Ok(());
+        }
+        if t0.elapsed() > timeout {
+            return Err(format!("{n} participants not connected after {timeout:?}: {seen:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Waits until the coordinator at `socket` has `n` participants that reported an inventory.

@@ -1,0 +1,186 @@
+//! Faults: a participant that stops answering does not hold up the others; a coordinator
+//! killed in the middle of a purge round leaves every participant purging on its own within a
+//! tick, with nothing pinned lost; when it comes back they reconnect.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+use vrange_testkit::role::{role, Reply, Role};
+use vrange_testkit::{cgroup, serial, skip};
+
+fn roles() -> bool {
+    match role().as_deref() {
+        Some("participant") => participant(),
+        Some("hog") => hog(),
+        Some("coordinator") => coordinator(),
+        Some(_) => panic!("unknown role"),
+        None => return false,
+    }
+    true
+}
+
+fn ask(p: &mut Role, cmd: &str) -> Reply {
+    assert!(p.send(cmd), "{cmd}: the participant is gone");
+    p.next(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{cmd}: {e}\n{}", p.diagnostics()))
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+fn hog_env(mib: usize, step_ms: u64) -> [(&'static str, String); 2] {
+    [
+        ("VRT_HOG_MIB", mib.to_string()),
+        ("VRT_HOG_STEP_MS", step_ms.to_string()),
+    ]
+}
+
+#[test]
+fn a_stopped_participant_does_not_block_the_others() {
+    const TEST: &str = "a_stopped_participant_does_not_block_the_others";
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-stop-", 192 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("stop");
+    let socket = dir.join("coordinator.sock");
+    let coordinator = InProcess::start(options(&socket, cg.path()));
+    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    // The stopped one holds the oldest data: the first plan asks it.
+    let mut stopped = spawn(TEST, "participant", &cg, &env);
+    let mut other = spawn(TEST, "participant", &cg, &env);
+    for _ in 0..8 {
+        assert_eq!(ask(&mut stopped, "mark").tag, "MARKED");
+    }
+    for _ in 0..16 {
+        assert_eq!(ask(&mut other, "mark").tag, "MARKED");
+    }
+    await_participants(&socket, 2, Duration::from_secs(10)).expect("both connect");
+    signal(stopped.pid(), libc::SIGSTOP);
+    let mut hog = spawn(TEST, "hog", &cg, &hog_env(64, 50));
+    let hogged = hog.next(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, rows) = vrange_coordinator::query(&socket).expect("status");
+    let kills = cg.oom_kills().expect("OOM kills");
+    let other_report = ask(&mut other, "report");
+    signal(stopped.pid(), libc::SIGCONT);
+    let stopped_report = ask(&mut stopped, "report");
+    drop((hog, stopped, other, coordinator));
+    let _ = std::fs::remove_dir_all(&dir);
+    cgroup::remove(child);
+    println!("status {status:?}\nrows {rows:?}\nother {other_report:?}\nstopped {stopped_report:?}");
+    assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
+    assert_eq!(kills, 0, "no OOM kill");
+    assert!(
+        purged_bits(&other_report).iter().any(|&p| p),
+        "the running participant was asked instead: {other_report:?}"
+    );
+    assert!(other_report.u64("requests") >= 1);
+    assert!(
+        rows.iter().any(|r| r.responsive == 0) || status.requests >= 2,
+        "the stopped participant was passed over: {rows:?}"
+    );
+    assert_eq!(stopped_report.u64("pinned_ok"), 1);
+}
+
+#[test]
+fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
+    const TEST: &str = "a_killed_coordinator_leaves_participants_on_their_own_until_it_returns";
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-kill-", 192 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("kill");
+    let socket = dir.join("coordinator.sock");
+    let coord_env = [
+        ("VRT_SOCKET", socket.display().to_string()),
+        ("VRT_CGROUP", cg.path().display().to_string()),
+    ];
+    let start_coordinator = || {
+        // The coordinator lives outside the cgroup it watches.
+        let mut cmd = vrange_testkit::role::role_command(TEST, "coordinator");
+        for (k, v) in &coord_env {
+            cmd.env(k, v);
+        }
+        let mut c = Role::spawn("coordinator", cmd);
+        assert_eq!(c.next(Duration::from_secs(10)).expect("LISTENING").tag, "LISTENING");
+        c
+    };
+    let mut coord = start_coordinator();
+    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    let mut p = spawn(TEST, "participant", &cg, &env);
+    for _ in 0..4 {
+        assert_eq!(ask(&mut p, "pin").tag, "PINNED");
+    }
+    for _ in 0..24 {
+        assert_eq!(ask(&mut p, "mark").tag, "MARKED");
+    }
+    await_participants(&socket, 1, Duration::from_secs(10)).expect("the participant connects");
+    assert_eq!(ask(&mut p, "report").u64("coordinated"), 1);
+    // Pressure; kill the coordinator as soon as it has started a purge round.
+    let mut hog = spawn(TEST, "hog", &cg, &hog_env(96, 30));
+    let t0 = Instant::now();
+    let rounds = loop {
+        match vrange_coordinator::query(&socket) {
+            Ok((s, _)) if s.rounds >= 1 => break s.rounds,
+            _ if t0.elapsed() > Duration::from_secs(20) => panic!("no purge round"),
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    signal(coord.pid(), libc::SIGKILL);
+    let killed = Instant::now();
+    let _ = coord.wait(Duration::from_secs(5));
+    // Within a tick (100 ms) of the hang-up the participant is on its own again.
+    let fallback = loop {
+        let r = ask(&mut p, "report");
+        if r.u64("coordinated") == 0 {
+            break killed.elapsed();
+        }
+        assert!(killed.elapsed() < Duration::from_secs(2), "still coordinated: {r:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let hogged = hog.next(Duration::from_secs(60));
+    // More volatile data and a second hog: only the participant's own reclaimer can answer.
+    for _ in 0..16 {
+        assert_eq!(ask(&mut p, "mark").tag, "MARKED");
+    }
+    let mut hog2 = spawn(TEST, "hog", &cg, &hog_env(48, 30));
+    let hogged2 = hog2.next(Duration::from_secs(60));
+    let kills = cg.oom_kills().expect("OOM kills");
+    let after_kill = ask(&mut p, "report");
+    // Back: the stale socket is replaced, the participant reconnects.
+    let mut coord = start_coordinator();
+    let back = await_connected(&socket, 1, Duration::from_secs(10));
+    let reconnected = ask(&mut p, "report");
+    signal(coord.pid(), libc::SIGKILL);
+    let _ = coord.wait(Duration::from_secs(5));
+    drop((hog, hog2, p));
+    let _ = std::fs::remove_dir_all(&dir);
+    cgroup::remove(child);
+    println!("rounds {rounds}, fallback after {fallback:?}\n{after_kill:?}\n{reconnected:?}");
+    assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
+    assert!(hogged2.is_ok(), "the second hog finished: {hogged2:?}");
+    assert_eq!(kills, 0, "no OOM kill");
+    assert!(fallback < Duration::from_millis(500), "fell back in {fallback:?}");
+    assert_eq!(after_kill.u64("pinned_ok"), 1, "nothing pinned was lost");
+    assert!(
+        after_kill.u64("own_bytes") > 0,
+        "it purged on its own: {after_kill:?}"
+    );
+    back.expect("the participant reconnects");
+    assert!(reconnected.u64("connections") >= 2, "{reconnected:?}");
+    assert_eq!(reconnected.u64("pinned_ok"), 1);
+}
