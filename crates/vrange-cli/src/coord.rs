@@ -145,8 +145,15 @@ pub fn top(args: TopArgs) -> i32 {
         };
         sort(&mut rows, args.sort);
         let mut t = Table::new(&[
-            "PID", "NAME", "VOLATILE MiB", "PINNED MiB", "PURGED MiB", "OBEYED", "FREED MiB",
-            "QUIET ms", "STATE",
+            "PID",
+            "NAME",
+            "VOLATILE MiB",
+            "PINNED MiB",
+            "PURGED MiB",
+            "OBEYED",
+            "FREED MiB",
+            "QUIET ms",
+            "STATE",
         ]);
         for r in &rows {
             t.row(vec![

@@ -134,7 +134,9 @@ pub fn run(opts: &Options, shared: &Shared) -> io::Result<()> {
             s.spawn(move || m.serve(shared));
         }
         let r = server::Server::new(opts, shared, listener).and_then(|mut srv| srv.run());
-        shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         r
     });
     let _ = std::fs::remove_file(&opts.socket);
@@ -197,7 +199,9 @@ pub fn query(socket: &Path) -> io::Result<(Status, Vec<Row>)> {
         let n = match sock::recv(fd, &mut buf)? {
             Recv::Message(n) => n,
             Recv::Empty => continue,
-            Recv::Closed | Recv::TooLong => return Err(io::Error::from(io::ErrorKind::InvalidData)),
+            Recv::Closed | Recv::TooLong => {
+                return Err(io::Error::from(io::ErrorKind::InvalidData))
+            }
         };
         match Message::decode(&buf[..n]) {
             Ok(Message::Status(s)) if status.is_none() => status = Some(s),

@@ -332,7 +332,9 @@ mod tests {
             responsive: 1,
         });
         let text = render(&s);
-        assert!(text.contains("vrange_participant_volatile_bytes{pid=\"7\",name=\"a\\\"b\\\\\"} 42"));
+        assert!(
+            text.contains("vrange_participant_volatile_bytes{pid=\"7\",name=\"a\\\"b\\\\\"} 42")
+        );
         assert!(text.contains("# TYPE vrange_coordinator_freed_bytes_total counter"));
     }
 }

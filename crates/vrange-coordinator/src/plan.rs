@@ -14,7 +14,9 @@ pub struct Cut {
 }
 
 /// The bytes of every inventory, summed by class and bucket.
-pub fn merge<'a>(inventories: impl IntoIterator<Item = &'a Inventory>) -> [[u64; BUCKETS]; CLASSES] {
+pub fn merge<'a>(
+    inventories: impl IntoIterator<Item = &'a Inventory>,
+) -> [[u64; BUCKETS]; CLASSES] {
     let mut all = [[0u64; BUCKETS]; CLASSES];
     for inv in inventories {
         for (c, row) in inv.volatile.iter().enumerate() {

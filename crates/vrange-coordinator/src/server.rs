@@ -138,7 +138,10 @@ impl<'a> Server<'a> {
                 events.push(Some(*ev));
             }
         }
-        let ready: Vec<bool> = fds[1 + sources.len()..].iter().map(sock::poll_ready).collect();
+        let ready: Vec<bool> = fds[1 + sources.len()..]
+            .iter()
+            .map(sock::poll_ready)
+            .collect();
         // From the last: a swap_remove only moves a connection already served.
         for i in (0..ready.len()).rev() {
             if ready[i] && !self.serve(i) {

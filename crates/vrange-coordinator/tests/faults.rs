@@ -76,7 +76,9 @@ fn a_stopped_participant_does_not_block_the_others() {
     drop((hog, stopped, other, coordinator));
     let _ = std::fs::remove_dir_all(&dir);
     cgroup::remove(child);
-    println!("status {status:?}\nrows {rows:?}\nother {other_report:?}\nstopped {stopped_report:?}");
+    println!(
+        "status {status:?}\nrows {rows:?}\nother {other_report:?}\nstopped {stopped_report:?}"
+    );
     assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
     assert_eq!(kills, 0, "no OOM kill");
     assert!(
@@ -116,7 +118,10 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
             cmd.env(k, v);
         }
         let mut c = Role::spawn("coordinator", cmd);
-        assert_eq!(c.next(Duration::from_secs(10)).expect("LISTENING").tag, "LISTENING");
+        assert_eq!(
+            c.next(Duration::from_secs(10)).expect("LISTENING").tag,
+            "LISTENING"
+        );
         c
     };
     let mut coord = start_coordinator();
@@ -149,7 +154,10 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
         if r.u64("coordinated") == 0 {
             break killed.elapsed();
         }
-        assert!(killed.elapsed() < Duration::from_secs(2), "still coordinated: {r:?}");
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "still coordinated: {r:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     let hogged = hog.next(Duration::from_secs(60));
@@ -174,7 +182,10 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
     assert!(hogged2.is_ok(), "the second hog finished: {hogged2:?}");
     assert_eq!(kills, 0, "no OOM kill");
-    assert!(fallback < Duration::from_millis(500), "fell back in {fallback:?}");
+    assert!(
+        fallback < Duration::from_millis(500),
+        "fell back in {fallback:?}"
+    );
     assert_eq!(after_kill.u64("pinned_ok"), 1, "nothing pinned was lost");
     assert!(
         after_kill.u64("own_bytes") > 0,

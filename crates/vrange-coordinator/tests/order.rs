@@ -54,7 +54,14 @@ fn scenario(test: &str, coordinated: bool) -> Option<Outcome> {
     };
     let mut ps: Vec<Role> = NAMES
         .iter()
-        .map(|_| spawn(test, "participant", &cg, &[("VRANGE_COORDINATOR", setting.clone())]))
+        .map(|_| {
+            spawn(
+                test,
+                "participant",
+                &cg,
+                &[("VRANGE_COORDINATOR", setting.clone())],
+            )
+        })
         .collect();
     let mut order = Vec::new();
     for (p, role) in ps.iter_mut().enumerate() {
@@ -127,8 +134,10 @@ fn the_coordinator_purges_the_oldest_of_the_container_first() {
         return;
     }
     let _s = serial();
-    let Some(o) = scenario("the_coordinator_purges_the_oldest_of_the_container_first", true)
-    else {
+    let Some(o) = scenario(
+        "the_coordinator_purges_the_oldest_of_the_container_first",
+        true,
+    ) else {
         return;
     };
     println!("{}", show(&o));
@@ -168,13 +177,12 @@ fn without_the_coordinator_each_process_purges_its_own_oldest() {
     // Each process purged its own oldest first: per process, the purged chunks are a prefix of
     // its own marking order; across processes there is no order (whoever saw the pressure
     // first purged), which the coordinator exists to fix.
-    for p in 0..NAMES.len() {
+    for (p, name) in NAMES.iter().enumerate() {
         let mine: Vec<bool> = o.chunks.iter().filter(|c| c.0 == p).map(|c| c.2).collect();
         let kept = mine.iter().position(|purged| !purged).unwrap_or(mine.len());
         assert!(
             mine[kept..].iter().all(|purged| !purged),
-            "{} purged its own oldest first: {}",
-            NAMES[p],
+            "{name} purged its own oldest first: {}",
             show(&o)
         );
     }

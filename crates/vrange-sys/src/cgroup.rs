@@ -401,8 +401,7 @@ fn discover() -> Result<MemCgroup, String> {
 }
 
 fn discover_for(file: &str) -> Result<MemCgroup, String> {
-    let proc_cgroup =
-        crate::fd::read_file(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    let proc_cgroup = crate::fd::read_file(file).map_err(|e| format!("cannot read {file}: {e}"))?;
     let (v1_path, v2_path) = parse_proc_cgroup(&proc_cgroup);
     let mounts = match fs::read("/proc/self/mountinfo") {
         Ok(bytes) => parse_mountinfo(&String::from_utf8_lossy(&bytes)),

@@ -154,12 +154,28 @@ pub struct Status {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum Message {
-    Hello { pid: u32, name: [u8; NAME_LEN] },
-    Welcome { ping_ms: u32 },
-    Ping { seq: u64 },
+    Hello {
+        pid: u32,
+        name: [u8; NAME_LEN],
+    },
+    Welcome {
+        ping_ms: u32,
+    },
+    Ping {
+        seq: u64,
+    },
     Inventory(Box<Inventory>),
-    Purge { id: u64, class: u8, min_age_ms: u64 },
-    Purged { id: u64, bytes: u64, ranges: u64, youngest_ms: u64 },
+    Purge {
+        id: u64,
+        class: u8,
+        min_age_ms: u64,
+    },
+    Purged {
+        id: u64,
+        bytes: u64,
+        ranges: u64,
+        youngest_ms: u64,
+    },
     Monitor,
     Status(Status),
     Row(Box<Row>),
@@ -281,7 +297,9 @@ impl Message {
                 w.u32(r.pid);
                 w.u32(r.uid);
                 w.bytes(&r.name);
-                for v in [r.volatile, r.pinned, r.purged, r.obeyed, r.freed, r.quiet_ms] {
+                for v in [
+                    r.volatile, r.pinned, r.purged, r.obeyed, r.freed, r.quiet_ms,
+                ] {
                     w.u64(v);
                 }
                 w.bytes(&[r.responsive, 0, 0, 0, 0, 0, 0, 0]);

@@ -41,9 +41,9 @@ pub fn participant() {
                 say(format!("MARKED i={}", volatile.len() - 1));
             }
             "pin" => {
-                let mut r = VolatileRegion::new(CHUNK, managed).expect("region");
+                let r = VolatileRegion::new(CHUNK, managed).expect("region");
                 let s = seed(1000 + pinned.len());
-                // SAFETY: the region is pinned (new) and ours.
+                // The region is new, hence pinned: the pattern stays.
                 vrange_testkit::pattern::fill(r.as_ptr(), CHUNK, s);
                 pinned.push((r, s));
                 say("PINNED");
@@ -53,9 +53,9 @@ pub fn participant() {
                     .iter()
                     .map(|r| if r.is_purged() { '1' } else { '0' })
                     .collect();
-                let pinned_ok = pinned.iter().all(|(r, s)| {
-                    vrange_testkit::pattern::check(r.as_ptr(), CHUNK, *s)
-                });
+                let pinned_ok = pinned
+                    .iter()
+                    .all(|(r, s)| vrange_testkit::pattern::check(r.as_ptr(), CHUNK, *s));
                 let all = vrange::stats();
                 let st = all.coordinator;
                 say(format!(
@@ -138,7 +138,9 @@ pub fn await_connected(socket: &Path, n: u64, timeout: Duration) -> Result<(), S
             return Ok(());
         }
         if t0.elapsed() > timeout {
-            return Err(format!("{n} participants not connected after {timeout:?}: {seen:?}"));
+            return Err(format!(
+                "{n} participants not connected after {timeout:?}: {seen:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -148,15 +150,21 @@ pub fn await_connected(socket: &Path, n: u64, timeout: Duration) -> Result<(), S
 pub fn await_participants(socket: &Path, n: u64, timeout: Duration) -> Result<(), String> {
     let t0 = Instant::now();
     loop {
-        let seen = vrange_coordinator::query(socket)
-            .map(|(s, rows)| (s.participants, rows.iter().filter(|r| r.volatile > 0).count()));
+        let seen = vrange_coordinator::query(socket).map(|(s, rows)| {
+            (
+                s.participants,
+                rows.iter().filter(|r| r.volatile > 0).count(),
+            )
+        });
         if let Ok((p, with_data)) = seen {
             if p >= n && with_data as u64 >= n {
                 return Ok(());
             }
         }
         if t0.elapsed() > timeout {
-            return Err(format!("{n} participants not connected after {timeout:?}: {seen:?}"));
+            return Err(format!(
+                "{n} participants not connected after {timeout:?}: {seen:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -130,8 +130,8 @@ impl Participant {
             return;
         };
         let ok = link.serve();
-        let silent = now.saturating_sub(link.heard)
-            >= SILENT_PINGS * link.ping_ms.max(1) * 1_000_000;
+        let silent =
+            now.saturating_sub(link.heard) >= SILENT_PINGS * link.ping_ms.max(1) * 1_000_000;
         if !ok || silent {
             self.disconnect();
         } else {
