@@ -632,10 +632,12 @@ fn man_writes_a_page_per_visible_subcommand() {
     // Hidden subcommands (bench-role, man itself) get none.
     let expected = [
         "vrange-bench.1",
+        "vrange-daemon.1",
         "vrange-demo.1",
         "vrange-features.1",
         "vrange-run.1",
         "vrange-stat.1",
+        "vrange-top.1",
         "vrange.1",
     ];
     assert_eq!(pages, expected);
@@ -678,4 +680,69 @@ fn run_finds_the_shim_in_the_installed_layout() {
         String::from_utf8_lossy(&found.stdout),
         libdir.join("libvrange_malloc.so").to_string_lossy()
     );
+}
+
+/// `vrange daemon` serves `vrange top` and Prometheus metrics, and on SIGTERM exits 0 and removes
+/// its socket; a metrics address off loopback is a usage error.
+#[test]
+fn daemon_top_and_metrics() {
+    let bad = vrange()
+        .args(["daemon", "--machine", "--metrics", "0.0.0.0:9464"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("loopback"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("coordinator.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut daemon = vrange()
+        .args(["daemon", "--machine", "--socket"])
+        .arg(&socket)
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !socket.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let top = vrange()
+        .args(["top", "--once", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "{top:?}");
+    assert!(text.contains("0 participants"), "{text}");
+    assert!(text.contains("VOLATILE MiB"), "{text}");
+    let metrics = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
+    assert!(
+        metrics.contains("vrange_coordinator_participants 0"),
+        "{metrics}"
+    );
+    // SAFETY: kill(2) on our child.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
+    let status = daemon.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists(), "the socket is removed");
+    let missing = vrange()
+        .args(["top", "--once", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
 }
