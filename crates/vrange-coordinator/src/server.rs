@@ -11,7 +11,9 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use vrange::coordination::{Inventory, Message, Row, Status, MAX_MESSAGE, NAME_LEN};
+use vrange::coordination::{
+    bucket_of, Inventory, Message, Row, SharedHandle, Status, MAX_MESSAGE, MAX_SHARED, NAME_LEN,
+};
 use vrange_sys::cgroup::MemCgroup;
 use vrange_sys::sock::{self, PeerCred, Recv};
 
@@ -35,6 +37,10 @@ struct Conn {
     pending: Option<(u64, Instant)>,
     responsive: bool,
     ping_seq: u64,
+    /// Shared regions it passed, with their class.
+    shared: Vec<(SharedHandle, u8)>,
+    /// Bytes the coordinator purged itself from those.
+    freed_directly: u64,
 }
 
 impl Conn {
@@ -54,7 +60,7 @@ impl Conn {
             pinned: inv.map_or(0, |i| i.pinned),
             purged: inv.map_or(0, |i| i.purged),
             obeyed: inv.map_or(0, |i| i.obeyed),
-            freed: inv.map_or(0, |i| i.freed_for_coordinator),
+            freed: inv.map_or(0, |i| i.freed_for_coordinator) + self.freed_directly,
             quiet_ms: now.duration_since(self.heard).as_millis() as u64,
             responsive: u8::from(self.responsive),
         }
@@ -175,6 +181,8 @@ impl<'a> Server<'a> {
                 pending: None,
                 responsive: true,
                 ping_seq: 0,
+                shared: Vec::new(),
+                freed_directly: 0,
             });
         }
     }
@@ -202,11 +210,11 @@ impl<'a> Server<'a> {
         let mut buf = [0u8; MAX_MESSAGE];
         loop {
             let c = &mut self.conns[i];
-            let n = match sock::recv(c.fd.as_fd(), &mut buf) {
-                Ok(Recv::Message(n)) => n,
-                Ok(Recv::Empty) => return true,
-                Ok(Recv::Closed) => return false,
-                Ok(Recv::TooLong) | Err(_) => {
+            let (n, passed) = match sock::recv_fd(c.fd.as_fd(), &mut buf) {
+                Ok((Recv::Message(n), fd)) => (n, fd),
+                Ok((Recv::Empty, _)) => return true,
+                Ok((Recv::Closed, _)) => return false,
+                Ok((Recv::TooLong, _)) | Err(_) => {
                     self.status.refused += 1;
                     return false;
                 }
@@ -224,7 +232,23 @@ impl<'a> Server<'a> {
                     self.answer_monitor(i);
                     return false;
                 }
+                (Role::Participant, Ok(Message::Share { class, ino, .. })) => {
+                    // A descriptor that is not the region named, or one too many: refused.
+                    let handle = passed.and_then(|fd| SharedHandle::open(fd).ok());
+                    match handle {
+                        Some(h) if h.ino() == ino && c.shared.len() < MAX_SHARED => {
+                            c.shared.push((h, class));
+                            true
+                        }
+                        _ => {
+                            self.status.refused += 1;
+                            false
+                        }
+                    }
+                }
                 (Role::Participant, Ok(Message::Inventory(inv))) => {
+                    // Regions it no longer maps are let go, so their memory is not kept.
+                    c.shared.retain(|(h, _)| inv.shared.contains(&h.ino()));
                     c.inventory = Some(inv);
                     c.received = Instant::now();
                     c.responsive = true;
@@ -335,7 +359,18 @@ impl<'a> Server<'a> {
             .filter(|c| c.responsive)
             .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
             .collect();
-        let merged = plan::merge(live.iter());
+        // The shared regions of participants that do not answer: the coordinator purges those
+        // itself.
+        let mut orphans = Inventory::default();
+        for c in self.participants().filter(|c| !c.responsive) {
+            for (h, class) in &c.shared {
+                if let Some(idle) = h.idle() {
+                    orphans.volatile[*class as usize][bucket_of(idle.as_millis() as u64)] +=
+                        h.len() as u64;
+                }
+            }
+        }
+        let merged = plan::merge(live.iter().chain([&orphans]));
         let volatile: u64 = merged.iter().flatten().sum();
         for e in events.iter().flatten() {
             self.shared.event(*e);
@@ -353,6 +388,18 @@ impl<'a> Server<'a> {
             return;
         };
         self.status.rounds += 1;
+        for c in self.conns.iter_mut().filter(|c| !c.responsive) {
+            for (h, class) in &c.shared {
+                let due = h.idle().is_some_and(|idle| {
+                    *class < cut.class
+                        || (*class == cut.class && idle.as_millis() as u64 >= cut.min_age_ms)
+                });
+                if let Some(n) = due.then(|| h.purge()).flatten() {
+                    c.freed_directly += n as u64;
+                    self.status.freed += n as u64;
+                }
+            }
+        }
         let mut sent = 0;
         for c in self.conns.iter_mut() {
             let asked = c.responsive

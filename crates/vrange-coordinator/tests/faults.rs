@@ -1,6 +1,7 @@
 //! Faults: a participant that stops answering does not hold up the others; a coordinator
 //! killed in the middle of a purge round leaves every participant purging on its own within a
-//! tick, with nothing pinned lost; when it comes back they reconnect.
+//! tick, with nothing pinned lost; when it comes back they reconnect. A stopped participant's
+//! shared regions are purged by the coordinator itself.
 
 mod common;
 
@@ -194,4 +195,59 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     back.expect("the participant reconnects");
     assert!(reconnected.u64("connections") >= 2, "{reconnected:?}");
     assert_eq!(reconnected.u64("pinned_ok"), 1);
+}
+
+#[test]
+fn the_coordinator_purges_a_stopped_participants_shared_regions_itself() {
+    const TEST: &str = "the_coordinator_purges_a_stopped_participants_shared_regions_itself";
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-shared-", 192 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("shared");
+    let socket = dir.join("coordinator.sock");
+    let coordinator = InProcess::start(options(&socket, cg.path()));
+    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    let mut p = spawn(TEST, "participant", &cg, &env);
+    for _ in 0..2 {
+        assert_eq!(ask(&mut p, "pin").tag, "PINNED");
+    }
+    for _ in 0..16 {
+        assert_eq!(ask(&mut p, "share").tag, "SHARED");
+    }
+    await_participants(&socket, 1, Duration::from_secs(10)).expect("the participant connects");
+    // Its descriptors reach the coordinator with the next ping.
+    std::thread::sleep(Duration::from_millis(300));
+    signal(p.pid(), libc::SIGSTOP);
+    // Silent for longer than the request timeout and a ping: left to the coordinator.
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut hog = spawn(TEST, "hog", &cg, &hog_env(128, 50));
+    let hogged = hog.next(Duration::from_secs(60));
+    let (status, rows) = vrange_coordinator::query(&socket).expect("status");
+    let kills = cg.oom_kills().expect("OOM kills");
+    signal(p.pid(), libc::SIGCONT);
+    let report = ask(&mut p, "report");
+    drop((hog, p, coordinator));
+    let _ = std::fs::remove_dir_all(&dir);
+    cgroup::remove(child);
+    println!("status {status:?}\nrows {rows:?}\n{report:?}");
+    assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
+    assert_eq!(kills, 0, "no OOM kill");
+    let shared: Vec<bool> = report.str("shared").chars().map(|c| c == '1').collect();
+    assert_eq!(shared.len(), 16);
+    assert!(
+        shared.iter().any(|&b| b),
+        "shared regions were purged: {report:?}"
+    );
+    assert_eq!(report.u64("requests"), 0, "not by the stopped participant");
+    assert!(
+        rows.iter().all(|r| r.freed > 0),
+        "counted as freed for it: {rows:?}"
+    );
+    assert_eq!(report.u64("pinned_ok"), 1);
 }

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use vrange::coordination::{
-    Inventory, Malformed, Message, Row, Status, BUCKETS, CLASSES, MAX_MESSAGE, NAME_LEN,
+    Inventory, Malformed, Message, Row, Status, BUCKETS, CLASSES, MAX_MESSAGE, MAX_SHARED, NAME_LEN,
 };
 use vrange_sys::sock::{self, Recv};
 use vrange_testkit::role::{command, role, role_command, say, Role};
@@ -59,8 +59,9 @@ fn any_message() -> impl Strategy<Value = Message> {
         any::<u64>(),
         proptest::collection::vec(any::<u64>(), CLASSES * BUCKETS),
         any::<[u64; 5]>(),
+        any::<[u64; MAX_SHARED]>(),
     )
-        .prop_map(|(seq, volatile, t)| {
+        .prop_map(|(seq, volatile, t, shared)| {
             let mut inv = Inventory {
                 seq,
                 pinned: t[0],
@@ -68,6 +69,7 @@ fn any_message() -> impl Strategy<Value = Message> {
                 purged_total: t[2],
                 obeyed: t[3],
                 freed_for_coordinator: t[4],
+                shared,
                 ..Inventory::default()
             };
             for (d, s) in inv.volatile.iter_mut().flatten().zip(volatile) {
@@ -127,6 +129,8 @@ fn any_message() -> impl Strategy<Value = Message> {
         })),
         row,
         Just(Message::End),
+        (0..CLASSES as u8, any::<u64>(), any::<u64>())
+            .prop_map(|(class, len, ino)| Message::Share { class, len, ino }),
     ]
 }
 

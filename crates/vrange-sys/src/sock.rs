@@ -204,27 +204,140 @@ pub fn send(sock: BorrowedFd<'_>, msg: &[u8]) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Receives one message into `buf` without blocking.
+/// Sends one message with a descriptor attached (SCM_RIGHTS), as [`send`] does.
+///
+/// # Errors
+/// As [`send`].
+pub fn send_fd(sock: BorrowedFd<'_>, msg: &[u8], fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut iov = libc::iovec {
+        iov_base: msg.as_ptr() as *mut libc::c_void,
+        iov_len: msg.len(),
+    };
+    let mut control = Control::default();
+    // SAFETY: msghdr is plain data; all zero means no address and no control data.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = control.buf.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    hdr.msg_controllen = unsafe { libc::CMSG_SPACE(FD_LEN) } as usize;
+    // SAFETY: the control buffer is aligned and CMSG_SPACE(one fd) long, so the first header
+    // and its data (one int) lie inside it.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&hdr);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(FD_LEN) as usize;
+        libc::CMSG_DATA(cmsg)
+            .cast::<libc::c_int>()
+            .write_unaligned(fd.as_raw_fd());
+    }
+    // SAFETY: every pointer in `hdr` refers to live locals for the call; the kernel only reads.
+    let n = unsafe {
+        libc::sendmsg(
+            sock.as_raw_fd(),
+            &hdr,
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(true)
+}
+
+const FD_LEN: u32 = std::mem::size_of::<libc::c_int>() as u32;
+
+/// Room for one control message carrying one descriptor, aligned for cmsghdr.
+#[repr(C, align(8))]
+struct Control {
+    buf: [u8; 64],
+}
+
+impl Default for Control {
+    fn default() -> Control {
+        Control { buf: [0; 64] }
+    }
+}
+
+/// Receives one message into `buf` without blocking. Descriptors sent with it are discarded by
+/// the kernel (no room is offered for them): a peer cannot plant one in this process.
 ///
 /// # Errors
 /// The errno of recvmsg(2) other than EAGAIN and EINTR.
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Recv> {
+    recv_inner(sock, buf, None)
+}
+
+/// [`recv`], also taking one descriptor sent with the message (close-on-exec); any more are
+/// closed. For a coordinator receiving shared regions.
+///
+/// # Errors
+/// As [`recv`].
+pub fn recv_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(Recv, Option<OwnedFd>)> {
+    let mut fd = None;
+    let r = recv_inner(sock, buf, Some(&mut fd))?;
+    Ok((r, fd))
+}
+
+fn recv_inner(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fd_out: Option<&mut Option<OwnedFd>>,
+) -> io::Result<Recv> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    let mut control = Control::default();
     // SAFETY: msghdr is plain data; all zero means no address and no control data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    // SAFETY: the iovec points at `buf`, writable for its length across the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    if fd_out.is_some() {
+        msg.msg_control = control.buf.as_mut_ptr().cast();
+        msg.msg_controllen = control.buf.len();
+    }
+    // SAFETY: the iovec points at `buf` and the control pointer (if any) at `control`, both
+    // writable for their lengths across the call.
+    let n = unsafe {
+        libc::recvmsg(
+            sock.as_raw_fd(),
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
     if n < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             Some(libc::EAGAIN | libc::EINTR) => Ok(Recv::Empty),
             _ => Err(e),
         };
+    }
+    if let Some(out) = fd_out {
+        // SAFETY: the kernel filled `msg_controllen` bytes of `control` with well-formed
+        // headers; CMSG_FIRSTHDR/NXTHDR stay inside them, and SCM_RIGHTS data are ints, each a
+        // new descriptor of this process that nothing else refers to.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                    let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / FD_LEN as usize;
+                    for i in 0..count {
+                        let fd = OwnedFd::from_raw_fd(data.add(i).read_unaligned());
+                        if out.is_none() {
+                            *out = Some(fd);
+                        }
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
     }
     if msg.msg_flags & libc::MSG_TRUNC != 0 {
         return Ok(Recv::TooLong);
@@ -299,6 +412,19 @@ mod tests {
         assert_eq!(&buf[..5], b"hello");
         assert_eq!(recv(server.as_fd(), &mut buf).unwrap(), Recv::TooLong);
         assert_eq!(recv(server.as_fd(), &mut buf).unwrap(), Recv::Empty);
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        assert!(send_fd(c, b"fd", file.as_fd()).unwrap());
+        // Offered no room, the descriptor is dropped by the kernel; offered room, it arrives.
+        assert!(send_fd(c, b"fd", file.as_fd()).unwrap());
+        assert_eq!(recv(server.as_fd(), &mut buf).unwrap(), Recv::Message(2));
+        let (r, fd) = recv_fd(server.as_fd(), &mut buf).unwrap();
+        assert_eq!(r, Recv::Message(2));
+        let (a, b) = (
+            file.metadata().unwrap(),
+            std::fs::File::from(fd.unwrap()).metadata().unwrap(),
+        );
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
         drop(client);
         assert_eq!(recv(server.as_fd(), &mut buf).unwrap(), Recv::Closed);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -13,6 +13,7 @@
 //! | `Inventory` | participant → coordinator | answer to `Ping` and after each purge | volatile bytes by class and age bucket; pinned, purged, obeyed |
 //! | `Purge` | coordinator → participant | pressure | request id, class `P`, age `A` |
 //! | `Purged` | participant → coordinator | answer to `Purge` | bytes and ranges freed, the youngest age purged |
+//! | `Share` + descriptor | participant → coordinator | a shared region it has not passed yet | class, length, inode |
 //! | `Monitor` | `vrange top` → coordinator | on connecting | none |
 //! | `Status`, `Row`…, `End` | coordinator → monitor | answer to `Monitor` | totals; one row per participant |
 //!
@@ -21,6 +22,14 @@
 //! volatile for at least `A` milliseconds: everything before the point, nothing after.
 //! Inventories are never per-range lists: [`CLASSES`] × [`BUCKETS`] byte counts, the buckets
 //! growing by √2 from 100 ms ([`bucket_of`], [`bucket_floor_ms`]).
+//!
+//! Shared regions: a participant passes each of its shared regions' descriptors once
+//! (SCM_RIGHTS, at most [`MAX_SHARED`]), and lists the inodes it still maps in every inventory.
+//! The coordinator maps only their header page ([`SharedHandle`]) and purges one itself (a hole
+//! punched for every process, by the same state machine every process uses) when it comes
+//! before the cut: that works while the participant is stopped or hung. It closes a descriptor
+//! when no inventory lists its inode any more or the participant disconnects, so it never keeps
+//! a freed region's memory alive for long.
 //!
 //! Liveness: a participant takes the coordinator for gone when the socket closes, or when no
 //! message came for three ping intervals (a stopped or hung coordinator), and then purges on
@@ -37,6 +46,8 @@ pub const CLASSES: usize = 4;
 pub const BUCKETS: usize = 40;
 /// Bytes of a program name in `Hello` and `Row` (NUL-padded, like `/proc/PID/comm`).
 pub const NAME_LEN: usize = 16;
+/// Shared regions a participant passes to the coordinator at most.
+pub const MAX_SHARED: usize = 16;
 
 const MAGIC: [u8; 4] = *b"VRC1";
 const HEADER: usize = 8;
@@ -83,6 +94,9 @@ pub struct Inventory {
     pub obeyed: u64,
     /// Bytes freed for those requests.
     pub freed_for_coordinator: u64,
+    /// Inodes of the shared regions passed with `Share` that the participant still maps (0:
+    /// none).
+    pub shared: [u64; MAX_SHARED],
 }
 
 impl Default for Inventory {
@@ -95,6 +109,7 @@ impl Default for Inventory {
             purged_total: 0,
             obeyed: 0,
             freed_for_coordinator: 0,
+            shared: [0; MAX_SHARED],
         }
     }
 }
@@ -176,6 +191,11 @@ pub enum Message {
         ranges: u64,
         youngest_ms: u64,
     },
+    Share {
+        class: u8,
+        len: u64,
+        ino: u64,
+    },
     Monitor,
     Status(Status),
     Row(Box<Row>),
@@ -194,7 +214,7 @@ impl fmt::Display for Malformed {
 
 impl std::error::Error for Malformed {}
 
-const INVENTORY_LEN: usize = 8 + CLASSES * BUCKETS * 8 + 5 * 8;
+const INVENTORY_LEN: usize = 8 + CLASSES * BUCKETS * 8 + 5 * 8 + MAX_SHARED * 8;
 const ROW_LEN: usize = 4 + 4 + NAME_LEN + 6 * 8 + 8;
 const _: () = assert!(HEADER + INVENTORY_LEN <= MAX_MESSAGE);
 
@@ -211,6 +231,7 @@ impl Message {
             Message::Status(_) => 8,
             Message::Row(_) => 9,
             Message::End => 10,
+            Message::Share { .. } => 11,
         }
     }
 
@@ -226,6 +247,7 @@ impl Message {
             7 | 10 => 0,
             8 => 7 * 8,
             9 => ROW_LEN,
+            11 => 24,
             _ => return None,
         })
     }
@@ -259,6 +281,14 @@ impl Message {
                 ] {
                     w.u64(v);
                 }
+                for v in inv.shared {
+                    w.u64(v);
+                }
+            }
+            Message::Share { class, len, ino } => {
+                w.bytes(&[*class, 0, 0, 0, 0, 0, 0, 0]);
+                w.u64(*len);
+                w.u64(*ino);
             }
             Message::Purge {
                 id,
@@ -347,7 +377,21 @@ impl Message {
                 inv.purged_total = r.u64();
                 inv.obeyed = r.u64();
                 inv.freed_for_coordinator = r.u64();
+                for v in inv.shared.iter_mut() {
+                    *v = r.u64();
+                }
                 Message::Inventory(inv)
+            }
+            11 => {
+                let pad: [u8; 8] = r.array();
+                if pad[1..] != [0; 7] || pad[0] as usize >= CLASSES {
+                    return Err(Malformed);
+                }
+                Message::Share {
+                    class: pad[0],
+                    len: r.u64(),
+                    ino: r.u64(),
+                }
             }
             5 => {
                 let id = r.u64();
@@ -440,6 +484,92 @@ impl Reader<'_> {
     }
 }
 
+/// A shared region a participant passed to the coordinator: its descriptor and its header
+/// page, nothing of its data. [`SharedHandle::purge`] purges it as any process's reclaimer
+/// would: only if it is volatile in every process that maps it, in one hole punched for all.
+pub struct SharedHandle {
+    page: crate::shared::HeaderPage,
+    fd: std::os::fd::OwnedFd,
+    ino: u64,
+}
+
+impl SharedHandle {
+    /// Takes a descriptor received with `Share`; checks that it is a vrange shared region.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for anything else; `Os` for a failed
+    /// fstat or mmap.
+    pub fn open(fd: std::os::fd::OwnedFd) -> Result<SharedHandle, crate::Error> {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::File::from(fd.try_clone().map_err(crate::Error::from)?)
+            .metadata()
+            .map_err(crate::Error::from)?
+            .ino();
+        let page = crate::shared::HeaderPage::open(fd.as_fd())?;
+        Ok(SharedHandle { page, fd, ino })
+    }
+
+    /// The region's inode (as the participant's inventory lists it).
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// Bytes of data.
+    pub fn len(&self) -> usize {
+        self.page.len
+    }
+
+    /// Whether it has no data (never: regions are at least a page).
+    pub fn is_empty(&self) -> bool {
+        self.page.len == 0
+    }
+
+    /// How long it has been volatile in every process that maps it; `None` if pinned anywhere,
+    /// purged or busy.
+    pub fn idle(&self) -> Option<std::time::Duration> {
+        let h = self.page.header();
+        if !crate::state::is_purgeable(h.state.load()) {
+            return None;
+        }
+        let now = vrange_sys::clock::now_ns();
+        Some(std::time::Duration::from_nanos(now.saturating_sub(
+            h.last_used.load(std::sync::atomic::Ordering::Relaxed),
+        )))
+    }
+
+    /// Purges the region for every process if it is still volatile everywhere. Returns the
+    /// bytes freed, `None` if it was not purgeable (pinned, purged, or used meanwhile).
+    pub fn purge(&self) -> Option<usize> {
+        use std::os::fd::AsFd;
+        let h = self.page.header();
+        let seen = h.state.load();
+        if !h.state.begin_purge(seen) {
+            return None;
+        }
+        let page = vrange_sys::mem::page_size();
+        // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until
+        // the purge finishes.
+        let punched = unsafe { vrange_sys::shm::punch_hole(self.fd.as_fd(), page, self.len()) };
+        if punched.is_err() {
+            h.state.abort_purge(seen);
+            return None;
+        }
+        h.epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
+        h.state.finish_purge();
+        Some(self.len())
+    }
+}
+
+impl fmt::Debug for SharedHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedHandle")
+            .field("ino", &self.ino)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
 /// Where a participant looks for a coordinator, in order, when `VRANGE_COORDINATOR` is unset:
 /// the user's own (in the user's private statistics directory), then the system-wide one.
 pub fn default_sockets(euid: u32) -> [PathBuf; 2] {
@@ -526,6 +656,11 @@ mod tests {
                 responsive: 1,
             })),
             Message::End,
+            Message::Share {
+                class: 1,
+                len: 4096,
+                ino: 77,
+            },
         ];
         let mut buf = [0u8; MAX_MESSAGE];
         for m in all {

@@ -107,6 +107,7 @@ fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error>
     let start = data as usize;
     slot.init(Policy::Managed, opts.priority, start, len);
     slot.header.store(header, Release);
+    SHARED_LIVE.fetch_add(1, Relaxed);
     slot.fd.store(fd, Relaxed);
     slot.seen_epoch.store(epoch, Relaxed);
     if opts.sigbus {
@@ -143,6 +144,7 @@ pub(crate) fn open_shared(
     let start = data as usize;
     slot.init(Policy::Managed, priority, start, len);
     slot.header.store(header, Release);
+    SHARED_LIVE.fetch_add(1, Relaxed);
     slot.fd.store(fd, Relaxed);
     slot.holding.store(false, Relaxed);
     slot.seen_epoch.store(epoch, Relaxed);
@@ -178,6 +180,7 @@ unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
         // SAFETY: the caller gives up the region, which this module mapped.
         unsafe { mem::unmap(base, len) };
     } else {
+        SHARED_LIVE.fetch_sub(1, Relaxed);
         let base = std::ptr::NonNull::new(header.cast::<u8>()).expect("header");
         // SAFETY: as above; the shared mapping is the header page plus the data.
         unsafe { mem::unmap(base, len + page) };
@@ -529,6 +532,15 @@ pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
         registry::free_slot(idx);
     }
     Ok(())
+}
+
+/// Shared regions mapped by this process.
+static SHARED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether this process maps any shared region (whose volatile bytes the private gauge of
+/// `stats::volatile_resident` does not count).
+pub(crate) fn maps_shared() -> bool {
+    SHARED_LIVE.load(Relaxed) != 0
 }
 
 /// Held while purging, so that purges do not overlap and a shared region is not unmapped

@@ -135,3 +135,53 @@ pub(crate) unsafe fn punch(fd: &GuestFd, len: usize) -> Result<(), Error> {
     // purge finishes.
     unsafe { shm::punch_hole(fd, mem::page_size(), len) }.map_err(Error::from)
 }
+
+/// The header page of a shared region's file, mapped alone (a coordinator purging regions
+/// participants handed it, without mapping their data). Unmapped on drop.
+pub(crate) struct HeaderPage {
+    base: NonNull<u8>,
+    /// Bytes of data after the header.
+    pub len: usize,
+}
+
+// SAFETY: the page holds atomics only, shared with other processes anyway.
+unsafe impl Send for HeaderPage {}
+// SAFETY: as above.
+unsafe impl Sync for HeaderPage {}
+
+impl HeaderPage {
+    /// Maps and checks the header of the shared region `fd`.
+    pub fn open(fd: BorrowedFd<'_>) -> Result<HeaderPage, Error> {
+        let page = mem::page_size();
+        let total = shm::size(fd).map_err(Error::from)?;
+        if total < 2 * page || total % page != 0 {
+            return Err(Error::Unsupported);
+        }
+        let base = shm::map(fd, page).map_err(Error::from)?;
+        let h = HeaderPage {
+            base,
+            len: total - page,
+        };
+        let head = h.header();
+        let valid = head.magic.load(Acquire) == MAGIC
+            && head.version_and_len.load(Acquire) == u64::from(VERSION)
+            && head.data_len.load(Acquire) == h.len as u64;
+        if valid {
+            Ok(h)
+        } else {
+            Err(Error::Unsupported)
+        }
+    }
+
+    pub fn header(&self) -> &Header {
+        // SAFETY: base is a live, page-aligned mapping of one page; Header (atomics) fits.
+        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    }
+}
+
+impl Drop for HeaderPage {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `open`, referred to by nothing once the handle goes.
+        unsafe { mem::unmap(self.base, mem::page_size()) };
+    }
+}

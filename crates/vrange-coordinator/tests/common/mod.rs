@@ -20,8 +20,8 @@ pub fn seed(i: usize) -> u64 {
 
 /// The participant role: holds volatile chunks made on command, reports which were purged.
 ///
-/// Commands: `mark` (one more chunk, filled, then volatile), `pin` (one more chunk, filled and
-/// kept pinned), `report`, `exit`.
+/// Commands: `mark` (one more chunk, filled, then volatile), `share` (the same in a shared
+/// region), `pin` (one more chunk, filled and kept pinned), `report`, `exit`.
 pub fn participant() {
     let managed = Options {
         policy: Policy::Managed,
@@ -29,6 +29,7 @@ pub fn participant() {
     };
     let mut volatile: Vec<VolatileRegion> = Vec::new();
     let mut pinned: Vec<(VolatileRegion, u64)> = Vec::new();
+    let mut shared: Vec<VolatileRegion> = Vec::new();
     while let Some(cmd) = command() {
         match cmd.as_str() {
             "mark" => {
@@ -48,7 +49,24 @@ pub fn participant() {
                 pinned.push((r, s));
                 say("PINNED");
             }
+            "share" => {
+                let opts = Options {
+                    shared: true,
+                    ..managed
+                };
+                let mut r = VolatileRegion::new(CHUNK, opts).expect("shared region");
+                {
+                    let mut p = r.pin().expect("pin");
+                    vrange_testkit::pattern::fill(p.as_mut_ptr(), CHUNK, seed(shared.len()));
+                }
+                shared.push(r);
+                say(format!("SHARED i={}", shared.len() - 1));
+            }
             "report" => {
+                let shared_bits: String = shared
+                    .iter()
+                    .map(|r| if r.is_purged() { '1' } else { '0' })
+                    .collect();
                 let bits: String = volatile
                     .iter()
                     .map(|r| if r.is_purged() { '1' } else { '0' })
@@ -59,7 +77,7 @@ pub fn participant() {
                 let all = vrange::stats();
                 let st = all.coordinator;
                 say(format!(
-                    "REPORT purged={bits} pinned_ok={} coordinated={} connections={} requests={} deferred={} own_bytes={}",
+                    "REPORT purged={bits} shared={shared_bits} pinned_ok={} coordinated={} connections={} requests={} deferred={} own_bytes={}",
                     u8::from(pinned_ok),
                     u8::from(st.connected),
                     st.connections,

@@ -478,12 +478,12 @@ impl Watch {
     }
 }
 
-/// Whether the thread needs its sources now: the process has had volatile memory for a whole
-/// tick. `since` is when the thread first saw it (reset when it goes). A process that lives
+/// Whether the thread needs its sources now: the process has had volatile memory (or a shared
+/// region, volatile in other processes' eyes too) for a whole tick. `since` is when the thread first saw it (reset when it goes). A process that lives
 /// less than a tick, or frees memory only briefly, never holds a descriptor of vrange's; the
 /// budget and explicit purges need none.
 fn needs_sources(since: &mut Option<u64>, now: u64, tick: Duration) -> bool {
-    if stats::volatile_resident() == 0 {
+    if stats::volatile_resident() == 0 && !crate::managed::maps_shared() {
         *since = None;
         return false;
     }

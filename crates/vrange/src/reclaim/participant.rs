@@ -22,11 +22,16 @@
 //!   reports the hang-up; a coordinator that sends nothing for three ping intervals (stopped,
 //!   hung) is dropped. Either way the reclaimer purges on its own again from the same tick on,
 //!   exactly as without a coordinator, and tries to reconnect a second later.
+//! - Shared regions: their descriptors are passed to the coordinator once each (at most
+//!   16), so that it can purge them while this process is stopped; every inventory lists the
+//!   inodes still mapped, and the coordinator closes the others.
 //! - The descriptor is a guest's (`sys::fd::GuestFd`: above the floor, close-on-exec, verified
 //!   before every use, closed in a fork child) and exists only while connected.
 
 use super::victims;
-use crate::coordination::{self, bucket_of, Inventory, Message, CLASSES, MAX_MESSAGE, NAME_LEN};
+use crate::coordination::{
+    self, bucket_of, Inventory, Message, CLASSES, MAX_MESSAGE, MAX_SHARED, NAME_LEN,
+};
 use crate::managed::{self, pause};
 use crate::registry;
 use crate::stats;
@@ -74,6 +79,8 @@ pub(super) struct Link {
     welcomed: bool,
     /// When the coordinator last sent anything.
     heard: u64,
+    /// Inodes of the shared regions passed on this connection.
+    passed: Vec<u64>,
 }
 
 /// What the reclaimer thread keeps between ticks.
@@ -152,6 +159,7 @@ fn open(path: &std::path::Path, now: u64) -> Option<Link> {
         ping_ms: FIRST_PING_MS,
         welcomed: false,
         heard: now,
+        passed: Vec::new(),
     };
     let hello = Message::Hello {
         pid: std::process::id(),
@@ -201,7 +209,10 @@ impl Link {
                     self.ping_ms = u64::from(ping_ms);
                     None
                 }
-                Ok(Message::Ping { seq }) if self.welcomed => Some(inventory(seq)),
+                Ok(Message::Ping { seq }) if self.welcomed => {
+                    let shared = self.share();
+                    Some(inventory(seq, shared))
+                }
                 Ok(Message::Purge {
                     id,
                     class,
@@ -217,7 +228,8 @@ impl Link {
                     if !self.send(&done) {
                         return false;
                     }
-                    Some(inventory(0))
+                    let shared = self.share();
+                    Some(inventory(0, shared))
                 }
                 _ => return false,
             };
@@ -231,12 +243,54 @@ impl Link {
     }
 }
 
+impl Link {
+    /// Passes the shared regions not passed yet on this connection (their descriptors, with
+    /// `Share`), at most [`MAX_SHARED`]; returns the inodes of those live now.
+    fn share(&mut self) -> [u64; MAX_SHARED] {
+        let mut live = [0u64; MAX_SHARED];
+        let mut n = 0;
+        let mut buf = [0u8; MAX_MESSAGE];
+        // Freeing a shared region takes the purge lock: under it, each slot's descriptor lives.
+        let p = pause();
+        registry::for_each_live(|_, slot| {
+            if slot.header().is_none() || n == MAX_SHARED {
+                return;
+            }
+            // SAFETY: under the purge lock a shared region cannot be freed, so the box the slot
+            // points to (its descriptor) lives until the lock is released.
+            let Some(guest) = (unsafe { slot.fd.load(Relaxed).as_ref() }) else {
+                return;
+            };
+            let ino = guest.ident().ino();
+            live[n] = ino;
+            n += 1;
+            if self.passed.contains(&ino) {
+                return;
+            }
+            let m = Message::Share {
+                class: (slot.priority() as u8).min(CLASSES as u8 - 1),
+                len: slot.len.load(Relaxed) as u64,
+                ino,
+            };
+            let len = m.encode(&mut buf);
+            if let (Some(sock), Some(fd)) = (self.sock.get(), guest.get()) {
+                if matches!(sock::send_fd(sock, &buf[..len], fd), Ok(true)) {
+                    self.passed.push(ino);
+                }
+            }
+        });
+        drop(p);
+        live
+    }
+}
+
 /// This process's inventory now: volatile bytes by class and age, and its totals. One pass over
 /// the registry.
-fn inventory(seq: u64) -> Message {
+fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
     let now = now_ns();
     let mut inv = Box::new(Inventory {
         seq,
+        shared,
         ..Inventory::default()
     });
     registry::for_each_live(|_, slot| {
