@@ -127,72 +127,165 @@ fn sort(rows: &mut [Row], key: SortKey) {
     }
 }
 
-/// Shows the coordinator's participants: once, or refreshed until interrupted (the screen is
-/// redrawn when standard output is a terminal).
+/// The columns, in screen order, with the key that sorts by each (`<` and `>` move along them).
+const KEYS: [(SortKey, char); 7] = [
+    (SortKey::Pid, 'i'),
+    (SortKey::Name, 'n'),
+    (SortKey::Volatile, 'v'),
+    (SortKey::Pinned, 'p'),
+    (SortKey::Purged, 'u'),
+    (SortKey::Obeyed, 'o'),
+    (SortKey::Freed, 'f'),
+];
+
+/// One screen: the totals line and the table, sorted by `key`.
+fn screen(socket: &std::path::Path, key: SortKey) -> Result<String, String> {
+    let (status, mut rows) = vrange_coordinator::query(socket)
+        .map_err(|e| format!("no coordinator at {}: {e}", socket.display()))?;
+    sort(&mut rows, key);
+    let header = |name: &str, k: SortKey| {
+        if std::mem::discriminant(&k) == std::mem::discriminant(&key) {
+            format!("[{name}]")
+        } else {
+            name.to_string()
+        }
+    };
+    let mut t = Table::new(&[
+        &header("PID", SortKey::Pid),
+        &header("NAME", SortKey::Name),
+        &header("VOLATILE MiB", SortKey::Volatile),
+        &header("PINNED MiB", SortKey::Pinned),
+        &header("PURGED MiB", SortKey::Purged),
+        &header("OBEYED", SortKey::Obeyed),
+        &header("FREED MiB", SortKey::Freed),
+        "QUIET ms",
+        "STATE",
+    ]);
+    for r in &rows {
+        t.row(vec![
+            r.pid.to_string(),
+            name(r),
+            mib(r.volatile),
+            mib(r.pinned),
+            mib(r.purged),
+            r.obeyed.to_string(),
+            mib(r.freed),
+            r.quiet_ms.to_string(),
+            if r.responsive == 1 { "ok" } else { "late" }.to_string(),
+        ]);
+    }
+    let limit = if status.limit == 0 {
+        "no limit".to_string()
+    } else {
+        format!("{} of {} MiB", mib(status.headroom), mib(status.limit))
+    };
+    Ok(format!(
+        "vrange top: {} participants at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{}",
+        status.participants,
+        socket.display(),
+        status.rounds,
+        status.requests,
+        mib(status.freed),
+        status.refused,
+        t.to_text()
+    ))
+}
+
+/// Shows the coordinator's participants: once (`--once`, or when standard output is not a
+/// terminal: one screen per interval), or live on a terminal like top(1): `<` and `>` move the
+/// sort column, `i n v p u o f` pick one, `q` quits.
 pub fn top(args: TopArgs) -> i32 {
     use std::io::IsTerminal;
     let socket = args
         .socket
         .unwrap_or_else(vrange_coordinator::default_socket);
-    let tty = std::io::stdout().is_terminal();
-    loop {
-        let (status, mut rows) = match vrange_coordinator::query(&socket) {
-            Ok(answer) => answer,
-            Err(e) => {
-                eprintln!("vrange top: no coordinator at {}: {e}", socket.display());
-                return 1;
+    if args.once || !std::io::stdout().is_terminal() {
+        loop {
+            match screen(&socket, args.sort) {
+                Ok(text) => print!("{text}"),
+                Err(e) => {
+                    eprintln!("vrange top: {e}");
+                    return 1;
+                }
             }
-        };
-        sort(&mut rows, args.sort);
-        let mut t = Table::new(&[
-            "PID",
-            "NAME",
-            "VOLATILE MiB",
-            "PINNED MiB",
-            "PURGED MiB",
-            "OBEYED",
-            "FREED MiB",
-            "QUIET ms",
-            "STATE",
-        ]);
-        for r in &rows {
-            t.row(vec![
-                r.pid.to_string(),
-                name(r),
-                mib(r.volatile),
-                mib(r.pinned),
-                mib(r.purged),
-                r.obeyed.to_string(),
-                mib(r.freed),
-                r.quiet_ms.to_string(),
-                if r.responsive == 1 { "ok" } else { "late" }.to_string(),
-            ]);
-        }
-        if tty && !args.once {
-            print!("\x1b[H\x1b[2J");
-        }
-        let limit = if status.limit == 0 {
-            "no limit".to_string()
-        } else {
-            format!("{} of {} MiB", mib(status.headroom), mib(status.limit))
-        };
-        println!(
-            "vrange top: {} participants at {}; headroom {limit}; rounds {}, requests {}, \
-             freed {} MiB, refused {}",
-            status.participants,
-            socket.display(),
-            status.rounds,
-            status.requests,
-            mib(status.freed),
-            status.refused
-        );
-        t.print();
-        if args.once {
-            return 0;
-        }
-        if !tty {
+            if args.once {
+                return 0;
+            }
             println!();
+            std::thread::sleep(args.interval);
         }
-        std::thread::sleep(args.interval);
+    }
+    match live(&socket, args.sort, args.interval) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vrange top: {e}");
+            1
+        }
+    }
+}
+
+/// Restores the terminal however `live` ends.
+struct RawScreen;
+
+impl Drop for RawScreen {
+    fn drop(&mut self) {
+        let _ = crossterm::execute!(
+            std::io::stdout(),
+            crossterm::cursor::Show,
+            crossterm::terminal::LeaveAlternateScreen
+        );
+        let _ = crossterm::terminal::disable_raw_mode();
+    }
+}
+
+fn live(socket: &std::path::Path, mut key: SortKey, interval: Duration) -> Result<(), String> {
+    use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+    use std::io::Write;
+    crossterm::terminal::enable_raw_mode().map_err(|e| e.to_string())?;
+    let _restore = RawScreen;
+    crossterm::execute!(
+        std::io::stdout(),
+        crossterm::terminal::EnterAlternateScreen,
+        crossterm::cursor::Hide
+    )
+    .map_err(|e| e.to_string())?;
+    loop {
+        let text = screen(socket, key)?;
+        let mut out = std::io::stdout().lock();
+        let _ = write!(
+            out,
+            "\x1b[H\x1b[2J{}\r\n<, > or i n v p u o f: sort   q: quit\r\n",
+            text.replace('\n', "\r\n")
+        );
+        let _ = out.flush();
+        drop(out);
+        let deadline = std::time::Instant::now() + interval;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            if !event::poll(left).map_err(|e| e.to_string())? {
+                break;
+            }
+            let Event::Key(k) = event::read().map_err(|e| e.to_string())? else {
+                continue;
+            };
+            if k.kind != KeyEventKind::Press {
+                continue;
+            }
+            let at = KEYS
+                .iter()
+                .position(|(s, _)| std::mem::discriminant(s) == std::mem::discriminant(&key))
+                .unwrap_or(2);
+            match k.code {
+                KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
+                KeyCode::Char('<') | KeyCode::Left => key = KEYS[at.saturating_sub(1)].0,
+                KeyCode::Char('>') | KeyCode::Right => key = KEYS[(at + 1).min(KEYS.len() - 1)].0,
+                KeyCode::Char(c) => match KEYS.iter().find(|(_, k)| *k == c) {
+                    Some((s, _)) => key = *s,
+                    None => continue,
+                },
+                _ => continue,
+            }
+            break;
+        }
     }
 }

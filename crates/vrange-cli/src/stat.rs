@@ -208,6 +208,18 @@ impl Sample {
                     m(get("purged_total_bytes")),
                     get("losses_reported"),
                 ));
+                if get("coordinated") > 0 || get("coordinator_requests") > 0 {
+                    out.push_str(&format!(
+                        "  coordinator: {}; {} purge requests obeyed, {:.1} MiB freed for it\n",
+                        if get("coordinated") > 0 {
+                            "connected, it orders this process's purges"
+                        } else {
+                            "not connected now (purging on its own)"
+                        },
+                        get("coordinator_requests"),
+                        m(get("coordinator_freed_bytes")),
+                    ));
+                }
                 if get("alloc_allocations") > 0 {
                     out.push_str(&format!(
                         "  vrange-malloc: live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped; reused without a fault {:.1} MiB, zero-filled {:.1} MiB\n",

@@ -170,7 +170,7 @@ impl fmt::Display for Unavailable {
 pub fn render(pid: u32, s: &Stats) -> String {
     let a = &s.allocator;
     let mut out = String::with_capacity(1024);
-    let fields: [(&str, u64); 21] = [
+    let fields: [(&str, u64); 24] = [
         ("pid", u64::from(pid)),
         (
             "start_ticks",
@@ -196,6 +196,9 @@ pub fn render(pid: u32, s: &Stats) -> String {
             "purge_events",
             s.sources.iter().map(|x| x.purging_events).sum(),
         ),
+        ("coordinated", u64::from(s.coordinator.connected)),
+        ("coordinator_requests", s.coordinator.requests),
+        ("coordinator_freed_bytes", s.coordinator.bytes),
         ("page_size", crate::page_size() as u64),
         ("time_ns", vrange_sys::clock::now_ns()),
     ];
