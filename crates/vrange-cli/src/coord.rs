@@ -23,12 +23,16 @@ pub struct DaemonArgs {
     /// Headroom to keep (e.g. 64M); default: the limit / 16, between 4 and 256 MiB.
     #[arg(long, value_name = "SIZE", value_parser = crate::size_arg)]
     headroom: Option<u64>,
-    /// How often to read the headroom between pressure events.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = crate::stat::interval_arg)]
+    /// How often to read the headroom between pressure events (10ms or more).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = tick_arg)]
     interval: Duration,
     /// Serve Prometheus metrics at a loopback ADDRESS:PORT or unix:/PATH.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<MetricsAddr>,
+}
+
+fn tick_arg(s: &str) -> Result<Duration, String> {
+    crate::stat::duration_arg(s, Duration::from_millis(10))
 }
 
 /// Runs the coordinator until SIGINT or SIGTERM.

@@ -29,6 +29,11 @@ const MAX_INTERVAL: Duration = Duration::from_secs(86_400);
 /// [`MIN_INTERVAL`] to [`MAX_INTERVAL`]. Strict, like the size grammar: no fraction, no space,
 /// a unit always.
 pub fn interval_arg(s: &str) -> Result<Duration, String> {
+    duration_arg(s, MIN_INTERVAL)
+}
+
+/// A duration flag in the grammar of [`interval_arg`], at least `min` and at most a day.
+pub fn duration_arg(s: &str, min: Duration) -> Result<Duration, String> {
     let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &s[digits.len()..];
     let n: u64 = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -42,8 +47,8 @@ pub fn interval_arg(s: &str) -> Result<Duration, String> {
         "" => return Err(format!("a unit is needed: {n}ms or {n}s")),
         u => return Err(format!("unknown unit {u:?}: ms or s (500ms, 2s)")),
     };
-    if d < MIN_INTERVAL {
-        return Err(format!("at least {}ms", MIN_INTERVAL.as_millis()));
+    if d < min {
+        return Err(format!("at least {}ms", min.as_millis()));
     }
     if d > MAX_INTERVAL {
         return Err(format!("at most {}s", MAX_INTERVAL.as_secs()));

@@ -410,3 +410,55 @@ fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
         ],
     );
 }
+
+#[test]
+fn coordinate_quick_compares_reclaimers_coordinator_and_kills() {
+    let _s = serial();
+    if let Some(why) = needs_cgroups() {
+        return skip(&why);
+    }
+    let out = bench("coordinate", &[]);
+    if out.text.contains("skipped: coordinate") {
+        return skip("coordinate suite skipped (see its output)");
+    }
+    let (header, rows) = table(&out, "configuration");
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    };
+    assert_eq!(rows.len(), 3, "three configurations:\n{}", out.text);
+    for (row, label) in rows.iter().zip([
+        "per-process reclaimers",
+        "coordinator",
+        "kill-based (kernel OOM killer)",
+    ]) {
+        assert_eq!(row[0], label, "{row:?}");
+        assert!(num(&row[col("OOM kills")]).is_some(), "{row:?}");
+        positive(&row[col("hit rate")], "hit rate");
+        assert_eq!(row[col("wrong values")], "0", "{row:?}");
+    }
+    let coordinator = &rows[1];
+    assert_eq!(coordinator[col("OOM kills")], "0", "{coordinator:?}");
+    assert_eq!(
+        coordinator[col("participants killed")],
+        "0",
+        "{coordinator:?}"
+    );
+    let (_, per) = table(&out, "participant");
+    assert_eq!(per.len(), 4, "four participants");
+    assert!(
+        out.md.contains("kernel OOM killer alone"),
+        "the report names the kill-based baseline"
+    );
+    files(
+        &out,
+        &[
+            "coordinate.csv",
+            "coordinate-seconds.csv",
+            "coordinate-participants.csv",
+            "coordinate.svg",
+        ],
+    );
+}

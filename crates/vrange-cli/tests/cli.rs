@@ -295,7 +295,9 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, all"),
+        err.contains(
+            "ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, coordinate, all"
+        ),
         "{err}"
     );
     let help = vrange().args(["bench", "--help"]).output().unwrap();
@@ -308,6 +310,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
         "markcost",
         "refill",
         "cache",
+        "coordinate",
         "all",
     ] {
         assert!(

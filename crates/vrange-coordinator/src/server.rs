@@ -155,6 +155,8 @@ impl<'a> Server<'a> {
                 events.push(None);
             }
         }
+        // The last answer ends a round at once, not at the next tick.
+        self.close_round();
         if sock::poll_ready(&fds[0]) {
             self.accept_all();
         }
@@ -330,17 +332,7 @@ impl<'a> Server<'a> {
                 c.responsive = false;
             }
         }
-        if let Some(r) = &self.round {
-            if self
-                .conns
-                .iter()
-                .all(|c| c.pending.is_none() || !c.responsive)
-            {
-                self.shared
-                    .round_done(r.started.elapsed(), r.cut, self.status.freed);
-                self.round = None;
-            }
-        }
+        self.close_round();
         let (headroom, ceiling) = self.watch.headroom().unwrap_or((u64::MAX, 0));
         self.status.headroom = if ceiling == 0 { 0 } else { headroom };
         self.status.limit = ceiling;
@@ -428,6 +420,20 @@ impl<'a> Server<'a> {
         self.status.requests += sent;
         if sent > 0 {
             self.round = Some(Round { started: now, cut });
+        }
+    }
+
+    /// Ends the round in flight once every participant asked has answered or timed out.
+    fn close_round(&mut self) {
+        if let Some(r) = &self.round {
+            if self
+                .conns
+                .iter()
+                .all(|c| c.pending.is_none() || !c.responsive)
+            {
+                self.shared.round_done(r.started.elapsed(), r.cut);
+                self.round = None;
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
 //! One file per suite (`cache` is a directory: `hot`, `scenario`) (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`,
-//! `markcost`); the shared pieces are the machine description (`machine`), CSV and number
+//! `coordinate`, `markcost`); the shared pieces are the machine description (`machine`), CSV and number
 //! formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
 //! preloaded (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
 //! suite prints the machine first, then aligned tables with the published numbers beside ours
@@ -10,11 +10,13 @@
 //! `skipped: <reason>` and still succeeds; a measurement that fails is an error (exit status 1).
 //!
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
-//! `ebizzy --pressure`, the cache suite's service and its neighbour) are this executable
-//! again, with the hidden `bench-role` subcommand.
+//! `ebizzy --pressure`, the cache suite's service and its neighbour, the coordinate suite's
+//! participants and neighbour) are this executable again, with the hidden `bench-role`
+//! subcommand.
 
 mod alloc;
 mod cache;
+mod coordinate;
 mod ebizzy;
 mod lazyfree;
 mod machine;
@@ -49,6 +51,9 @@ pub enum Suite {
     /// vrange-cache beside moka, quick_cache and lru: hits, inserts, and a service whose
     /// neighbour takes memory in a small cgroup.
     Cache,
+    /// Processes with volatile caches and a growing neighbour in one memory cgroup: their own
+    /// reclaimers, the coordinator, or the kernel OOM killer alone.
+    Coordinate,
     /// Every suite above, in that order.
     All,
 }
@@ -56,13 +61,14 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 7] = [
+    const ALL: [Suite; 8] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
         Suite::Pagetable,
         Suite::Refill,
         Suite::Cache,
+        Suite::Coordinate,
         Suite::Markcost,
     ];
 
@@ -75,6 +81,7 @@ impl Suite {
             Suite::Markcost => "markcost",
             Suite::Refill => "refill",
             Suite::Cache => "cache",
+            Suite::Coordinate => "coordinate",
             Suite::All => "all",
         }
     }
@@ -243,6 +250,7 @@ pub fn main(args: Args) -> i32 {
             Suite::Markcost => markcost::run(&ctx),
             Suite::Refill => refill::run(&ctx),
             Suite::Cache => cache::run(&ctx),
+            Suite::Coordinate => coordinate::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {
@@ -270,6 +278,8 @@ pub fn role(role: &str, args: &[String]) -> i32 {
         "pagetable" => pagetable::role(args),
         "refill" => refill::role(args),
         "cache" => cache::role(args),
+        "coordinate-participant" => coordinate::participant_role(args),
+        "coordinate-neighbour" => coordinate::neighbour_role(args),
         "hog" => ebizzy::hog_role(args),
         _ => {
             eprintln!("vrange bench-role: unknown role {role:?}");
