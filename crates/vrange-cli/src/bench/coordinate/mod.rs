@@ -386,13 +386,18 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 age.to_string(),
             ]);
         }
+        // Requests that arrived while a killed participant was down count as not answered
+        // from the cache: the plot shows what clients saw.
         series.push(Series::new(
             config.short(),
             run.seconds
                 .iter()
                 .enumerate()
                 .filter(|(_, sec)| sec.req > 0)
-                .map(|(i, sec)| (i as f64 + 0.5, 100.0 * sec.rate()))
+                .map(|(i, sec)| {
+                    let lost = run.unserved_seconds.get(i).copied().unwrap_or(0.0);
+                    (i as f64 + 0.5, 100.0 * sec.hit as f64 / (sec.req as f64 + lost))
+                })
                 .collect(),
         ));
     }
@@ -507,18 +512,41 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     purges_csv.write(&ctx.out, "coordinate-purges.csv")?;
     let svg = plot::lines(
         &ctx.figure(format!(
-            "Hit rate of {n} participants while a neighbour takes up to {NEIGHBOUR_PERCENT} % \
-             of a {} cgroup",
+            "Hit rate, {n} participants, neighbour up to {NEIGHBOUR_PERCENT} % of {}",
             mib(limit)
         )),
         &Axis::linear("time (s)", Unit::Plain),
         &Axis::linear(
-            "hit rate (%), neighbour memory (% of the limit)",
+            "hit rate, killed = miss (%); neighbour (% of limit)",
             Unit::Plain,
         ),
         &series,
     );
     report::write_file(&ctx.out, "coordinate.svg", &svg)?;
+    // How young the data thrown away was: per volatile configuration, MiB purged of data
+    // volatile for at most x ms (each chunk at the age it was last seen intact).
+    let ages: Vec<Series> = Config::ALL
+        .iter()
+        .zip(&runs)
+        .filter(|(c, _)| **c != Config::Kill)
+        .map(|(c, run)| {
+            let mut a: Vec<u64> = run.purges.iter().map(|x| x.2.max(1)).collect();
+            a.sort_unstable();
+            let points = a
+                .iter()
+                .enumerate()
+                .map(|(i, &ms)| (ms as f64, ((i + 1) * CHUNK) as f64 / MIB as f64))
+                .collect();
+            Series::new(c.short(), points)
+        })
+        .collect();
+    let svg = plot::lines(
+        &ctx.figure("Data purged by how long it had been unused"),
+        &Axis::log("unused for at most (ms)", Unit::Plain),
+        &Axis::linear("MiB purged (cumulative)", Unit::Plain),
+        &ages,
+    );
+    report::write_file(&ctx.out, "coordinate-ages.svg", &svg)?;
     if wrong > 0 {
         return Err(format!("{wrong} wrong values read from the caches"));
     }

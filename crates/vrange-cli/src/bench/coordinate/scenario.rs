@@ -105,6 +105,8 @@ pub(super) struct Run {
     pub(super) down: f64,
     /// Requests that arrived while a participant was down (its rate × its downtime).
     pub(super) unserved: f64,
+    /// The same per second after the epoch.
+    pub(super) unserved_seconds: Vec<f64>,
     pub(super) neighbour_kills: Vec<f64>,
     pub(super) oom_kills: Option<u64>,
     pub(super) peak: Option<u64>,
@@ -120,6 +122,24 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// A participant serving `rate` requests a second was down from `from` to `to` (seconds
+    /// after the epoch).
+    pub(super) fn add_down(&mut self, from: f64, to: f64, rate: f64) {
+        self.down += to - from;
+        self.unserved += (to - from) * rate;
+        let mut t = from;
+        while t < to {
+            let sec = t.floor();
+            let upto = (sec + 1.0).min(to);
+            let i = sec as usize;
+            if self.unserved_seconds.len() <= i {
+                self.unserved_seconds.resize(i + 1, 0.0);
+            }
+            self.unserved_seconds[i] += (upto - t) * rate;
+            t = upto;
+        }
+    }
+
     pub(super) fn take(&mut self, p: usize, line: &str, t: f64) {
         let get = |k| field::<u64>(line, k).unwrap_or(0);
         if line.starts_with("sec ") {
@@ -344,8 +364,7 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
                 while let Some(line) = p.line("", Instant::now()) {
                     if line == "serving" {
                         if let Some(d) = seat.down_since.take() {
-                            run.down += t - d;
-                            run.unserved += (t - d) * RATES[i] as f64;
+                            run.add_down(d, t, RATES[i] as f64);
                         }
                     }
                     run.take(i, &line, t);
@@ -437,8 +456,7 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
     run.open_episode = pressure_since.map(|from| since(end) - from);
     for (i, seat) in seats.iter_mut().enumerate() {
         if let Some(d) = seat.down_since.take() {
-            run.down += since(end) - d;
-            run.unserved += (since(end) - d) * RATES[i] as f64;
+            run.add_down(d, since(end), RATES[i] as f64);
         }
     }
     neighbour.wait(Duration::from_secs(10));
