@@ -3,7 +3,7 @@
 //! [`Recv::TooLong`], never read in pieces).
 //!
 //! The participant's end lives inside a program vrange did not write, so it is a
-//! [`GuestFd`](crate::fd::GuestFd) (above the floor, close-on-exec, verified before each use);
+//! [`GuestFd`] (above the floor, close-on-exec, verified before each use);
 //! every send passes `MSG_NOSIGNAL` (a coordinator that died never raises SIGPIPE in the
 //! program) and `MSG_DONTWAIT` (a coordinator that stopped reading never blocks it). The
 //! coordinator's ends are its own descriptors ([`OwnedFd`]).

@@ -396,7 +396,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 .filter(|(_, sec)| sec.req > 0)
                 .map(|(i, sec)| {
                     let lost = run.unserved_seconds.get(i).copied().unwrap_or(0.0);
-                    (i as f64 + 0.5, 100.0 * sec.hit as f64 / (sec.req as f64 + lost))
+                    (
+                        i as f64 + 0.5,
+                        100.0 * sec.hit as f64 / (sec.req as f64 + lost),
+                    )
                 })
                 .collect(),
         ));
