@@ -157,6 +157,24 @@ fn bind(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
                 .mode(if system { 0o755 } else { 0o700 })
                 .create(dir)?;
         }
+        // A directory another user owns or may write to would let them replace the socket.
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir)?;
+        let me = vrange_sys::statsdir::effective_uid();
+        let foreign = meta.uid() != me && meta.uid() != 0;
+        let open = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+        if foreign || open {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{}: owned by uid {} with mode {:o}; the socket's directory must be this \
+                     user's or root's and not writable by others",
+                    dir.display(),
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            ));
+        }
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {

@@ -73,6 +73,21 @@ struct Round {
     cut: Cut,
 }
 
+/// Whether a process may participate: it lives in the coordinated cgroup (or below it), so
+/// that its pressure is pressure this coordinator watches. A process elsewhere that left its
+/// pressure to this coordinator would be left unprotected; refused, it purges on its own. Any
+/// process may participate in a machine-wide coordinator.
+fn in_scope(scope: &Scope, cgroup: Option<&MemCgroup>, cred: &PeerCred) -> bool {
+    match (scope, cgroup) {
+        (Scope::Machine, _) => true,
+        (Scope::Cgroup(_), Some(cg)) => {
+            cred.pid > 0
+                && MemCgroup::of_process(cred.pid as u32).is_some_and(|theirs| cg.contains(&theirs))
+        }
+        (Scope::Cgroup(_), None) => false,
+    }
+}
+
 pub(crate) struct Server<'a> {
     opts: &'a Options,
     shared: &'a Shared,
@@ -189,21 +204,10 @@ impl<'a> Server<'a> {
         }
     }
 
-    /// Same user; or root coordinating a cgroup, for processes in it (or the machine).
+    /// Who may connect at all (to participate or to watch): the same user, or anyone when the
+    /// coordinator runs as root.
     fn authorized(&self, cred: &PeerCred) -> bool {
-        if cred.uid == self.me {
-            return true;
-        }
-        if self.me != 0 || cred.pid <= 0 {
-            return false;
-        }
-        match (&self.opts.scope, &self.watch.cgroup) {
-            (Scope::Machine, _) => true,
-            (Scope::Cgroup(_), Some(cg)) => {
-                MemCgroup::of_process(cred.pid as u32).is_some_and(|theirs| cg.contains(&theirs))
-            }
-            (Scope::Cgroup(_), None) => false,
-        }
+        cred.uid == self.me || self.me == 0
     }
 
     /// Reads every message waiting on connection `i`; `false` drops it (closed, malformed,
@@ -223,6 +227,12 @@ impl<'a> Server<'a> {
             };
             c.heard = Instant::now();
             let ok = match (&c.role, Message::decode(&buf[..n])) {
+                (Role::Pending, Ok(Message::Hello { .. }))
+                    if !in_scope(&self.opts.scope, self.watch.cgroup.as_ref(), &c.cred) =>
+                {
+                    self.status.refused += 1;
+                    false
+                }
                 (Role::Pending, Ok(Message::Hello { name, .. })) => {
                     c.role = Role::Participant;
                     c.name = name;

@@ -251,3 +251,37 @@ fn the_coordinator_purges_a_stopped_participants_shared_regions_itself() {
     );
     assert_eq!(report.u64("pinned_ok"), 1);
 }
+
+#[test]
+fn a_process_outside_the_coordinated_cgroup_is_refused_and_purges_on_its_own() {
+    const TEST: &str = "a_process_outside_the_coordinated_cgroup_is_refused_and_purges_on_its_own";
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-scope-", 64 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let dir = socket_dir("scope");
+    let socket = dir.join("coordinator.sock");
+    let coordinator = InProcess::start(options(&socket, child.cgroup().path()));
+    // Started in this test's own cgroup, not the coordinated one.
+    let mut cmd = vrange_testkit::role::role_command(TEST, "participant");
+    cmd.env("VRANGE_COORDINATOR", socket.display().to_string());
+    let mut p = Role::spawn("participant", cmd);
+    for _ in 0..2 {
+        assert_eq!(ask(&mut p, "mark").tag, "MARKED");
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let report = ask(&mut p, "report");
+    let (status, rows) = vrange_coordinator::query(&socket).expect("status");
+    drop((p, coordinator));
+    let _ = std::fs::remove_dir_all(&dir);
+    cgroup::remove(child);
+    println!("{report:?}\n{status:?}");
+    assert!(report.u64("connections") >= 1, "it tried: {report:?}");
+    assert_eq!(report.u64("coordinated"), 0, "{report:?}");
+    assert!(rows.is_empty(), "{rows:?}");
+    assert!(status.refused >= 1, "{status:?}");
+}

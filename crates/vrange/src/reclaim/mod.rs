@@ -607,6 +607,7 @@ fn run() {
             crate::publish::tick(now_ns());
         }
     }
+    coordinator.disconnect();
     ACTIVE.store(0, Relaxed);
 }
 
@@ -712,6 +713,8 @@ extern "C" fn after_fork_child() {
     });
     WAKE_REASONS.store(0, Relaxed);
     ACTIVE.store(0, Relaxed);
+    // The parent's link to a coordinator is not the child's (its copy is closed above).
+    stats::set_coordinated(false);
     if STATE.load(Relaxed) != DISABLED {
         set_state(IDLE);
     }
