@@ -139,12 +139,34 @@ pub fn spawn(test: &str, role: &str, cg: &MemCgroup, env: &[(&str, String)]) -> 
     Role::spawn(role, cmd)
 }
 
-/// A private directory for one test's socket.
-pub fn socket_dir(tag: &str) -> PathBuf {
+/// A directory for one test's socket, removed when dropped (also when the test panics).
+pub struct SocketDir(PathBuf);
+
+impl std::ops::Deref for SocketDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for SocketDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory for one test's socket.
+pub fn socket_dir(tag: &str) -> SocketDir {
     let dir = std::env::temp_dir().join(format!("vrange-coord-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir(&dir).expect("socket dir");
-    dir
+    SocketDir(dir)
 }
 
 /// Waits until the coordinator at `socket` has `n` participants (with or without data).
