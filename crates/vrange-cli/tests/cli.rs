@@ -296,7 +296,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, coordinate, all"
+            "ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, coordinate, pairs, all"
         ),
         "{err}"
     );
@@ -311,6 +311,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
         "refill",
         "cache",
         "coordinate",
+        "pairs",
         "all",
     ] {
         assert!(

@@ -302,6 +302,29 @@ pub unsafe fn shrink(c: *mut Chunk, addr: usize, pages: usize) {
     }
 }
 
+/// Grows the live block at `addr` in chunk `c` to `pages` pages in place, if the free span
+/// after it allows. Returns whether it did.
+///
+/// # Safety
+/// `addr` must start a live block of `c` shorter than `pages`.
+pub unsafe fn grow(c: *mut Chunk, addr: usize, pages: usize) -> bool {
+    // SAFETY: forwarded.
+    unsafe {
+        with_chunk(c, |arena, chunk| {
+            let mut ranges = Volatile::current();
+            let before = chunk.block_pages(addr).unwrap_or(pages);
+            arena.remove(c);
+            let grown = chunk.grow(chunk.page_of(addr), pages, &mut ranges);
+            arena.insert(c);
+            if grown {
+                let more = (pages - before) << vrange::page_size().trailing_zeros();
+                arena.counters.grown(more);
+            }
+            grown
+        })
+    }
+}
+
 /// A chunk for arena `me`: from the pool, or newly mapped.
 fn take_chunk(me: u32, ranges: &mut Volatile) -> Option<*mut Chunk> {
     let _held = SHARED.lock.lock();

@@ -11,7 +11,7 @@
 //! (`usable_size` of a live block, whose tags no other operation changes).
 
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 use vrange::{Content, Policy, Taken};
 
 /// Bytes per chunk: one PMD, so that a fully free chunk purged whole frees its page table.
@@ -23,6 +23,9 @@ const LEN_MASK: u64 = 0xFFFF;
 const FREE: u64 = 1 << 16;
 const START: u64 = 1 << 17;
 const END: u64 = 1 << 18;
+/// On a live block's first tag: the block sits in a CPU's cache (see `cache`), freed by the
+/// program but not yet by the allocator.
+const CACHED: u64 = 1 << 19;
 const RANGE_SHIFT: u32 = 32;
 
 /// The volatile-range operations free spans need (see `vrange::OwnedRange`). Ids are non-zero;
@@ -155,6 +158,17 @@ impl Chunk {
         }
         let t = self.tag(self.page_of(addr));
         (t & START != 0 && t & FREE == 0).then_some((t & LEN_MASK) as usize)
+    }
+
+    /// Marks the live block at `addr` cached. `false` if it already was: it is being freed a
+    /// second time. Lock-free (a live block's tags change only when its owner frees it).
+    pub fn mark_cached(&self, addr: usize) -> bool {
+        self.tags[self.page_of(addr)].fetch_or(CACHED, AcqRel) & CACHED == 0
+    }
+
+    /// Clears the cached mark of the live block at `addr`.
+    pub fn clear_cached(&self, addr: usize) {
+        self.tags[self.page_of(addr)].fetch_and(!CACHED, AcqRel);
     }
 
     /// Calls `f` on every span in address order.
@@ -304,6 +318,43 @@ impl Chunk {
         self.free(first + pages, ranges);
     }
 
+    /// Grows the block at `first` to `pages` pages in place, into the free span right after
+    /// it: the head of that span leaves its range (taken whole, the rest registered again).
+    /// `false`, nothing changed, when the next span is not free or too short.
+    pub fn grow(&mut self, first: usize, pages: usize, ranges: &mut impl Ranges) -> bool {
+        let block = self.span(first);
+        debug_assert!(!block.free && pages > block.pages);
+        let end = first + block.pages;
+        if end >= self.pages as usize {
+            return false;
+        }
+        let next = self.span(end);
+        let more = pages - block.pages;
+        if !next.free || next.pages < more {
+            return false;
+        }
+        let taken = ranges.take(next.range);
+        let rest = next.pages - more;
+        self.clear(first + block.pages - 1);
+        self.clear(end);
+        self.clear(end + next.pages - 1);
+        self.set(first, pages, false, 0);
+        if rest > 0 {
+            let page = 1 << self.page_shift;
+            let content = if taken.zero {
+                Content::Zero
+            } else {
+                Content::Dirty
+            };
+            let start = first + pages;
+            let policy = ranges.policy(rest, false);
+            let id = ranges.create(self.page_addr(start), rest * page, content, policy);
+            self.set(start, rest, true, id);
+        }
+        self.recount();
+        true
+    }
+
     /// Whether the whole chunk is one free span.
     pub fn is_empty(&self) -> bool {
         self.free_pages == self.pages
@@ -451,6 +502,33 @@ mod tests {
     }
 
     #[test]
+    fn grows_in_place_into_a_free_neighbour_only() {
+        let mut f = Fake::default();
+        let mut c = chunk(&mut f);
+        let a = c.alloc(16, 1, &mut f).unwrap().0;
+        let b = c.alloc(16, 1, &mut f).unwrap().0;
+        // b sits right before a (tails first): b cannot grow into the live a.
+        assert_eq!(b + 16 * PAGE, a);
+        assert!(!c.grow(c.page_of(b), 20, &mut f));
+        check(&c, &f);
+        // a is at the chunk's end: nothing after it.
+        assert!(!c.grow(c.page_of(a), 20, &mut f));
+        c.free(c.page_of(a), &mut f);
+        check(&c, &f);
+        // Now b grows over part of a's old span, then over all of it.
+        assert!(c.grow(c.page_of(b), 20, &mut f));
+        assert_eq!(c.block_pages(b), Some(20));
+        check(&c, &f);
+        assert!(c.grow(c.page_of(b), 32, &mut f));
+        assert_eq!(c.block_pages(b), Some(32));
+        check(&c, &f);
+        assert!(!c.grow(c.page_of(b), 33, &mut f));
+        c.free(c.page_of(b), &mut f);
+        assert!(c.is_empty());
+        check(&c, &f);
+    }
+
+    #[test]
     fn random_sequences_keep_tags_and_ranges_in_step() {
         let mut f = Fake::default();
         let mut c = chunk(&mut f);
@@ -472,7 +550,15 @@ mod tests {
                 }
             } else {
                 let (a, n) = live.swap_remove((x >> 8) as usize % live.len());
-                if x % 7 == 0 && n > 1 {
+                if x % 11 == 0 {
+                    let grown = n + 1 + (x >> 40) as usize % 8;
+                    let ok = c.grow(c.page_of(a), grown, &mut f);
+                    live.push((a, if ok { grown } else { n }));
+                    assert_eq!(c.block_pages(a), Some(if ok { grown } else { n }));
+                    for &(b, m) in &live[..live.len() - 1] {
+                        assert!(a + grown * PAGE <= b || b + m * PAGE <= a || !ok, "overlap");
+                    }
+                } else if x % 7 == 0 && n > 1 {
                     c.shrink(c.page_of(a), n / 2, &mut f);
                     live.push((a, n / 2));
                 } else {

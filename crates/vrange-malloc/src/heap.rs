@@ -6,7 +6,7 @@ use crate::chunk::{Chunk, CHUNK};
 use crate::chunkmap::{self, Owner};
 use crate::config::{self, Mode};
 use crate::large::{self, Large};
-use crate::{arena, stats};
+use crate::{arena, cache, stats};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -35,6 +35,9 @@ pub fn init() {
     }
     config::init();
     vrange::register_allocator(stats::report);
+    if caching() {
+        cache::register();
+    }
     // vrange's handlers first: fork runs prepare handlers in reverse order of registration, so
     // ours (the arenas, taken on paths that then call into vrange) are taken before vrange's.
     vrange::register_fork_handlers();
@@ -82,6 +85,14 @@ pub fn alloc(size: usize, align: usize) -> Option<Block> {
     }
     let page = vrange::page_size();
     let pages = size.checked_add(page - 1)? / page;
+    if align <= page && pages * page <= cache::MAX_BLOCK && caching() {
+        if let Some(addr) = cache::take(pages) {
+            return Some(Block {
+                ptr: NonNull::new(addr as *mut u8)?,
+                zeroed: false,
+            });
+        }
+    }
     let (addr, taken) = if pages > CHUNK / page {
         large::alloc(size)?
     } else {
@@ -111,8 +122,19 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
         None => false,
         Some(Owner::Chunk(c)) => {
             // SAFETY: chunk metadata is never freed; a live block's tags are stable.
-            if unsafe { &*(c as *const Chunk) }.block_pages(addr).is_none() {
+            let chunk = unsafe { &*(c as *const Chunk) };
+            let Some(pages) = chunk.block_pages(addr) else {
                 invalid_free();
+            };
+            if caching() {
+                // Marked first, so that a second free of a cached block is caught.
+                if !chunk.mark_cached(addr) {
+                    invalid_free();
+                }
+                if pages * vrange::page_size() <= cache::MAX_BLOCK && cache::put(addr, pages) {
+                    return true;
+                }
+                chunk.clear_cached(addr);
             }
             // SAFETY: forwarded: a live block of this chunk.
             unsafe { arena::free(c as *mut Chunk, addr) };
@@ -131,6 +153,12 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
             true
         }
     }
+}
+
+/// Whether freed blocks go through the per-CPU cache: in the modes with a reclaimer to flush it.
+#[inline]
+fn caching() -> bool {
+    matches!(config::mode(), Mode::Hybrid | Mode::Managed)
 }
 
 #[cold]
@@ -159,7 +187,8 @@ pub fn usable_size(ptr: *const u8) -> Option<usize> {
 
 /// Resizes a live block of the allocator in place if it can: shrinking gives whole pages back
 /// (as long as the block stays at or above the threshold), growing succeeds within the usable
-/// size. Returns `false` when the caller must move the block.
+/// size or into the free span that follows the block in its chunk. Returns `false` when the
+/// caller must move the block.
 ///
 /// # Safety
 /// `ptr` must be a live block of the allocator.
@@ -168,11 +197,18 @@ pub unsafe fn resize_in_place(ptr: *mut u8, size: usize) -> bool {
     let Some(usable) = usable_size(ptr) else {
         return false;
     };
-    if size > usable {
-        return false;
-    }
     let page = vrange::page_size();
     let pages = size.div_ceil(page).max(1);
+    if size > usable {
+        // Into a free neighbour in the same chunk, if there is one.
+        return match chunkmap::get(addr) {
+            Some(Owner::Chunk(c)) if pages <= CHUNK / page => {
+                // SAFETY: a live block of this chunk, shorter than `pages`.
+                unsafe { arena::grow(c as *mut Chunk, addr, pages) }
+            }
+            _ => false,
+        };
+    }
     if let Some(Owner::Chunk(c)) = chunkmap::get(addr) {
         if size >= config::threshold() && pages < usable / page {
             // SAFETY: a live block of this chunk, longer than `pages`.

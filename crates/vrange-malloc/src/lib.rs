@@ -23,6 +23,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod arena;
+mod cache;
 pub mod chunk;
 mod chunkmap;
 pub mod config;

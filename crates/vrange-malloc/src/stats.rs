@@ -52,6 +52,11 @@ impl Counters {
     }
 
     /// A live block gave `bytes` back (shrunk in place).
+    /// A block grew in place by `bytes`.
+    pub fn grown(&self, bytes: usize) {
+        self.allocated.fetch_add(bytes as u64, Relaxed);
+    }
+
     pub fn shrunk(&self, bytes: usize) {
         self.freed.fetch_add(bytes as u64, Relaxed);
     }
@@ -87,6 +92,7 @@ pub fn report() -> AllocatorStats {
         a.counters.add_to(&mut s);
     }
     crate::large::COUNTERS.add_to(&mut s);
+    crate::cache::add_to(&mut s);
     s.mapped_bytes = MAPPED.load(Relaxed);
     s.free_bytes = s.mapped_bytes.saturating_sub(s.allocated_bytes);
     s

@@ -108,8 +108,13 @@ fn resize_in_place_and_usable_size() {
     assert!(all(a, 100 * KIB, 7), "shrinking keeps the head");
     // SAFETY: a is live.
     assert!(unsafe { heap::resize_in_place(a, 100 * KIB - 10) });
-    // SAFETY: a is live; growing past the usable size needs a move.
-    assert!(!unsafe { heap::resize_in_place(a, 200 * KIB) });
+    // SAFETY: a is live. Growing past the usable size takes the free span after the block:
+    // the one shrinking just gave back.
+    assert!(unsafe { heap::resize_in_place(a, 200 * KIB) });
+    assert_eq!(heap::usable_size(a), Some(200 * KIB));
+    assert!(all(a, 100 * KIB, 7), "growing keeps the head");
+    // SAFETY: a is live; more than a chunk always needs a move.
+    assert!(!unsafe { heap::resize_in_place(a, 3 << 20) });
     // SAFETY: live, freed once.
     assert!(unsafe { heap::free(a) });
 }

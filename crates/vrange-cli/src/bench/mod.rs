@@ -22,6 +22,7 @@ mod lazyfree;
 mod machine;
 mod markcost;
 mod pagetable;
+mod pairs;
 mod plot;
 mod pressure;
 mod proc;
@@ -54,6 +55,8 @@ pub enum Suite {
     /// Processes with volatile caches and a growing neighbour in one memory cgroup: their own
     /// reclaimers, the coordinator, or the kernel OOM killer alone.
     Coordinate,
+    /// The cost of one malloc+free pair of 64 KiB, 512 KiB and 2 MiB blocks, every allocator.
+    Pairs,
     /// Every suite above, in that order.
     All,
 }
@@ -61,7 +64,7 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 8] = [
+    const ALL: [Suite; 9] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
@@ -69,6 +72,7 @@ impl Suite {
         Suite::Refill,
         Suite::Cache,
         Suite::Coordinate,
+        Suite::Pairs,
         Suite::Markcost,
     ];
 
@@ -82,6 +86,7 @@ impl Suite {
             Suite::Refill => "refill",
             Suite::Cache => "cache",
             Suite::Coordinate => "coordinate",
+            Suite::Pairs => "pairs",
             Suite::All => "all",
         }
     }
@@ -251,6 +256,7 @@ pub fn main(args: Args) -> i32 {
             Suite::Refill => refill::run(&ctx),
             Suite::Cache => cache::run(&ctx),
             Suite::Coordinate => coordinate::run(&ctx),
+            Suite::Pairs => pairs::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {
