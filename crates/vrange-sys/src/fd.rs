@@ -497,6 +497,90 @@ pub fn count_lost() {
     LOST.fetch_add(1, Relaxed);
 }
 
+// ---- Cached descriptors of this process's own /proc files ----
+
+/// A descriptor of one of this process's `/proc/self` files (maps, pagemap), opened on first
+/// use and kept for the process's life, for ioctls that answer about the calling process.
+///
+/// Stored as `pid << 32 | fd` (0 when unset) plus device and inode, all atomics, so that
+/// [`SelfFile::get`] is async-signal-safe. The pid guards against a descriptor inherited
+/// across fork, which names the parent: the child opens its own and closes the inherited copy
+/// if it still is that file. A descriptor the program closed or replaced is forgotten (never
+/// closed, counted as lost) and opened again.
+pub struct SelfFile {
+    packed: AtomicU64,
+    dev: AtomicU64,
+    ino: AtomicU64,
+    path: &'static std::ffi::CStr,
+}
+
+impl SelfFile {
+    /// A descriptor of `path` (a `/proc/self/...` file), not opened yet.
+    pub const fn new(path: &'static std::ffi::CStr) -> SelfFile {
+        SelfFile {
+            packed: AtomicU64::new(0),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+            path,
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &'static std::ffi::CStr {
+        self.path
+    }
+
+    fn ident(&self, packed: u64, dev: u64, ino: u64) -> Ident {
+        Ident::from_parts(packed as u32 as i32, dev, ino)
+    }
+
+    /// The verified descriptor for this process, opening it on first use, first use after
+    /// fork, or after the program closed it. Async-signal-safe.
+    ///
+    /// # Errors
+    /// The errno of opening the file; `EAGAIN` when another thread of a fork child raced.
+    pub fn get(&self) -> io::Result<RawFd> {
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        let cached = self.packed.load(Acquire);
+        let (dev, ino) = (self.dev.load(Acquire), self.ino.load(Acquire));
+        let mine = cached != 0 && (cached >> 32) as u32 == pid;
+        if mine {
+            let ident = self.ident(cached, dev, ino);
+            if ident.verify() {
+                return Ok(ident.fd());
+            }
+            // Closed, or replaced by a file of the program's: forget it, never close it.
+            count_lost();
+        }
+        let fresh = GuestFd::adopt(open_path(self.path, libc::O_RDONLY)?, Inherit::Keep)?.leak();
+        self.dev.store(fresh.dev(), Release);
+        self.ino.store(fresh.ino(), Release);
+        let packed = (u64::from(pid) << 32) | u64::from(fresh.fd() as u32);
+        match self
+            .packed
+            .compare_exchange(cached, packed, AcqRel, Acquire)
+        {
+            Ok(_) => {
+                // Inherited from the parent (it names the parent's file, whose identity was
+                // recorded before this child existed): the child's copy is closed if still it.
+                if cached != 0 && !mine {
+                    self.ident(cached, dev, ino).close();
+                }
+                Ok(fresh.fd())
+            }
+            Err(winner) => {
+                fresh.close();
+                if (winner >> 32) as u32 == pid {
+                    Ok(winner as u32 as i32)
+                } else {
+                    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+                }
+            }
+        }
+    }
+}
+
 // ---- Private table, for fork children ----
 
 const SLOTS: usize = 16;

@@ -21,7 +21,7 @@
 //! | [`mem::advise_huge`]  | MADV_(NO)HUGEPAGE   | kept                                        |
 //!
 //! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
-//!   [`mem::page_size`] after first use, [`vma::check_private_anon`],
+//!   [`mem::page_size`] after first use, [`vma::check_private_anon`], [`pagemap::huge_runs`],
 //!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::unregister`].
 //! - Kernel features are probed once, at first use, and the result and any fallback is recorded
 //!   in [`probe::features`].
@@ -37,6 +37,7 @@ pub mod clock;
 pub mod fd;
 pub mod futex;
 pub mod mem;
+pub mod pagemap;
 pub mod pressure;
 pub mod probe;
 pub mod process;

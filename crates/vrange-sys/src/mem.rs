@@ -263,6 +263,19 @@ pub fn advise_huge(ptr: *mut u8, len: usize, huge: bool) -> io::Result<()> {
     advise(ptr, len, advice)
 }
 
+/// Rebuilds the range's 2 MiB blocks as huge pages now (MADV_COLLAPSE, Linux 6.1): content is
+/// copied into a new huge page, pages never written read zero. The kernel's khugepaged does the
+/// same in the background; tests use this to do it at a chosen moment.
+///
+/// # Errors
+/// EINVAL where unsupported, EAGAIN or ENOMEM when no huge page could be had.
+///
+/// # References
+/// madvise(2) MADV_COLLAPSE.
+pub fn collapse_huge(ptr: *mut u8, len: usize) -> io::Result<()> {
+    advise(ptr, len, libc::MADV_COLLAPSE)
+}
+
 /// Number of resident pages of the range, from mincore(2). For tests and reports.
 ///
 /// # Errors

@@ -6,7 +6,7 @@
 use super::cgroup::{MemCgroup, Version};
 use super::pressure::has_cap_sys_resource;
 use super::statsdir::{effective_uid, plain};
-use super::{mem, procfs, vma};
+use super::{mem, pagemap, procfs, vma};
 use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
@@ -51,6 +51,9 @@ pub struct Features {
     pub pt_reclaim: Option<bool>,
     /// PROCMAP_QUERY (6.11): range checks by ioctl. Without it, `/proc/self/maps` is parsed.
     pub procmap_query: bool,
+    /// PAGEMAP_SCAN (6.7): an unmark proves a whole 2 MiB huge page with one pin. Without it,
+    /// every page of a huge page is proven by its own pin.
+    pub pagemap_scan: bool,
     /// userfaultfd(2) usable by this process for faults in user mode (UFFD_USER_MODE_ONLY).
     pub userfaultfd: bool,
     /// userfaultfd(2) for all faults, kernel-mode ones included (needs CAP_SYS_PTRACE or
@@ -98,6 +101,7 @@ fn probe() -> Features {
         mthp_sizes: mthp_sizes(),
         pt_reclaim: pt_reclaim(),
         procmap_query: vma::has_procmap_query(),
+        pagemap_scan: pagemap::has_pagemap_scan(),
         userfaultfd: userfaultfd(UFFD_USER_MODE_ONLY).is_ok(),
         userfaultfd_kernel: userfaultfd(0).map_err(|e| match e.raw_os_error() {
             Some(libc::EPERM) => "needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1".into(),
@@ -385,7 +389,7 @@ impl fmt::Display for Features {
             ),
             None => "none".into(),
         };
-        let rows: [(&str, String); 17] = [
+        let rows: [(&str, String); 18] = [
             ("page size", format!("{} bytes", self.page_size)),
             ("MADV_FREE", yes(self.madv_free, "marking keeps every page")),
             (
@@ -410,6 +414,10 @@ impl fmt::Display for Features {
             (
                 "PROCMAP_QUERY",
                 yes(self.procmap_query, "/proc/self/maps is parsed"),
+            ),
+            (
+                "PAGEMAP_SCAN",
+                yes(self.pagemap_scan, "huge pages are proven page by page"),
             ),
             ("userfaultfd", yes(self.userfaultfd, "")),
             (

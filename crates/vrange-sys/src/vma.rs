@@ -6,10 +6,10 @@
 //! open, read, ioctl and close are called, no allocation, no lock. It must stay that way,
 //! because unmarking from a signal handler depends on it.
 
-use super::fd::{self, GuestFd, Ident, Inherit};
+use super::fd::{self, SelfFile};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `_IOWR('f', 17, struct procmap_query)` from `<linux/fs.h>`.
 const PROCMAP_QUERY: u64 = 0xC068_6611;
@@ -61,79 +61,18 @@ impl Vma {
     }
 }
 
-/// Cached `/proc/self/maps` descriptor for PROCMAP_QUERY: `pid << 32 | fd`, 0 when unset. The
-/// pid guards against using a descriptor inherited across fork, which names the parent. It is
-/// a `sys::fd` descriptor (above the floor, verified before each use), kept as its identity:
-/// the number here, device and inode below (the same for every open of one process's maps).
-static MAPS_FD: AtomicU64 = AtomicU64::new(0);
-static MAPS_DEV: AtomicU64 = AtomicU64::new(0);
-static MAPS_INO: AtomicU64 = AtomicU64::new(0);
+/// The `/proc/self/maps` descriptor PROCMAP_QUERY is asked on.
+static MAPS: SelfFile = SelfFile::new(c"/proc/self/maps");
 /// Set once PROCMAP_QUERY has answered ENOTTY/EINVAL: this kernel lacks it.
 static NO_QUERY: AtomicBool = AtomicBool::new(false);
 
-const MAPS_PATH: &[u8] = b"/proc/self/maps\0";
-
-fn getpid() -> u32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
-}
-
 fn open_maps() -> io::Result<OwnedFd> {
-    let path = std::ffi::CStr::from_bytes_with_nul(MAPS_PATH)
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    fd::open_path(path, libc::O_RDONLY)
+    fd::open_path(MAPS.path(), libc::O_RDONLY)
 }
 
 fn last_errno() -> i32 {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() }
-}
-
-/// The cached descriptor's identity as stored.
-fn cached_ident(packed: u64, dev: u64, ino: u64) -> Ident {
-    Ident::from_parts(packed as u32 as i32, dev, ino)
-}
-
-/// The cached descriptor for this process, opening it on first use, first use after fork, or
-/// after the program closed it. Async-signal-safe.
-fn query_fd() -> io::Result<i32> {
-    let pid = getpid();
-    let cached = MAPS_FD.load(Ordering::Acquire);
-    let (dev, ino) = (
-        MAPS_DEV.load(Ordering::Acquire),
-        MAPS_INO.load(Ordering::Acquire),
-    );
-    let mine = cached != 0 && (cached >> 32) as u32 == pid;
-    if mine {
-        let ident = cached_ident(cached, dev, ino);
-        if ident.verify() {
-            return Ok(ident.fd());
-        }
-        // Closed, or replaced by a file of the program's: forget it, never close it.
-        fd::count_lost();
-    }
-    let fresh = GuestFd::adopt(open_maps()?, Inherit::Keep)?.leak();
-    MAPS_DEV.store(fresh.dev(), Ordering::Release);
-    MAPS_INO.store(fresh.ino(), Ordering::Release);
-    let packed = (u64::from(pid) << 32) | u64::from(fresh.fd() as u32);
-    match MAPS_FD.compare_exchange(cached, packed, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {
-            // Inherited from the parent (it names the parent's maps, whose identity was
-            // recorded before this child existed): the child's copy is closed if still it.
-            if cached != 0 && !mine {
-                cached_ident(cached, dev, ino).close();
-            }
-            Ok(fresh.fd())
-        }
-        Err(winner) => {
-            fresh.close();
-            if (winner >> 32) as u32 == pid {
-                Ok(winner as u32 as i32)
-            } else {
-                Err(io::Error::from_raw_os_error(libc::EAGAIN))
-            }
-        }
-    }
 }
 
 /// What PROCMAP_QUERY said about an address.
@@ -146,7 +85,7 @@ enum Answer {
 
 /// The mapping containing `addr`, by PROCMAP_QUERY.
 fn query(addr: usize) -> io::Result<Answer> {
-    let fd = query_fd()?;
+    let fd = MAPS.get()?;
     let mut q = ProcmapQuery {
         size: std::mem::size_of::<ProcmapQuery>() as u64,
         query_addr: addr as u64,
@@ -223,7 +162,7 @@ pub fn has_procmap_query() -> bool {
     if NO_QUERY.load(Ordering::Relaxed) {
         return false;
     }
-    let probe = &MAPS_FD as *const AtomicU64 as usize;
+    let probe = &NO_QUERY as *const AtomicBool as usize;
     match query(probe) {
         Ok(Answer::NoQuery) => {
             NO_QUERY.store(true, Ordering::Relaxed);

@@ -3,11 +3,12 @@
 //!
 //! Owns the mark and unmark algorithms over the page-state table (`shadow`). Marking may map
 //! table leaves and calls madvise; unmarking is async-signal-safe: it never allocates, never
-//! locks and makes no system call except the range check of [`unmark`].
+//! locks and makes no system call except the range check of [`unmark`] and the huge-page
+//! check of `huge_proof`.
 
 use crate::shadow::{self, PINNED, PURGED, WITNESS, ZERO};
 use crate::span::Span;
-use crate::{sigbus, witness, Error, Unmarked};
+use crate::{huge_proof, sigbus, witness, Error, Unmarked};
 use std::sync::atomic::{AtomicU16, Ordering};
 use vrange_sys::{mem, vma};
 
@@ -155,7 +156,8 @@ unsafe fn mark_page(page: *mut u64, words: usize, entry: &AtomicU16) {
     entry.store(next, Ordering::Relaxed);
 }
 
-/// Unmarks a span the caller has already validated. Async-signal-safe.
+/// Unmarks a span the caller has already validated. Async-signal-safe: whole 2 MiB blocks
+/// make one PAGEMAP_SCAN ioctl per 128 MiB (see `huge_proof`), nothing else calls the kernel.
 ///
 /// # Safety
 /// `span` must be mapped private anonymous read-write memory owned by the caller.
@@ -164,25 +166,50 @@ pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
         pages: span.len() / mem::page_size(),
         ..Unmarked::default()
     };
-    let tally = shadow::for_each(span.start, span.end, false, |page, entry| {
-        let state = entry.swap(PINNED, Ordering::Relaxed);
-        if state == PINNED {
-            return;
-        }
-        result.volatile += 1;
-        let lost = match state {
-            PURGED => true,
-            ZERO => false,
-            // SAFETY: the witness index is below the page's word count; the page is the
-            // caller's mapped writable memory.
-            _ => unsafe {
-                witness::pin_word((page as *mut u64).add(usize::from(state & !WITNESS))) == 0
-            },
-        };
-        result.purged += usize::from(lost);
-    });
-    // Without create, for_each fails only for spans beyond the table, which Span excludes.
-    debug_assert!(tally.is_ok());
+    let mut start = span.start;
+    while start < span.end {
+        let end = huge_proof::window_end(start, span.end);
+        // SAFETY: forwarded: a window of the caller's validated span.
+        let proven = unsafe { huge_proof::pin_blocks(start, end) };
+        let tally = shadow::for_each(start, end, false, |page, entry| {
+            let covered = proven.covers(page);
+            // A proven block needs no locked exchange per entry either: the caller owns the
+            // span, and nothing else changes these entries during its unmark.
+            let state = if covered {
+                let s = entry.load(Ordering::Relaxed);
+                if s != PINNED {
+                    entry.store(PINNED, Ordering::Relaxed);
+                }
+                s
+            } else {
+                entry.swap(PINNED, Ordering::Relaxed)
+            };
+            if state == PINNED {
+                return;
+            }
+            result.volatile += 1;
+            let lost = match state {
+                PURGED => true,
+                ZERO => false,
+                _ => {
+                    let word = (page as *mut u64).wrapping_add(usize::from(state & !WITNESS));
+                    if covered {
+                        // SAFETY: a page of a block pin_blocks proved mapped and stable.
+                        unsafe { huge_proof::lost(word) }
+                    } else {
+                        // SAFETY: the witness index is below the page's word count; the page
+                        // is the caller's mapped writable memory.
+                        unsafe { witness::pin_word(word) == 0 }
+                    }
+                }
+            };
+            result.purged += usize::from(lost);
+        });
+        // Without create, for_each fails only for spans beyond the table, which Span excludes.
+        debug_assert!(tally.is_ok());
+        crate::stats::count_huge_proofs(proven.blocks());
+        start = end;
+    }
     result
 }
 

@@ -62,6 +62,7 @@ macro_rules! mapping_accessors {
 pub mod coordination;
 mod error;
 mod handle;
+mod huge_proof;
 mod lazy;
 mod managed;
 mod owned;

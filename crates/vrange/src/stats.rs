@@ -112,6 +112,9 @@ pub struct Stats {
     pub refill_fills: u64,
     pub refill_bytes: u64,
     pub refill_failures: u64,
+    /// 2 MiB huge pages an unmark proved with one locked write, the rest of their pages read
+    /// plainly, because one page-table entry mapped each (kernel path, PAGEMAP_SCAN).
+    pub huge_proofs: u64,
     /// Per source, indexed like [`Source::ALL`].
     pub sources: [SourceStats; 7],
     /// What a client allocator built on vrange reports (zero without one).
@@ -314,6 +317,15 @@ pub(crate) fn count_armed(bytes: usize) {
     ARMED_TOTAL.fetch_add(bytes as u64, Relaxed);
 }
 
+/// 2 MiB blocks unmarks proved with one pin (see `huge_proof`).
+static HUGE_PROOFS: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn count_huge_proofs(blocks: u32) {
+    if blocks > 0 {
+        HUGE_PROOFS.fetch_add(u64::from(blocks), Relaxed);
+    }
+}
+
 pub(crate) fn count_purge_seen() {
     LOSSES.fetch_add(1, Relaxed);
 }
@@ -367,6 +379,7 @@ pub fn stats() -> Stats {
     s.refill_fills = REFILLS.load(Relaxed);
     s.refill_bytes = REFILL_BYTES.load(Relaxed);
     s.refill_failures = REFILL_FAILURES.load(Relaxed);
+    s.huge_proofs = HUGE_PROOFS.load(Relaxed);
     s.allocator = allocator_stats();
     s.coordinator = coordinator_stats();
     for (out, c) in s.sources.iter_mut().zip(SOURCES.iter()) {
