@@ -11,7 +11,7 @@
 //! (`usable_size` of a live block, whose tags no other operation changes).
 
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use vrange::{Content, Policy, Taken};
 
 /// Bytes per chunk: one PMD, so that a fully free chunk purged whole frees its page table.
@@ -161,14 +161,21 @@ impl Chunk {
     }
 
     /// Marks the live block at `addr` cached. `false` if it already was: it is being freed a
-    /// second time. Lock-free (a live block's tags change only when its owner frees it).
+    /// second time. A plain load and store, no locked instruction: a live block's first tag is
+    /// written only by whoever holds the block (its owner freeing it, or the cache slot's
+    /// claimant taking it back), and the cache slot's compare-and-swap orders those hand-overs.
+    /// Two threads freeing the same block at the same instant may both pass, as with glibc.
     pub fn mark_cached(&self, addr: usize) -> bool {
-        self.tags[self.page_of(addr)].fetch_or(CACHED, AcqRel) & CACHED == 0
+        let tag = &self.tags[self.page_of(addr)];
+        let t = tag.load(Relaxed);
+        tag.store(t | CACHED, Relaxed);
+        t & CACHED == 0
     }
 
-    /// Clears the cached mark of the live block at `addr`.
+    /// Clears the cached mark of the live block at `addr` (its holder only, as above).
     pub fn clear_cached(&self, addr: usize) {
-        self.tags[self.page_of(addr)].fetch_and(!CACHED, AcqRel);
+        let tag = &self.tags[self.page_of(addr)];
+        tag.store(tag.load(Relaxed) & !CACHED, Relaxed);
     }
 
     /// Calls `f` on every span in address order.

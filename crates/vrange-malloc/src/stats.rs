@@ -51,12 +51,12 @@ impl Counters {
         self.frees.fetch_add(1, Relaxed);
     }
 
-    /// A live block gave `bytes` back (shrunk in place).
     /// A block grew in place by `bytes`.
     pub fn grown(&self, bytes: usize) {
         self.allocated.fetch_add(bytes as u64, Relaxed);
     }
 
+    /// A live block gave `bytes` back (shrunk in place).
     pub fn shrunk(&self, bytes: usize) {
         self.freed.fetch_add(bytes as u64, Relaxed);
     }
