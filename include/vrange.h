@@ -500,7 +500,10 @@
  *     getpid(2) and an ioctl(PROCMAP_QUERY) on a cached /proc/self/maps descriptor (Linux 6.11
  *     and later; the descriptor is opened with open(2) on first use in a process, and again in
  *     a fork child), or, on kernels before 6.11, open(2)/read(2)/close(2) of /proc/self/maps;
- *     in regions they make none. They may set errno; a signal handler should save and
+ *     in regions they make none. A range holding whole 2 MiB blocks adds one
+ *     ioctl(PAGEMAP_SCAN) per 128 MiB on a cached /proc/self/pagemap descriptor (Linux 6.7;
+ *     opened like the maps descriptor): a block one huge-page entry maps is then proven by
+ *     one write and plain reads of its other witness words. They may set errno; a signal handler should save and
  *     restore errno around the call.
  *     In a managed or hybrid region (shared ones included), an unmark waits, spinning and
  *     then yielding (sched_yield(2)), while another thread purges, arms, splits or frees the
@@ -706,6 +709,8 @@ extern "C" {
 #define VRANGE_FEATURE_PSI (UINT64_C(1) << 9)
 /** The process is in a memory cgroup that vrange found. */
 #define VRANGE_FEATURE_MEMCG (UINT64_C(1) << 10)
+/** PAGEMAP_SCAN ioctl (Linux 6.7): one write proves a whole huge page at unmark. */
+#define VRANGE_FEATURE_PAGEMAP_SCAN (UINT64_C(1) << 11)
 
 /**
  * Marks (mode VRANGE_VOLATILE) or unmarks (mode VRANGE_NOVOLATILE) the pages of

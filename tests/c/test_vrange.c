@@ -644,7 +644,7 @@ static void test_features(uint64_t flags)
 	      "vrange_features truncates like snprintf and returns the full length");
 
 	check((flags & VRANGE_FEATURE_MADV_FREE) != 0, "vrange_feature_flags has MADV_FREE");
-	check((flags >> 11) == 0, "no feature bits above VRANGE_FEATURE_MEMCG (flags %#llx)",
+	check((flags >> 12) == 0, "no feature bits above VRANGE_FEATURE_PAGEMAP_SCAN (flags %#llx)",
 	      (unsigned long long)flags);
 
 	/* Each bit agrees with its row of the report: the bit order of the header is right. */
@@ -670,6 +670,7 @@ static void test_features(uint64_t flags)
 		 starts(row(buf, "process_madvise"), "yes")},
 		{"PSI", VRANGE_FEATURE_PSI, starts(row(buf, "PSI"), "yes")},
 		{"memory cgroup", VRANGE_FEATURE_MEMCG, memcg != NULL && !starts(memcg, "none")},
+		{"PAGEMAP_SCAN", VRANGE_FEATURE_PAGEMAP_SCAN, starts(row(buf, "PAGEMAP_SCAN"), "yes")},
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
 		check(((flags & rows[i].bit) != 0) == (rows[i].on != 0),

@@ -45,6 +45,7 @@ pub extern "C" fn vrange_feature_flags() -> u64 {
             f.process_madvise,
             f.psi,
             f.cgroup.is_some(),
+            f.pagemap_scan,
         ]
         .iter()
         .enumerate()
