@@ -82,20 +82,20 @@ pub(crate) unsafe fn pin_blocks(start: usize, end: usize) -> Proven {
     if first >= last {
         return none;
     }
+    let page = mem::page_size();
     let mut wanted = 0u64;
     let mut block = first;
     while block < last {
-        let mut pinned = false;
-        let _ = shadow::for_each(block, block + HUGE_PAGE, false, |page, entry| {
-            let state = entry.load(Ordering::Relaxed);
-            if !pinned && state & WITNESS != 0 {
-                // SAFETY: the witness index is below the page's word count by construction of
-                // the state; the page is the caller's mapped, writable memory.
-                unsafe { witness::pin_word((page as *mut u64).add(usize::from(state & !WITNESS))) };
-                pinned = true;
-            }
+        let first_witness = shadow::entries(block, HUGE_PAGE / page).and_then(|entries| {
+            entries.iter().enumerate().find_map(|(i, e)| {
+                let state = e.load(Ordering::Relaxed);
+                (state & WITNESS != 0).then_some((block + i * page, state))
+            })
         });
-        if pinned {
+        if let Some((at, state)) = first_witness {
+            // SAFETY: the witness index is below the page's word count by construction of the
+            // state; the page is the caller's mapped, writable memory.
+            unsafe { witness::pin_word((at as *mut u64).add(usize::from(state & !WITNESS))) };
             wanted |= 1 << ((block - base) / HUGE_PAGE);
         }
         block += HUGE_PAGE;

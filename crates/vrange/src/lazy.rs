@@ -85,8 +85,10 @@ fn check_mapping(span: Span) -> Result<(), Error> {
 /// # Safety
 /// `span` must be mapped private anonymous read-write memory owned by the caller.
 pub(crate) unsafe fn mark_span(span: Span) -> Result<(), Error> {
-    let words = mem::page_size() / 8;
+    let page_size = mem::page_size();
+    let words = page_size / 8;
     shadow::for_each(span.start, span.end, true, |page, entry| {
+        witness::prefetch((page + witness::PREFETCH_PAGES * page_size) as *const u64);
         // SAFETY: page lies in the caller's validated span.
         unsafe { mark_page(page as *mut u64, words, entry) }
     })?;
@@ -162,8 +164,9 @@ unsafe fn mark_page(page: *mut u64, words: usize, entry: &AtomicU16) {
 /// # Safety
 /// `span` must be mapped private anonymous read-write memory owned by the caller.
 pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
+    let page_size = mem::page_size();
     let mut result = Unmarked {
-        pages: span.len() / mem::page_size(),
+        pages: span.len() / page_size,
         ..Unmarked::default()
     };
     let mut start = span.start;
@@ -173,6 +176,9 @@ pub(crate) unsafe fn unmark_span(span: Span) -> Unmarked {
         let proven = unsafe { huge_proof::pin_blocks(start, end) };
         let tally = shadow::for_each(start, end, false, |page, entry| {
             let covered = proven.covers(page);
+            if covered {
+                witness::prefetch((page + witness::PREFETCH_PAGES * page_size) as *const u64);
+            }
             // A proven block needs no locked exchange per entry either: the caller owns the
             // span, and nothing else changes these entries during its unmark.
             let state = if covered {

@@ -61,6 +61,12 @@ impl<E: ZeroAtomic> PageMap<E> {
         }))
     }
 
+    /// The entries of the `count` pages from the page holding `addr` (fewer where its leaf
+    /// ends), if the leaf exists. Async-signal-safe.
+    pub fn entries(&self, addr: usize, count: usize) -> Option<&[E]> {
+        self.leaf(addr >> page_shift(), count, false).ok().flatten()
+    }
+
     /// The entry of the page holding `addr`, if its leaf exists. Async-signal-safe.
     pub fn get(&self, addr: usize) -> Option<&E> {
         match self.leaf(addr >> page_shift(), 1, false) {

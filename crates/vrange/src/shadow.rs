@@ -44,6 +44,12 @@ pub(crate) fn for_each(
     TABLE.for_each(start, end, create, f)
 }
 
+/// The entries of the `pages` pages from `start` (page-aligned), if their leaf exists; a
+/// 2 MiB block never straddles two leaves.
+pub(crate) fn entries(start: usize, pages: usize) -> Option<&'static [AtomicU16]> {
+    TABLE.entries(start, pages)
+}
+
 /// Resets every page of `[start, end)` to `PINNED`, for memory that is about to be unmapped.
 pub(crate) fn forget(start: usize, end: usize) {
     let _ = for_each(start, end, false, |_, e| e.store(PINNED, Ordering::Relaxed));
