@@ -23,12 +23,17 @@ pub struct Block {
 /// 0: not set up, 1: setting up, 2: ready.
 static READY: AtomicU8 = AtomicU8::new(0);
 
-/// Reads the settings and installs the fork handlers, once. Called by every allocation; cheap
-/// after the first.
+/// Reads the settings and installs the fork handlers, once. Called by every allocation; one
+/// load after the first.
+#[inline]
 pub fn init() {
-    if READY.load(Acquire) == 2 {
-        return;
+    if READY.load(Acquire) != 2 {
+        set_up();
     }
+}
+
+#[cold]
+fn set_up() {
     if READY.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
         // Another thread is setting up; the settings it reads apply from then on.
         return;
