@@ -72,14 +72,15 @@ pub fn take(pages: usize) -> Option<usize> {
     let cache = home();
     for slot in &cache.slots {
         let v = slot.load(Relaxed);
-        if v != 0 && v & (vrange::page_size() - 1) == pages {
-            if slot.compare_exchange(v, 0, Acquire, Relaxed).is_ok() {
-                let addr = v & !(vrange::page_size() - 1);
-                uncache(addr);
-                bump(&cache.hits, 1);
-                bump(&cache.hit_bytes, (pages * vrange::page_size()) as u64);
-                return Some(addr);
-            }
+        if v != 0
+            && v & (vrange::page_size() - 1) == pages
+            && slot.compare_exchange(v, 0, Acquire, Relaxed).is_ok()
+        {
+            let addr = v & !(vrange::page_size() - 1);
+            uncache(addr);
+            bump(&cache.hits, 1);
+            bump(&cache.hit_bytes, (pages * vrange::page_size()) as u64);
+            return Some(addr);
         }
     }
     None
