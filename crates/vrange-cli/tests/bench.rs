@@ -462,3 +462,61 @@ fn coordinate_quick_compares_reclaimers_coordinator_and_kills() {
         ],
     );
 }
+
+#[test]
+fn tradeoff_quick_puts_every_configuration_on_both_axes() {
+    let _s = serial();
+    if let Some(why) = needs_cgroups() {
+        return skip(&why);
+    }
+    let out = bench("tradeoff", &[]);
+    if out.text.contains("skipped: tradeoff") {
+        return skip("tradeoff suite skipped (see its output)");
+    }
+    let (header, rows) = table(&out, "allocator");
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    };
+    let ops = col("ops/s");
+    // Every configuration has its row; one whose allocator is not installed says so, any
+    // other ran (a failed one fails this test).
+    let ran: Vec<&Vec<String>> = rows
+        .iter()
+        .filter(|r| !(r[ops].starts_with("skipped") && r[ops].contains("installed")))
+        .collect();
+    for r in &ran {
+        positive(&r[ops], "ops/s");
+        assert_eq!(r[col("threads")], "1", "quick: one thread: {r:?}");
+        assert!(num(&r[col("peak RSS")]).is_some(), "{r:?}");
+        assert!(num(&r[col("returned within 1 s")]).is_some(), "{r:?}");
+        assert!(num(&r[col("OOM kills (all runs)")]).is_some(), "{r:?}");
+        assert!(!r[col("neighbour")].is_empty(), "{r:?}");
+    }
+    let configs = |allocator: &str| ran.iter().filter(|r| r[0] == allocator).count();
+    assert_eq!(configs("glibc"), 2, "glibc as shipped and with huge pages");
+    assert_eq!(
+        configs("vrange-malloc"),
+        4,
+        "hybrid, without THP, managed, lazy"
+    );
+    for peer in ["jemalloc", "mimalloc"] {
+        let n = configs(peer);
+        assert!(
+            n == 0 || n == 3,
+            "{peer}: as shipped, eager, huge pages: {n}"
+        );
+    }
+    files(
+        &out,
+        &[
+            "tradeoff.csv",
+            "tradeoff-runs.csv",
+            "tradeoff-rss.csv",
+            "tradeoff.svg",
+            "tradeoff",
+        ],
+    );
+}

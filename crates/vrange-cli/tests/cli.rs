@@ -296,7 +296,8 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, coordinate, pairs, all"
+            "ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, coordinate, pairs, \
+             tradeoff, all"
         ),
         "{err}"
     );
@@ -312,6 +313,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
         "cache",
         "coordinate",
         "pairs",
+        "tradeoff",
         "all",
     ] {
         assert!(

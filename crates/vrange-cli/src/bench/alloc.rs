@@ -1,6 +1,8 @@
 //! The allocators a suite compares, each as a preloaded library plus the variables that
 //! configure it: glibc (nothing preloaded), jemalloc and mimalloc (and tcmalloc where
-//! installed) as shipped and told to purge at every free, and vrange-malloc in its three modes.
+//! installed) as shipped and told to purge at every free, and vrange-malloc in its three modes;
+//! for the tradeoff suite also the peers with their own huge-page settings and vrange-malloc
+//! without huge pages ([`with_huge_pages`]).
 //!
 //! Peers are the Debian packages, found with `dpkg -L`; a missing one is a configuration with
 //! the reason it cannot run, so its row says so and the others still run.
@@ -18,6 +20,9 @@ pub enum Kind {
     Eager,
     /// vrange-malloc.
     Ours,
+    /// A peer as shipped but for its own huge-page setting (only the tradeoff suite runs
+    /// these: [`with_huge_pages`]).
+    Huge,
 }
 
 #[derive(Clone, Debug)]
@@ -41,6 +46,8 @@ impl Config {
     pub fn short(&self) -> String {
         match (self.kind, self.env.first()) {
             (Kind::Eager, _) => format!("{} eager", self.allocator),
+            (Kind::Huge, _) => format!("{} huge pages", self.allocator),
+            (Kind::Ours, Some(("VRANGE_MALLOC_THP", _))) => format!("{} no THP", self.allocator),
             (Kind::Ours, Some((_, mode))) => format!("{} {mode}", self.allocator),
             (Kind::Ours, None) => format!("{} hybrid", self.allocator),
             (Kind::Default, _) => self.allocator.to_string(),
@@ -218,4 +225,105 @@ pub fn configs(ours: Result<PathBuf, String>, versions: &mut Vec<String>) -> Vec
         ));
     }
     v
+}
+
+/// The huge-page setting of each peer that has one, as `(variable, value)`: glibc's tunable
+/// (MADV_HUGEPAGE on its heaps, so it needs THP `madvise` or `always`), jemalloc's `thp`
+/// option (MADV_HUGEPAGE on every mapping) and mimalloc's large OS pages (MAP_HUGETLB where
+/// huge pages are reserved, else MADV_HUGEPAGE on its segments).
+fn huge_setting(allocator: &str) -> Option<(&'static str, &'static str)> {
+    match allocator {
+        "glibc" => Some(("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")),
+        "jemalloc" => Some(("MALLOC_CONF", "thp:always")),
+        "mimalloc" => Some(("MIMALLOC_LARGE_OS_PAGES", "1")),
+        _ => None,
+    }
+}
+
+/// `configs` with the peers' huge-page configurations (after each peer's own) and
+/// vrange-malloc's default without huge pages (`VRANGE_MALLOC_THP=never`, after the
+/// default), so that huge pages are compared with huge pages.
+pub fn with_huge_pages(configs: Vec<Config>) -> Vec<Config> {
+    let mut out = Vec::with_capacity(configs.len() + 4);
+    for (i, c) in configs.iter().enumerate() {
+        out.push(c.clone());
+        if c.is_ours_default() {
+            out.push(Config {
+                label: "VRANGE_MALLOC_THP=never".into(),
+                env: vec![("VRANGE_MALLOC_THP", "never".into())],
+                ..c.clone()
+            });
+        }
+        let last_of_allocator = configs
+            .get(i + 1)
+            .is_none_or(|next| next.allocator != c.allocator);
+        let shipped = configs
+            .iter()
+            .find(|d| d.allocator == c.allocator && d.kind == Kind::Default);
+        if let (true, Some((var, value)), Some(shipped)) =
+            (last_of_allocator, huge_setting(c.allocator), shipped)
+        {
+            out.push(Config {
+                allocator: c.allocator,
+                label: format!("{var}={value}"),
+                kind: Kind::Huge,
+                preload: shipped.preload.clone(),
+                env: vec![(var, value.into())],
+            });
+        }
+    }
+    out
+}
+
+/// Whether the allocator read the huge-page setting of `config` (a [`Kind::Huge`]
+/// configuration): what it reports about the setting, or why that cannot be seen. Each
+/// allocator is asked in its own way: glibc lists its tunables (`ld.so --list-tunables`),
+/// jemalloc prints its options (`stats_print`), mimalloc lists the options it read
+/// (`MIMALLOC_VERBOSE=1`).
+pub fn huge_setting_read(config: &Config) -> Result<String, String> {
+    let setting = |name: &str| {
+        config
+            .env
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let (program, how, wanted) = match config.allocator {
+        "glibc" => (
+            "ld.so",
+            "ld.so --list-tunables",
+            "glibc.malloc.hugetlb: 0x1",
+        ),
+        "jemalloc" => ("/bin/true", "stats_print", r#"opt.thp: "always""#),
+        "mimalloc" => (
+            "/bin/true",
+            "MIMALLOC_VERBOSE=1",
+            "option 'large_os_pages': 1",
+        ),
+        other => return Err(format!("no way to ask {other}")),
+    };
+    let mut cmd = super::proc::clean_command(Path::new(program));
+    config.apply(&mut cmd)?;
+    match config.allocator {
+        "glibc" => cmd.arg("--list-tunables"),
+        "jemalloc" => cmd.env(
+            "MALLOC_CONF",
+            format!("{},stats_print:true", setting("MALLOC_CONF")),
+        ),
+        _ => cmd.env("MIMALLOC_VERBOSE", "1"),
+    };
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if text.contains(wanted) {
+        Ok(format!("{how}: {wanted}"))
+    } else {
+        Err(format!("{how} does not show {wanted:?}"))
+    }
 }

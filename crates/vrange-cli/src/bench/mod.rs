@@ -1,9 +1,10 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
-//! One file per suite (`cache` is a directory: `hot`, `scenario`) (`ebizzy`, `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`,
-//! `coordinate`, `markcost`); the shared pieces are the machine description (`machine`), CSV and number
-//! formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
-//! preloaded (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
+//! One file per suite (`cache` is a directory: `hot`, `scenario`) (`ebizzy`, `pressure`,
+//! `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`, `markcost`);
+//! the shared pieces are the machine description (`machine`), CSV and number formats
+//! (`report`), the SVG plots (`plot`), the allocators compared and how they are preloaded
+//! (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
 //! suite prints the machine first, then aligned tables with the published numbers beside ours
 //! where they exist, and writes the same report in Markdown (`SUITE.md`), CSV files and an SVG
 //! plot into `--out`. A suite that cannot run here (no root, no memory cgroup) prints
@@ -28,6 +29,7 @@ mod pressure;
 mod proc;
 mod refill;
 mod report;
+mod tradeoff;
 
 use report::Table;
 use std::cell::RefCell;
@@ -57,6 +59,9 @@ pub enum Suite {
     Coordinate,
     /// The cost of one malloc+free pair of 64 KiB, 512 KiB and 2 MiB blocks, every allocator.
     Pairs,
+    /// Churn throughput against memory given back to a neighbour in the same memory cgroup
+    /// within 1 s, every allocator with and without huge pages.
+    Tradeoff,
     /// Every suite above, in that order.
     All,
 }
@@ -64,7 +69,7 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 9] = [
+    const ALL: [Suite; 10] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
@@ -73,6 +78,7 @@ impl Suite {
         Suite::Cache,
         Suite::Coordinate,
         Suite::Pairs,
+        Suite::Tradeoff,
         Suite::Markcost,
     ];
 
@@ -87,6 +93,7 @@ impl Suite {
             Suite::Cache => "cache",
             Suite::Coordinate => "coordinate",
             Suite::Pairs => "pairs",
+            Suite::Tradeoff => "tradeoff",
             Suite::All => "all",
         }
     }
@@ -257,6 +264,7 @@ pub fn main(args: Args) -> i32 {
             Suite::Cache => cache::run(&ctx),
             Suite::Coordinate => coordinate::run(&ctx),
             Suite::Pairs => pairs::run(&ctx),
+            Suite::Tradeoff => tradeoff::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {

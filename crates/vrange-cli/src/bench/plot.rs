@@ -1,5 +1,6 @@
-//! The suites' SVG plots: lines (numeric x, linear or log axes) and grouped bars, written by
-//! hand. Enough to see a suite's shape at a glance; the numbers are in the tables and CSV files.
+//! The suites' SVG plots: lines (numeric x, linear or log axes), grouped bars and labelled
+//! points (scatter), written by hand. Enough to see a suite's shape at a glance; the numbers
+//! are in the tables and CSV files.
 //!
 //! Every figure says what it shows and where it was measured: a title, a line with the machine
 //! and the date, and for `--quick` runs a "SMOKE TEST" banner and watermark, so a smoke run's
@@ -9,7 +10,7 @@
 //! hollow marker shape and dash pattern, earlier series are drawn wider underneath later ones,
 //! and markers are drawn over all the lines.
 //!
-//! Why not a plotting crate: these two chart kinds are all the suites draw, and the defects
+//! Why not a plotting crate: these three chart kinds are all the suites draw, and the defects
 //! were in choices (labels, units, draw order), not in drawing; a library would add
 //! dependencies to an installed binary and still need the marking, the tick values at the
 //! measured sizes and the machine line done by hand.
@@ -608,6 +609,223 @@ pub fn bars(
     s
 }
 
+/// One labelled point of a scatter plot.
+pub struct Labelled {
+    pub label: String,
+    /// Said after the label beside the point, not in the legend ("(1 OOM kill)").
+    pub note: String,
+    pub x: f64,
+    pub y: f64,
+}
+
+/// The corner of a scatter plot a suite aims for: x at least `x`, y at least `y`, shaded, and
+/// captioned under the legend (inside the plot the caption would cover points); `caption`'s
+/// lines are separated by `\n`.
+pub struct Target {
+    pub x: f64,
+    pub y: f64,
+    pub caption: String,
+}
+
+/// The approximate box of `text` drawn at font size 11 with its anchor at (x, y) (the
+/// baseline): (left, top, right, bottom).
+fn text_box(text: &str, x: f64, y: f64, anchor: &str) -> (f64, f64, f64, f64) {
+    let w = 6.0 * text.chars().count() as f64;
+    let left = match anchor {
+        "end" => x - w,
+        "middle" => x - w / 2.0,
+        _ => x,
+    };
+    (left, y - 10.0, left + w, y + 3.0)
+}
+
+fn overlap(a: (f64, f64, f64, f64), b: (f64, f64, f64, f64)) -> f64 {
+    let w = (a.2.min(b.2) - a.0.max(b.0)).max(0.0);
+    let h = (a.3.min(b.3) - a.1.max(b.1)).max(0.0);
+    w * h
+}
+
+/// A scatter plot: each point a marker of its own (colour and shape, as the series of
+/// [`lines`]) with its label beside it, and the same labels in the legend. Labels are placed
+/// where they cover no other label or marker, nearest first (a thin leader line joins a label
+/// set further away to its point), since points of similar configurations crowd together.
+/// `mark` is a vertical reference line (an x value and its caption), within the x range.
+pub fn scatter(
+    fig: &Figure,
+    x: &Axis,
+    y: &Axis,
+    points: &[Labelled],
+    target: Option<&Target>,
+    mark: Option<(f64, &str)>,
+) -> String {
+    let shown: Vec<&Labelled> = points
+        .iter()
+        .filter(|p| p.x.is_finite() && p.y.is_finite())
+        .filter(|p| (!x.log || p.x > 0.0) && (!y.log || p.y > 0.0))
+        .collect();
+    let corner = target.map(|t| (t.x, t.y));
+    let xs = Scale::new(
+        shown
+            .iter()
+            .map(|p| p.x)
+            .chain(corner.map(|c| c.0))
+            .chain(mark.map(|m| m.0)),
+        x,
+        LEFT,
+        W - RIGHT,
+    );
+    let ys = Scale::new(
+        shown.iter().map(|p| p.y).chain(corner.map(|c| c.1)),
+        y,
+        H - BOTTOM,
+        TOP,
+    );
+    let mut s = header(fig);
+    y_axis(&mut s, &ys, y);
+    let xticks = xs.ticks();
+    for (t, label) in xticks.iter().zip(x.unit.labels(&xticks, x.log)) {
+        let px = xs.map(*t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#eee"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            H - BOTTOM,
+            H - BOTTOM + 16.0,
+            esc(&label)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        (LEFT + W - RIGHT) / 2.0,
+        H - BOTTOM + 44.0,
+        esc(&x.title())
+    );
+    if let Some(t) = target {
+        // Clipped to the plot area: the corner may lie outside the data's range.
+        let left = xs.map(t.x).clamp(LEFT, W - RIGHT);
+        let bottom = ys.map(t.y).clamp(TOP, H - BOTTOM);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left:.1}" y="{TOP}" width="{:.1}" height="{:.1}" fill="#2ca02c" fill-opacity="0.10" stroke="#2ca02c" stroke-dasharray="6,3"/>"##,
+            W - RIGHT - left,
+            bottom - TOP
+        );
+    }
+    let mut reserved = Vec::new();
+    if let Some((mx, caption)) = mark {
+        let px = xs.map(mx);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#666" stroke-dasharray="3,3"/>"##,
+            H - BOTTOM
+        );
+        let (cx, cy) = (px - 4.0, H - BOTTOM - 6.0);
+        let _ = writeln!(
+            s,
+            r##"<text x="{cx:.1}" y="{cy:.1}" text-anchor="end" font-size="11" fill="#444">{}</text>"##,
+            esc(caption)
+        );
+        reserved.push(text_box(caption, cx, cy, "end"));
+    }
+    let at: Vec<(f64, f64)> = shown.iter().map(|p| (xs.map(p.x), ys.map(p.y))).collect();
+    let mut taken: Vec<(f64, f64, f64, f64)> = at
+        .iter()
+        .map(|&(px, py)| (px - 6.0, py - 6.0, px + 6.0, py + 6.0))
+        .collect();
+    taken.extend(reserved);
+    let area = (LEFT, TOP, W - RIGHT, H - BOTTOM);
+    let mut labels = String::new();
+    for (i, (p, &(px, py))) in shown.iter().zip(&at).enumerate() {
+        let text = if p.note.is_empty() {
+            p.label.clone()
+        } else {
+            format!("{} {}", p.label, p.note)
+        };
+        // Beside the marker first, then further out in eight directions.
+        let mut best: Option<(f64, f64, f64, &str)> = None;
+        'search: for reach in [0.0, 14.0, 28.0, 42.0, 56.0] {
+            for (dx, dy, anchor) in [
+                (9.0, 4.0, "start"),
+                (-9.0, 4.0, "end"),
+                (0.0, -10.0, "middle"),
+                (0.0, 18.0, "middle"),
+                (9.0, -8.0, "start"),
+                (-9.0, -8.0, "end"),
+                (9.0, 16.0, "start"),
+                (-9.0, 16.0, "end"),
+            ] {
+                let (lx, ly) = (px + dx + reach * dx.signum(), py + dy + reach * dy.signum());
+                let b = text_box(&text, lx, ly, anchor);
+                let outside = (area.0 - b.0).max(0.0)
+                    + (b.2 - area.2).max(0.0)
+                    + (area.1 - b.1).max(0.0)
+                    + (b.3 - area.3).max(0.0);
+                let cost = taken.iter().map(|&t| overlap(b, t)).sum::<f64>() + outside * 100.0;
+                if best.is_none_or(|(c, ..)| cost < c) {
+                    best = Some((cost, lx, ly, anchor));
+                }
+                if cost == 0.0 {
+                    break 'search;
+                }
+            }
+        }
+        let Some((_, lx, ly, anchor)) = best else {
+            continue;
+        };
+        taken.push(text_box(&text, lx, ly, anchor));
+        if (lx - px).abs() > 20.0 || (ly - py).abs() > 22.0 {
+            let _ = writeln!(
+                labels,
+                r##"<line x1="{px:.1}" y1="{py:.1}" x2="{lx:.1}" y2="{:.1}" stroke="#999" stroke-width="0.8"/>"##,
+                ly - 4.0
+            );
+        }
+        let _ = writeln!(
+            labels,
+            r#"<text x="{lx:.1}" y="{ly:.1}" text-anchor="{anchor}" font-size="11" fill="{}">{}</text>"#,
+            Style::of(i).color,
+            esc(&text)
+        );
+    }
+    s.push_str(&labels);
+    for (i, &(px, py)) in at.iter().enumerate() {
+        let _ = writeln!(s, "{}", Style::of(i).marker(px, py));
+    }
+    watermark(&mut s, fig);
+    for (i, p) in shown.iter().enumerate() {
+        let ly = TOP + 10.0 + i as f64 * 20.0;
+        let lx = W - RIGHT + 12.0;
+        let _ = writeln!(s, "{}", Style::of(i).marker(lx + 13.0, ly));
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            lx + 34.0,
+            ly + 4.0,
+            esc(&p.label)
+        );
+    }
+    if let Some(t) = target {
+        let ly = TOP + 14.0 + shown.len() as f64 * 20.0;
+        let lx = W - RIGHT + 12.0;
+        let _ = writeln!(
+            s,
+            r##"<rect x="{lx}" y="{}" width="26" height="12" fill="#2ca02c" fill-opacity="0.10" stroke="#2ca02c" stroke-dasharray="6,3"/>"##,
+            ly - 6.0
+        );
+        for (k, line) in t.caption.lines().enumerate() {
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{}" fill="#1a6e1a">{}</text>"##,
+                lx + 34.0,
+                ly + 4.0 + k as f64 * 15.0,
+                esc(line)
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,5 +928,46 @@ mod tests {
         // Both lines come before the first marker (the legend's samples come after).
         let first_marker = svg.find("<circle").unwrap();
         assert_eq!(svg[..first_marker].matches("<polyline").count(), 2, "{svg}");
+    }
+
+    #[test]
+    fn scatter_labels_every_point_and_shades_the_target() {
+        let points: Vec<Labelled> = (0..4)
+            .map(|i| Labelled {
+                label: format!("p{i} <x>"),
+                note: if i == 0 {
+                    "(note)".into()
+                } else {
+                    String::new()
+                },
+                x: 10.0 + i as f64,
+                y: 1000.0,
+            })
+            .collect();
+        let svg = scatter(
+            &fig(true),
+            &Axis::linear("returned (MiB)", Unit::Plain),
+            &Axis::linear("ops/s", Unit::Count),
+            &points,
+            Some(&Target {
+                x: 12.0,
+                y: 900.0,
+                caption: "target".into(),
+            }),
+            Some((13.0, "all")),
+        );
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        // Each label twice: beside its point and in the legend.
+        for i in 0..4 {
+            assert_eq!(svg.matches(&format!("p{i} &lt;x&gt;")).count(), 2, "{svg}");
+        }
+        assert!(svg.contains("fill-opacity=\"0.10\"") && svg.contains(">target<"));
+        assert!(svg.contains(">all<"));
+        assert_eq!(
+            svg.matches("(note)").count(),
+            1,
+            "a note is not in the legend"
+        );
+        assert!(svg.contains(SMOKE));
     }
 }
