@@ -283,6 +283,23 @@ fn markcost_quick_measures_every_method() {
 }
 
 #[test]
+fn pairs_quick_costs_every_allocator_at_each_size() {
+    let _s = serial();
+    let out = bench("pairs", &["--threads", "1,2"]);
+    let (header, rows) = table(&out, "size");
+    assert_eq!(header[1], "threads");
+    assert_eq!(header.last().unwrap(), "vrange-malloc / glibc");
+    assert_eq!(rows.len(), 6, "three sizes at 1 and 2 threads");
+    let ours = header.iter().position(|h| h == "vrange-malloc").unwrap();
+    for r in &rows {
+        positive(&r[2], "glibc");
+        positive(&r[ours], "vrange-malloc");
+        positive(r.last().unwrap(), "vrange-malloc / glibc");
+    }
+    files(&out, &["pairs.csv"]);
+}
+
+#[test]
 fn lazyfree_quick_times_madv_free_by_folio_size() {
     let _s = serial();
     let out = bench("lazyfree", &[]);
@@ -499,8 +516,8 @@ fn tradeoff_quick_puts_every_configuration_on_both_axes() {
     assert_eq!(configs("glibc"), 2, "glibc as shipped and with huge pages");
     assert_eq!(
         configs("vrange-malloc"),
-        4,
-        "hybrid, without THP, managed, lazy"
+        5,
+        "hybrid, arming at once, without THP, managed, lazy"
     );
     for peer in ["jemalloc", "mimalloc"] {
         let n = configs(peer);

@@ -242,12 +242,19 @@ fn huge_setting(allocator: &str) -> Option<(&'static str, &'static str)> {
 
 /// `configs` with the peers' huge-page configurations (after each peer's own) and
 /// vrange-malloc's default without huge pages (`VRANGE_MALLOC_THP=never`, after the
-/// default), so that huge pages are compared with huge pages.
+/// default), so that huge pages are compared with huge pages; and vrange-malloc arming free
+/// chunks at the reclaimer's next tick (`VRANGE_MALLOC_ARM_DELAY_MS=0`) rather than after
+/// 1 s, so the kernel itself can take free memory from a neighbour that grows fast.
 pub fn with_huge_pages(configs: Vec<Config>) -> Vec<Config> {
-    let mut out = Vec::with_capacity(configs.len() + 4);
+    let mut out = Vec::with_capacity(configs.len() + 5);
     for (i, c) in configs.iter().enumerate() {
         out.push(c.clone());
         if c.is_ours_default() {
+            out.push(Config {
+                label: "VRANGE_MALLOC_ARM_DELAY_MS=0".into(),
+                env: vec![("VRANGE_MALLOC_ARM_DELAY_MS", "0".into())],
+                ..c.clone()
+            });
             out.push(Config {
                 label: "VRANGE_MALLOC_THP=never".into(),
                 env: vec![("VRANGE_MALLOC_THP", "never".into())],

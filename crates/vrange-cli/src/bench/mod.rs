@@ -115,7 +115,8 @@ pub struct Args {
     /// executable).
     #[arg(long)]
     pub lib: Option<PathBuf>,
-    /// ebizzy: thread counts, comma-separated (default: 1, 2, 4, ... and the core count).
+    /// ebizzy, pairs, tradeoff: thread counts, comma-separated (default: ebizzy 1, 2, 4, ... and
+    /// the core count; pairs 1, 2, 16; tradeoff 1, 2).
     #[arg(long, value_delimiter = ',')]
     pub threads: Option<Vec<usize>>,
     /// ebizzy: number of chunks (default 10, as ebizzy 0.3).

@@ -124,9 +124,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 .position(|c| c.kind == Kind::Ours)
                 .and_then(|i| cells[i].0);
             let mut row = vec![size_label(size), t.to_string()];
-            row.extend(cells.iter().map(|(m, f)| match (m, f) {
+            row.extend(cells.iter().zip(&configs).map(|((m, f), c)| match (m, f) {
                 (Some(ns), _) => format!("{ns:.0} ns"),
-                (None, Some(e)) if e.contains("not installed") => "–".into(),
+                // Not installed here: said once, under the table.
+                (None, Some(_)) if c.preload.is_err() => "–".into(),
                 (None, Some(e)) => format!("failed: {e}"),
                 (None, None) => "–".into(),
             }));
@@ -139,6 +140,11 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         }
     }
     ctx.table(&table);
+    for c in &configs {
+        if let Err(why) = &c.preload {
+            ctx.say(format!("{}: – ({why})", c.allocator));
+        }
+    }
     csv.write(&ctx.out, "pairs.csv")?;
     Ok(())
 }
