@@ -2,7 +2,7 @@
 //! without allocating.
 //!
 //! Owns every use of `/proc/self/pagemap`: the PAGEMAP_SCAN ioctl (Linux 6.7) on a cached,
-//! verified descriptor ([`fd::SelfFile`]), one call per batch of answers. Async-signal-safe:
+//! verified descriptor ([`SelfFile`]), one call per batch of answers. Async-signal-safe:
 //! only open, fstat and ioctl on stack buffers, no allocation, no lock (unmarking, which may
 //! run in a signal handler, asks it). On kernels without the ioctl [`huge_runs`] answers
 //! `Ok(false)` and remembers it; callers then go page by page.
