@@ -176,20 +176,9 @@ impl Run {
 }
 
 /// The runs of one configuration at one thread count.
-#[derive(Default)]
-struct Cell {
-    runs: Vec<Run>,
-    failed: Option<String>,
-}
+type Cell = report::Cell<Run>;
 
 impl Cell {
-    fn median(&self, f: impl Fn(&Run) -> f64) -> Option<f64> {
-        if self.failed.is_some() {
-            return None;
-        }
-        report::median(&mut self.runs.iter().map(f).collect::<Vec<_>>())
-    }
-
     fn rate(&self) -> Option<f64> {
         self.median(|r| r.records_per_s)
     }

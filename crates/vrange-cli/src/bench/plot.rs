@@ -328,6 +328,27 @@ fn header(fig: &Figure) -> String {
     s
 }
 
+/// The x grid at `xticks`, their labels and the axis title.
+fn x_axis(s: &mut String, xs: &Scale, x: &Axis, xticks: &[f64]) {
+    for (t, label) in xticks.iter().zip(x.unit.labels(xticks, x.log)) {
+        let px = xs.map(*t);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#eee"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            H - BOTTOM,
+            H - BOTTOM + 16.0,
+            esc(&label)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        (LEFT + W - RIGHT) / 2.0,
+        H - BOTTOM + 44.0,
+        esc(&x.title())
+    );
+}
+
 /// The plot area's frame, the y grid and labels.
 fn y_axis(s: &mut String, y: &Scale, axis: &Axis) {
     let ticks = y.ticks();
@@ -501,23 +522,7 @@ pub fn lines(fig: &Figure, x: &Axis, y: &Axis, series: &[Series]) -> String {
     let ys = Scale::new(all().map(|p| p.1), y, H - BOTTOM, TOP);
     let mut s = header(fig);
     y_axis(&mut s, &ys, y);
-    for (t, label) in xticks.iter().zip(x.unit.labels(&xticks, x.log)) {
-        let px = xs.map(*t);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#eee"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
-            H - BOTTOM,
-            H - BOTTOM + 16.0,
-            esc(&label)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        (LEFT + W - RIGHT) / 2.0,
-        H - BOTTOM + 44.0,
-        esc(&x.title())
-    );
+    x_axis(&mut s, &xs, x, &xticks);
     let drawn: Vec<Vec<(f64, f64)>> = series
         .iter()
         .map(|ser| {
@@ -683,23 +688,7 @@ pub fn scatter(
     let mut s = header(fig);
     y_axis(&mut s, &ys, y);
     let xticks = xs.ticks();
-    for (t, label) in xticks.iter().zip(x.unit.labels(&xticks, x.log)) {
-        let px = xs.map(*t);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{}" stroke="#eee"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
-            H - BOTTOM,
-            H - BOTTOM + 16.0,
-            esc(&label)
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        (LEFT + W - RIGHT) / 2.0,
-        H - BOTTOM + 44.0,
-        esc(&x.title())
-    );
+    x_axis(&mut s, &xs, x, &xticks);
     if let Some(t) = target {
         // Clipped to the plot area: the corner may lie outside the data's range.
         let left = xs.map(t.x).clamp(LEFT, W - RIGHT);

@@ -172,6 +172,31 @@ pub fn times(x: Option<f64>) -> String {
     })
 }
 
+/// The runs of one configuration at one thread count, or why they stopped.
+pub struct Cell<R> {
+    pub runs: Vec<R>,
+    pub failed: Option<String>,
+}
+
+impl<R> Default for Cell<R> {
+    fn default() -> Self {
+        Cell {
+            runs: Vec::new(),
+            failed: None,
+        }
+    }
+}
+
+impl<R> Cell<R> {
+    /// The median of `f` over the runs; `None` when a run failed or none ran.
+    pub fn median(&self, f: impl Fn(&R) -> f64) -> Option<f64> {
+        if self.failed.is_some() {
+            return None;
+        }
+        median(&mut self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

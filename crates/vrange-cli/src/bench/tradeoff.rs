@@ -287,20 +287,9 @@ fn run_once(
 }
 
 /// The runs of one configuration at one thread count.
-#[derive(Default)]
-struct Cell {
-    runs: Vec<Run>,
-    failed: Option<String>,
-}
+type Cell = report::Cell<Run>;
 
 impl Cell {
-    fn median(&self, f: impl Fn(&Run) -> f64) -> Option<f64> {
-        if self.failed.is_some() {
-            return None;
-        }
-        report::median(&mut self.runs.iter().map(f).collect::<Vec<_>>())
-    }
-
     fn rate(&self) -> Option<f64> {
         self.median(|r| r.ops_per_s)
     }
