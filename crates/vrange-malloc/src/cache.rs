@@ -11,8 +11,8 @@
 //! reclaimer's flush hook frees each cached block for real (then it is volatile like any free
 //! span). A free that finds its CPU's slots taken frees for real at once.
 //!
-//! Double frees stay caught: caching a block sets a `CACHED` bit in its chunk tag with one
-//! atomic OR, and a second free of it finds the bit set. Only hybrid and managed modes cache
+//! Double frees stay caught: caching a block sets a `CACHED` bit in its chunk tag (a plain
+//! load and store; see [`Chunk::mark_cached`]), and a second free of it finds the bit set. Only hybrid and managed modes cache
 //! (lazy mode has no reclaimer to flush the cache, and its frees must reach the kernel).
 //!
 //! Written by hand (no crate): it runs inside malloc and free, where nothing may allocate or

@@ -4,8 +4,9 @@
 //! Owns every use of `/proc/self/pagemap`: the PAGEMAP_SCAN ioctl (Linux 6.7) on a cached,
 //! verified descriptor ([`SelfFile`]), one call per batch of answers. Async-signal-safe:
 //! only open, fstat and ioctl on stack buffers, no allocation, no lock (unmarking, which may
-//! run in a signal handler, asks it). On kernels without the ioctl [`huge_runs`] answers
-//! `Ok(false)` and remembers it; callers then go page by page.
+//! run in a signal handler, asks it). On kernels without the ioctl, or where
+//! `/proc/self/pagemap` cannot be opened, [`huge_runs`] answers `Ok(false)` and remembers it;
+//! callers then go page by page.
 //!
 //! # References
 //! Documentation/admin-guide/mm/pagemap.rst, "Pagemap Scan IOCTL"; `PAGE_IS_HUGE` is set for a
@@ -67,7 +68,21 @@ pub fn huge_runs(
     if NO_SCAN.load(Ordering::Relaxed) {
         return Ok(false);
     }
-    let fd = PAGEMAP.get()?;
+    let fd = match PAGEMAP.get() {
+        Ok(fd) => fd,
+        // No /proc, or not allowed to read it (a sandbox): for good, so that unmarks do not
+        // try the open again each time. EAGAIN (a standard descriptor closed) may pass.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::EACCES | libc::EPERM)
+            ) =>
+        {
+            NO_SCAN.store(true, Ordering::Relaxed);
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     let mut runs = [PageRegion::default(); 16];
     let mut cursor = start as u64;
     while cursor < end as u64 {

@@ -199,7 +199,8 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
 /// regions a purged range reports all its pages.
 ///
 /// Async-signal-safe for arbitrary memory and every region policy (no allocation, no lock;
-/// the only system calls are the range check of arbitrary memory). Unmarking a range the
+/// the only system calls are the range check of arbitrary memory and, for ranges holding whole
+/// 2 MiB blocks, one PAGEMAP_SCAN ioctl per 128 MiB). Unmarking a range the
 /// reclaimer is purging or arming waits for it (spinning, then yielding).
 ///
 /// # Errors
