@@ -271,17 +271,25 @@ pub fn main(args: Args) -> i32 {
         if let Err(e) = &result {
             ctx.say(format!("{name}: FAILED: {e}"));
             eprintln!("vrange bench {name}: {e}");
-            failed.push(suite);
+            failed.push(format!("{name}: {e}"));
         }
         if let Err(e) = report::write_file(&ctx.out, &format!("{name}.md"), &ctx.doc.take()) {
             eprintln!("vrange bench {name}: {e}");
-            failed.push(suite);
+            failed.push(format!("{name}: {e}"));
         }
         if result.is_ok() {
             report::progress(format!(
                 "{name}: done in {:.1} s",
                 started.elapsed().as_secs_f64()
             ));
+        }
+    }
+    // Repeated at the end, where a log's tail shows it: a suite's failure is otherwise
+    // buried under the suites that ran after it.
+    if !failed.is_empty() {
+        eprintln!("\nvrange bench: {} failed:", failed.len());
+        for f in &failed {
+            eprintln!("  {f}");
         }
     }
     i32::from(!failed.is_empty())
