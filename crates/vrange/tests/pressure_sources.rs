@@ -471,6 +471,53 @@ fn vmpressure_fires_under_cgroup_pressure() {
     );
 }
 
+/// The reclaimer's listener (`register_own`) hears reclaim aimed at its own cgroup only: a
+/// child cgroup thrashing at its own limit reaches a default listener on the parent (nobody
+/// below handles it), never the parent's own one, since purging the parent's memory would not
+/// relieve the child.
+#[test]
+fn own_vmpressure_ignores_a_child_cgroups_pressure() {
+    let _serial = serial();
+    let (parent, cgroup) = match vrange_testkit::cgroup::current_v1("vmpressure propagation")
+        .and_then(|p| Ok((p, thrasher_cgroup()?)))
+    {
+        Ok(c) => c,
+        Err(why) => {
+            vrange_testkit::skip(format_args!("{why}"));
+            return;
+        }
+    };
+    // Low: every event, so the propagated count is large where there is any.
+    let own = VmPressure::register_own(&parent, Level::Low).expect("register own");
+    let propagated = VmPressure::register(&parent, Level::Low).expect("register default");
+    // Reclaim elsewhere before the thrasher (another cgroup's) counts for neither.
+    let (_, _) = (own.take_events(), propagated.take_events());
+    let thrasher = start_thrasher(cgroup, None);
+    let mut heard = 0;
+    while heard < 10 && thrasher.started.elapsed() < VMPRESSURE_DEADLINE {
+        std::thread::sleep(Duration::from_millis(50));
+        heard += propagated.take_events();
+    }
+    let own_heard = own.take_events();
+    println!(
+        "vmpressure on the parent {}: default listener {heard} events, own listener \
+         {own_heard}",
+        parent.path().display()
+    );
+    let Thrasher { proc, cgroup, .. } = thrasher;
+    drop(proc);
+    vrange_testkit::cgroup::remove(cgroup);
+    assert!(
+        heard > 0,
+        "the child's pressure never reached the parent's default listener within \
+         {VMPRESSURE_DEADLINE:?}"
+    );
+    assert_eq!(
+        own_heard, 0,
+        "the parent's own listener heard the child's pressure"
+    );
+}
+
 // ---- 4. PSI under real pressure, and a cgroup trigger that breaks ----
 
 /// A v2 cgroup made by a test in a hybrid setup (v2 without the memory controller still has

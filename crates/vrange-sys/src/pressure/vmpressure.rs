@@ -66,6 +66,22 @@ impl VmPressure {
         VmPressure::register_with(cg, level, Propagation::Default)
     }
 
+    /// Listens for `level` (and above) of reclaim aimed at `cg` itself ([`Propagation::Local`]):
+    /// a descendant that reaches its own limit is reclaimed from its own pages, which purging
+    /// memory charged to `cg` does not relieve. Kernels before 4.13 have no modes (EINVAL);
+    /// there the listener falls back to [`Propagation::Default`], and descendants' events
+    /// unhandled below reach it too.
+    ///
+    /// # Errors
+    /// As [`VmPressure::register`].
+    pub fn register_own(cg: &MemCgroup, level: Level) -> io::Result<VmPressure> {
+        match VmPressure::register_with(cg, level, Propagation::Local) {
+            // EINVAL, as the error's kind (its message names the files).
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => VmPressure::register(cg, level),
+            r => r,
+        }
+    }
+
     /// Listens for `level` (and above) on `cg`, receiving descendants' events as `propagation`
     /// says. Anything but [`Propagation::Default`] needs Linux 4.13 (EINVAL before).
     ///

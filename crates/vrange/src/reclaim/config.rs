@@ -16,7 +16,7 @@
 //! | `VRANGE_HEADROOM`      | `auto`               | purge when the cgroup's limit minus usage falls below this size; `auto` = limit/16 within [4 MiB, 256 MiB]; `off` (or `0`) |
 //! | `VRANGE_POLL_MS`       | `100`                | how often headroom, budget and arming are checked; `0` means 1 |
 //! | `VRANGE_PSI`           | `some 100000 2000000`| PSI trigger (kind, stall µs, window µs; 0 < stall <= window <= 10 s) on the system and cgroup v2 files; `off`. The window is rounded up to what the kernel accepts (see below) |
-//! | `VRANGE_VMPRESSURE`    | `on`                 | cgroup v1 memory.pressure_level medium and critical events; `off` |
+//! | `VRANGE_VMPRESSURE`    | `on`                 | cgroup v1 memory.pressure_level medium and critical events of reclaim aimed at this process's cgroup (not at a descendant, whose pressure purging here cannot relieve); `off` |
 //! | `VRANGE_PRESSURE_SHARE`| `25`                 | percent (1 to 100) of volatile bytes purged per PSI or medium event (critical purges all) |
 //!
 //! Two values are accepted and adjusted rather than refused, silently because the meaning

@@ -424,7 +424,10 @@ impl Watch {
                 (Level::Medium, Source::VmpressureMedium),
                 (Level::Critical, Source::VmpressureCritical),
             ] {
-                if let Some(Ok(v)) = cgroup.as_ref().map(|cg| VmPressure::register(cg, level)) {
+                if let Some(Ok(v)) = cgroup
+                    .as_ref()
+                    .map(|cg| VmPressure::register_own(cg, level))
+                {
                     if poller.add(v.ident(), v.signal()).is_ok() {
                         active |= 1 << source as u8;
                         vmpressure.push(v);

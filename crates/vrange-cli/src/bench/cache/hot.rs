@@ -110,7 +110,7 @@ impl Hot {
             // One warm-up run, then the measured ones.
             for run in 0..=self.runs {
                 let barrier = Barrier::new(threads);
-                let per: Vec<(f64, u64, u64)> = std::thread::scope(|s| {
+                let per: Vec<(f64, Misses, u64)> = std::thread::scope(|s| {
                     let handles: Vec<_> = seqs
                         .iter()
                         .map(|seq| {
@@ -118,13 +118,14 @@ impl Hot {
                             s.spawn(move || {
                                 barrier.wait();
                                 let t0 = Instant::now();
-                                let (mut sum, mut missing) = (0u64, 0u64);
+                                let (mut sum, mut missing) = (0u64, Misses::default());
                                 for &k in seq {
                                     c.with(u64::from(k), |f| match f {
                                         Found::Hit(v) => {
                                             sum += u64::from(v[0]) + u64::from(v[v.len() - 1])
                                         }
-                                        _ => missing += 1,
+                                        Found::Absent => missing.absent += 1,
+                                        Found::Purged => missing.purged += 1,
                                     });
                                 }
                                 let t = t0.elapsed().as_secs_f64();
@@ -138,12 +139,23 @@ impl Hot {
                         .collect();
                     handles
                         .into_iter()
-                        .map(|h| h.join().unwrap_or((f64::NAN, 1, 0)))
+                        .map(|h| {
+                            let panicked = Misses {
+                                absent: 1,
+                                purged: 0,
+                            };
+                            h.join().unwrap_or((f64::NAN, panicked, 0))
+                        })
                         .collect()
                 });
-                let missing: u64 = per.iter().map(|p| p.1).sum();
-                if missing > 0 {
-                    return Err(format!("{missing} lookups of present keys missed"));
+                let absent: u64 = per.iter().map(|p| p.1.absent).sum();
+                let purged: u64 = per.iter().map(|p| p.1.purged).sum();
+                if absent + purged > 0 {
+                    return Err(format!(
+                        "lookups of present keys missed: {absent} found no entry, {purged} found \
+                         it purged ({})",
+                        purges_by_source()
+                    ));
                 }
                 if run > 0 {
                     ns.push(per.iter().map(|p| p.0).sum::<f64>() / threads as f64);
@@ -158,6 +170,29 @@ impl Hot {
             );
         }
         Ok(())
+    }
+}
+
+/// Lookups of keys that were inserted and should still be there.
+#[derive(Clone, Copy, Default)]
+struct Misses {
+    absent: u64,
+    purged: u64,
+}
+
+/// What purged in this process, for the error a miss reports.
+fn purges_by_source() -> String {
+    let st = vrange::stats();
+    let by: Vec<String> = vrange::Source::ALL
+        .iter()
+        .zip(st.sources)
+        .filter(|(_, s)| s.events > 0 || s.bytes > 0)
+        .map(|(src, s)| format!("{}: {} events, {} bytes", src.name(), s.events, s.bytes))
+        .collect();
+    if by.is_empty() {
+        "no purge in this process".into()
+    } else {
+        format!("purges by source: {}", by.join("; "))
     }
 }
 
@@ -177,6 +212,12 @@ fn hot_one(peer: &str, size: usize, ops: usize, runs: usize) -> Result<HotResult
     cmd.args(["bench-role", "cache", "hot", peer])
         .args([size.to_string(), ops.to_string(), runs.to_string()])
         .env("VRANGE_STATS_DIR", "off");
+    // Nothing evicts from the peers; pressure elsewhere on the machine (system-wide PSI, the
+    // only global signal on cgroup v1) must not purge vrange-cache's entries mid-measurement
+    // either. Its reclaimer still runs and arms.
+    for name in ["VRANGE_PSI", "VRANGE_VMPRESSURE", "VRANGE_HEADROOM"] {
+        cmd.env(name, "off");
+    }
     let mut p = Proc::spawn(cmd)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut r = HotResult::default();
@@ -214,7 +255,9 @@ pub(super) fn hot_path(ctx: &Ctx) -> Result<(), String> {
          run, the median of {runs} runs, in ns per hit on each thread. Inserts: values copied \
          into a fresh cache, keys split between the threads (median of {runs} runs). The \
          peers' capacity is twice the working set (nothing is evicted); each uses its default \
-         hasher. Target: a vrange-cache hit within {HIT_TARGET}× of the fastest peer's.",
+         hasher; vrange-cache's pressure sources are off (VRANGE_PSI, VRANGE_VMPRESSURE, \
+         VRANGE_HEADROOM), so that pressure elsewhere on the machine purges nothing \
+         mid-measurement. Target: a vrange-cache hit within {HIT_TARGET}× of the fastest peer's.",
         report::size(WORKING_SET)
     ));
     let mut results = Vec::new();
