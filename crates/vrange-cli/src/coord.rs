@@ -11,7 +11,7 @@ use vrange_coordinator::{MetricsAddr, Options, Scope, Shared};
 #[derive(Args)]
 pub struct DaemonArgs {
     /// Socket to listen on (default: /run/vrange/coordinator.sock as root, else
-    /// /dev/shm/vrange-<uid>/coordinator.sock: where processes look).
+    /// /dev/shm/vrange-UID/coordinator.sock: where processes look).
     #[arg(long)]
     socket: Option<PathBuf>,
     /// The memory cgroup directory to coordinate (default: the daemon's own).

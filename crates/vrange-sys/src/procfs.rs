@@ -187,7 +187,7 @@ struct VmaBlock<'a> {
     text: &'a str,
 }
 
-/// Splits smaps text at its header lines ("7f12a000-7f12c000 rw-p 00000000 00:00 0 [heap]").
+/// Splits smaps text at its header lines (`7f12a000-7f12c000 rw-p 00000000 00:00 0 [heap]`).
 fn vma_blocks(text: &str) -> Vec<VmaBlock<'_>> {
     let mut blocks: Vec<VmaBlock<'_>> = Vec::new();
     let mut block_start = 0;

@@ -1,5 +1,5 @@
 //! SIGBUS mode: touching a purged page of a range that is still volatile raises SIGBUS at that
-//! address instead of reading zero, and [`fill`] patches the page from a signal handler (the
+//! address instead of reading zero, and [`fill`](crate::fill) patches the page from a signal handler (the
 //! access is then retried and succeeds). The design's table, cell by cell:
 //!
 //! | | purged | not purged |
@@ -12,7 +12,7 @@
 //!
 //! - **Managed and hybrid regions** are populated when created and registered for good: only a
 //!   purge (MADV_DONTNEED of a whole range) makes pages missing. The unmark that reports a
-//!   purge installs zero pages over the range (`UFFDIO_ZEROPAGE`, skipping pages [`fill`]
+//!   purge installs zero pages over the range (`UFFDIO_ZEROPAGE`, skipping pages [`fill`](crate::fill)
 //!   placed), so pinned memory never signals. Hybrid SIGBUS regions are not armed (they
 //!   purge like managed ones): the per-page proof of an armed unmark would itself touch
 //!   missing pages.

@@ -100,7 +100,7 @@ impl Drop for SettingsGuard {
     }
 }
 
-/// The selected word of a sysfs choice file ("always [madvise] never" → "madvise").
+/// The selected word of a sysfs choice file (`always [madvise] never` → `madvise`).
 fn read_setting(path: &Path) -> Result<String, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;

@@ -21,7 +21,7 @@ fn first_line(path: &str) -> String {
     })
 }
 
-/// The bracketed choice of a sysfs setting ("always [madvise] never" → "madvise").
+/// The bracketed choice of a sysfs setting (`always [madvise] never` → `madvise`).
 pub fn selected(setting: &str) -> String {
     setting
         .split_whitespace()

@@ -389,7 +389,7 @@ impl Config {
     }
 
     /// This configuration with option `name` (a `VRANGE_*` name, see
-    /// [`OPTIONS`](crate::OPTIONS)) set from `value` in the environment's grammar.
+    /// [`OPTIONS`]) set from `value` in the environment's grammar.
     ///
     /// # Errors
     /// [`OptionError::UnknownName`], or [`OptionError::InvalidValue`] saying what the option

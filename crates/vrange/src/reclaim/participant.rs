@@ -1,7 +1,7 @@
 //! This process as a participant of a coordinator (`vrange daemon`): the reclaimer thread
 //! connects when the coordinator's socket exists, answers its pings with an inventory, obeys its
 //! purge requests, and while the coordinator is live leaves pressure purges to it. See
-//! [`coordination`](crate::coordination) for the protocol.
+//! [`coordination`] for the protocol.
 //!
 //! | `VRANGE_COORDINATOR` | sockets tried (once a second while none is connected) |
 //! |---|---|
