@@ -244,17 +244,7 @@ impl Chunk {
             ranges.set_policy(s.range, policy);
         }
         self.set(at, pages, false, 0);
-        if tail > 0 {
-            let content = if taken.zero {
-                Content::Zero
-            } else {
-                Content::Dirty
-            };
-            let first = at + pages;
-            let policy = ranges.policy(tail, false);
-            let id = ranges.create(self.page_addr(first), tail * page, content, policy);
-            self.set(first, tail, true, id);
-        }
+        self.free_rest(at + pages, tail, taken.zero, ranges);
         self.recount();
         let taken = Taken {
             pages,
@@ -346,23 +336,25 @@ impl Chunk {
         self.clear(end);
         self.clear(end + next.pages - 1);
         self.set(first, pages, false, 0);
-        if rest > 0 {
-            let page = 1 << self.page_shift;
-            let content = if taken.zero {
-                Content::Zero
-            } else {
-                Content::Dirty
-            };
-            let start = first + pages;
-            let policy = ranges.policy(rest, false);
-            let id = ranges.create(self.page_addr(start), rest * page, content, policy);
-            self.set(start, rest, true, id);
-        }
+        self.free_rest(first + pages, rest, taken.zero, ranges);
         self.recount();
         true
     }
 
     /// Whether the whole chunk is one free span.
+    /// What an allocation left of the free span it took from: `pages` pages from `first`,
+    /// a free range of their own (zero if the span was).
+    fn free_rest(&mut self, first: usize, pages: usize, zero: bool, ranges: &mut impl Ranges) {
+        if pages == 0 {
+            return;
+        }
+        let content = if zero { Content::Zero } else { Content::Dirty };
+        let policy = ranges.policy(pages, false);
+        let len = pages << self.page_shift;
+        let id = ranges.create(self.page_addr(first), len, content, policy);
+        self.set(first, pages, true, id);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.free_pages == self.pages
     }
