@@ -127,6 +127,21 @@ pub fn meminfo_kb(field: &str) -> io::Result<Option<u64>> {
         .map(|(_, v)| v))
 }
 
+/// MemTotal and MemAvailable of /proc/meminfo in KiB, from one read (`None` before Linux 3.14,
+/// which has no MemAvailable).
+pub fn mem_available_kb() -> io::Result<Option<(u64, u64)>> {
+    let text = crate::fd::read_file("/proc/meminfo")?;
+    let (mut total, mut avail) = (None, None);
+    for (name, v) in text.lines().filter_map(field_line) {
+        match name {
+            "MemTotal" => total = Some(v),
+            "MemAvailable" => avail = Some(v),
+            _ => {}
+        }
+    }
+    Ok(total.zip(avail))
+}
+
 /// Parses the field lines of one smaps block, or of smaps_rollup; header lines are skipped and
 /// unknown fields ignored.
 pub fn parse_smaps_block(text: &str) -> Smaps {
@@ -310,6 +325,8 @@ VmFlags: rd wr mr mw me ac
         assert!(status(None).unwrap().vm_rss_kb > 0);
         assert!(meminfo_kb("MemTotal").unwrap().unwrap() > 0);
         assert_eq!(meminfo_kb("NoSuchField").unwrap(), None);
+        let (total, avail) = mem_available_kb().unwrap().unwrap();
+        assert!(avail <= total && total > 0);
         assert!(smaps_rollup(None).unwrap().rss_kb > 0);
     }
 

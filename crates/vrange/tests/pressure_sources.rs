@@ -681,3 +681,97 @@ fn psi_triggers_fire_under_pressure() {
         assert_eq!(poller.len(), 1, "broken source still in the poller");
     }
 }
+
+// ---- 5. The reclaimer and another cgroup's trouble ----
+
+/// Regression: the system's PSI file counts stalls of every cgroup, so a neighbour thrashing at
+/// its own limit made every vrange process on the machine purge `VRANGE_PRESSURE_SHARE` of its
+/// volatile memory, though the machine had plenty. The reclaimer now answers the system
+/// trigger only while the machine itself is short (MemAvailable under a tenth of MemTotal).
+/// The thrasher runs in a v2 cgroup of its own where there is one, so this process's v2
+/// `memory.pressure` (another source) does not count its stalls either.
+#[test]
+fn a_neighbour_cgroup_thrashing_at_its_limit_purges_nothing_here() {
+    use vrange::{Options, Policy, Source, VolatileRegion};
+    let _serial = serial();
+    let cgroup = match thrasher_cgroup() {
+        Ok(c) => c,
+        Err(why) => {
+            vrange_testkit::skip(format_args!("{why}"));
+            return;
+        }
+    };
+    let (total, avail) = vrange_sys::procfs::mem_available_kb()
+        .expect("read /proc/meminfo")
+        .expect("MemAvailable");
+    assert!(
+        avail > total / 5,
+        "the machine itself is short ({avail} of {total} KiB available): this test needs room"
+    );
+    // Only the system PSI trigger listens, and it fires on a small stall.
+    for (k, v) in [
+        ("VRANGE_PSI", "some 10000 2000000"),
+        ("VRANGE_VMPRESSURE", "off"),
+        ("VRANGE_HEADROOM", "0"),
+        ("VRANGE_POLL_MS", "20"),
+    ] {
+        vrange::set_option(k, v).unwrap();
+    }
+    let region = VolatileRegion::new(
+        32 * MIB,
+        Options {
+            policy: Policy::Managed,
+            ..Options::default()
+        },
+    )
+    .expect("region");
+    // SAFETY: the region is ours, and no reference into it lives across the mark.
+    unsafe {
+        region.as_ptr().write_bytes(0x5a, region.len());
+        region.mark().expect("mark");
+    }
+    let before = *vrange::stats().source(Source::Psi);
+    // Let the reclaimer open its sources (a tick after volatile memory appears).
+    let opened = Instant::now();
+    while !vrange::reclaimer::active_sources().contains(&Source::Psi) {
+        assert!(
+            opened.elapsed() < SYNC,
+            "the reclaimer never opened its system PSI trigger: {:?}",
+            vrange::reclaimer::active_sources()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let v2 = V2Cgroup::create().ok();
+    let thrasher = start_thrasher(cgroup, v2.as_ref().map(|c| c.dir.as_path()));
+    let mut fired = 0;
+    while fired == 0 && thrasher.started.elapsed() < PSI_DEADLINE {
+        std::thread::sleep(Duration::from_millis(50));
+        fired = vrange::stats().source(Source::Psi).events - before.events;
+    }
+    let after = *vrange::stats().source(Source::Psi);
+    let Thrasher { proc, cgroup, .. } = thrasher;
+    drop(proc);
+    vrange_testkit::cgroup::remove(cgroup);
+    if let Some(v2) = v2 {
+        let _ = v2.remove();
+    }
+    let report = region.unmark().expect("unmark");
+    for (k, v) in [
+        ("VRANGE_PSI", "some 100000 2000000"),
+        ("VRANGE_VMPRESSURE", "on"),
+        ("VRANGE_HEADROOM", "auto"),
+        ("VRANGE_POLL_MS", "100"),
+    ] {
+        vrange::set_option(k, v).unwrap();
+    }
+    assert!(
+        fired > 0,
+        "the system PSI trigger never fired within {PSI_DEADLINE:?} of the neighbour's thrashing"
+    );
+    assert_eq!(
+        after.bytes - before.bytes,
+        0,
+        "system PSI purged for another cgroup's stall ({fired} events)"
+    );
+    assert!(!report.was_purged(), "the volatile region was purged");
+}

@@ -5,7 +5,7 @@
 //!
 //! | source | how it is noticed | bytes purged |
 //! |---|---|---|
-//! | PSI (system, cgroup v2) | POLLPRI on a trigger | `VRANGE_PRESSURE_SHARE`% of volatile bytes (at least 2 MiB) |
+//! | PSI (system, cgroup v2) | POLLPRI on a trigger (the system's only while MemAvailable < MemTotal / 10) | `VRANGE_PRESSURE_SHARE`% of volatile bytes (at least 2 MiB) |
 //! | vmpressure medium / critical (cgroup v1) | eventfd | the same / everything |
 //! | headroom | limit − usage polled every `VRANGE_POLL_MS` | enough to restore twice the threshold |
 //! | budget | the mark that crosses it wakes the thread; one that finds it a budget behind purges itself ([`catch_up`]) | the excess |
@@ -560,7 +560,10 @@ fn run() {
         {
             if ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
                 answered[i] = t;
-                if coordinated {
+                if source == Source::Psi && !machine_short() {
+                    // Some cgroup stalled at its own limit, not the machine: counted, no purge.
+                    stats::record(source, 0, 0, 0);
+                } else if coordinated {
                     stats::count_deferred();
                 } else {
                     respond(source, t, victims::amount(source, volatile, share));
@@ -612,6 +615,19 @@ fn run() {
     }
     coordinator.disconnect();
     ACTIVE.store(0, Relaxed);
+}
+
+/// Whether a stall on the system's PSI file comes with the machine short of memory (see
+/// [`victims::system_short`]). Reads /proc/meminfo only while the program's standard
+/// descriptors are open (`fd::std_fds_open`); otherwise it cannot tell, and takes the stall at
+/// its word.
+fn machine_short() -> bool {
+    let meminfo = if fd::std_fds_open() {
+        vrange_sys::procfs::mem_available_kb().ok().flatten()
+    } else {
+        None
+    };
+    victims::system_short(meminfo)
 }
 
 fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {

@@ -33,6 +33,19 @@ pub(crate) fn amount(source: Source, volatile: u64, share_percent: u64) -> u64 {
     }
 }
 
+/// Whether the machine as a whole is short of memory, so that a stall on the system's PSI file
+/// should purge: MemAvailable below a tenth of MemTotal (earlyoom's default line). The system
+/// file counts stalls of every cgroup, one thrashing at its own limit too; purging here does
+/// not relieve that cgroup, and while the machine has memory available it is not this
+/// process's to give back (its own cgroup's pressure comes from vmpressure, headroom and v2's
+/// `memory.pressure`). Unknown (no MemAvailable, or /proc unreadable): short, as before.
+pub(crate) fn system_short(meminfo: Option<(u64, u64)>) -> bool {
+    match meminfo {
+        Some((total_kb, avail_kb)) => avail_kb < total_kb / 10,
+        None => true,
+    }
+}
+
 /// Bytes to purge so that headroom returns to twice the threshold.
 pub(crate) fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
     if headroom >= threshold {
@@ -141,5 +154,15 @@ mod tests {
         assert_eq!(auto_headroom(128 << 20), 8 << 20);
         assert_eq!(auto_headroom(16 << 20), 4 << 20);
         assert_eq!(auto_headroom(1 << 40), 256 << 20);
+    }
+
+    #[test]
+    fn system_psi_purges_only_when_the_machine_is_short() {
+        let total = 24 << 20; // KiB
+        assert!(!system_short(Some((total, total / 2))));
+        assert!(!system_short(Some((total, total / 10))));
+        assert!(system_short(Some((total, total / 10 - 1))));
+        assert!(system_short(Some((total, 0))));
+        assert!(system_short(None));
     }
 }
