@@ -3,9 +3,13 @@
 //! first 64 threads, which count with a plain load and store (no locked instruction: a hit
 //! makes as few as it can), and one shared line, counted with `fetch_add`, for later threads.
 
+use crate::slab::Slab;
 use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use vrange::Priority;
 
 /// Reclaim classes, in purge order.
@@ -32,7 +36,10 @@ struct Hot {
 
 #[derive(Debug, Default)]
 struct Class {
+    /// Bytes of the live slabs' pages values were written to (`Slab::touched`).
     resident: AtomicU64,
+    /// Bytes of the live slabs' regions (address space).
+    mapped: AtomicU64,
     slabs: AtomicU64,
     inserts: AtomicU64,
     purged_lookups: AtomicU64,
@@ -50,6 +57,17 @@ pub(crate) struct Shared {
     classes: [Class; CLASSES],
     tombstones: AtomicU64,
     dropped_tombstones: AtomicU64,
+    /// Values given out raw (`Entry::into_raw`) and not released yet, by exact address: how
+    /// many raw pins each has, and its slab. A release must name one of these, so a second or
+    /// a foreign release is refused instead of dropping another reader's pin.
+    raw: Mutex<HashMap<usize, RawPins, foldhash::fast::RandomState>>,
+}
+
+/// The raw pins outstanding on one value's address.
+#[derive(Debug)]
+struct RawPins {
+    count: usize,
+    slab: Arc<Slab>,
 }
 
 /// This thread's line: its own (below `OWN_LINES`) or the shared one. Threads are numbered
@@ -92,6 +110,7 @@ impl Shared {
             classes: Default::default(),
             tombstones: AtomicU64::new(0),
             dropped_tombstones: AtomicU64::new(0),
+            raw: Mutex::default(),
         });
         let weak = std::sync::Arc::downgrade(&shared);
         let hook = vrange::reclaimer::on_flush(move || {
@@ -135,24 +154,51 @@ impl Shared {
         self.classes[class(p)].purged_lookups.fetch_add(1, Relaxed);
     }
 
+    /// A value given out raw at `addr`, pinning `slab` (which the caller holds pinned).
+    pub fn raw_given(&self, addr: usize, slab: Arc<Slab>) {
+        let mut raw = self.raw.lock();
+        let pins = raw.entry(addr).or_insert(RawPins { count: 0, slab });
+        // A pin each; there cannot be more pins than addressable bytes.
+        pins.count = pins.count.saturating_add(1);
+    }
+
+    /// Takes back one raw pin of the value at exactly `addr`, returning its slab for the
+    /// caller to unpin; `None` if no value at `addr` has a raw pin outstanding.
+    pub fn raw_taken(&self, addr: usize) -> Option<Arc<Slab>> {
+        let mut raw = self.raw.lock();
+        let pins = raw.get_mut(&addr)?;
+        pins.count -= 1; // at least 1 while in the map
+        if pins.count > 0 {
+            return Some(pins.slab.clone());
+        }
+        raw.remove(&addr).map(|p| p.slab)
+    }
+
     pub fn slab_created(&self, p: Priority, len: usize) {
         let c = &self.classes[class(p)];
-        c.resident.fetch_add(len as u64, Relaxed);
+        c.mapped.fetch_add(len as u64, Relaxed);
         c.slabs.fetch_add(1, Relaxed);
     }
 
+    /// `n` more bytes of a live slab's pages were written to.
+    pub fn touched(&self, p: Priority, n: usize) {
+        self.classes[class(p)].resident.fetch_add(n as u64, Relaxed);
+    }
+
     /// A live slab was freed (its last entry and holder gone).
-    pub fn slab_freed(&self, p: Priority, len: usize) {
+    pub fn slab_freed(&self, p: Priority, len: usize, touched: usize) {
         let c = &self.classes[class(p)];
-        dec(&c.resident, len as u64);
+        dec(&c.mapped, len as u64);
+        dec(&c.resident, touched as u64);
         dec(&c.slabs, 1);
     }
 
     /// A slab's content was found purged: its entries stay in the map as tombstones until
     /// looked up, removed or swept.
-    pub fn slab_died(&self, p: Priority, len: usize, entries: usize, bytes: usize) {
+    pub fn slab_died(&self, p: Priority, len: usize, touched: usize, entries: usize, bytes: usize) {
         let c = &self.classes[class(p)];
-        dec(&c.resident, len as u64);
+        dec(&c.mapped, len as u64);
+        dec(&c.resident, touched as u64);
         dec(&c.slabs, 1);
         c.purged_entries.fetch_add(entries as u64, Relaxed);
         c.purged_bytes.fetch_add(bytes as u64, Relaxed);
@@ -186,6 +232,7 @@ impl Shared {
             purged_entries: c.purged_entries.load(Relaxed),
             purged_bytes: c.purged_bytes.load(Relaxed),
             resident_bytes: c.resident.load(Relaxed),
+            mapped_bytes: c.mapped.load(Relaxed),
             slabs: c.slabs.load(Relaxed),
             ..ClassStats::default()
         }
@@ -215,9 +262,20 @@ pub struct ClassStats {
     pub purged_entries: u64,
     /// Their value bytes.
     pub purged_bytes: u64,
-    /// Bytes of slabs holding values of this class that are not known to be purged (what the
-    /// cache holds in memory, overhead included).
+    /// The most of this class's memory that can be resident: bytes of the pages values were
+    /// written to (rounded up to pages, overhead included) in slabs not known to be purged.
+    /// An upper bound, not a measurement: the kernel may have taken a lazily freed slab the
+    /// cache has not looked at since (it counts until a lookup or a sweep finds it purged),
+    /// and a page can have been swapped out. Pages of a slab never written take no memory
+    /// and do not count.
     pub resident_bytes: u64,
+    /// Address space of the slabs not known to be purged (whole slabs, written or not): what
+    /// `resident_bytes` meant before it counted only written pages. Not memory use.
+    pub mapped_bytes: u64,
+    /// Of `resident_bytes`, the bytes of slabs a held value (an [`crate::Entry`], a raw
+    /// value not yet released, an insert in progress) pins now: memory no purge can take
+    /// until they are let go. One held value pins its whole slab.
+    pub pinned_bytes: u64,
     /// Value bytes of live entries in those slabs.
     pub value_bytes: u64,
     /// Slabs (regions) of this class.
@@ -249,9 +307,20 @@ impl Stats {
         self.classes.iter().map(|c| c.purged_lookups).sum()
     }
 
-    /// Bytes the cache holds in memory (slabs not known to be purged).
+    /// The most the cache can hold in memory: written pages of slabs not known to be purged
+    /// (see [`ClassStats::resident_bytes`]).
     pub fn resident_bytes(&self) -> u64 {
         self.classes.iter().map(|c| c.resident_bytes).sum()
+    }
+
+    /// Address space of the slabs not known to be purged (see [`ClassStats::mapped_bytes`]).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.mapped_bytes).sum()
+    }
+
+    /// Resident bytes of slabs pinned by held values now (see [`ClassStats::pinned_bytes`]).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.pinned_bytes).sum()
     }
 
     /// Value bytes of the live entries.
@@ -264,8 +333,9 @@ impl Stats {
         self.classes.iter().map(|c| c.purged_bytes).sum()
     }
 
-    /// Resident bytes not holding a live value: page rounding, the open slabs' free tails,
-    /// and space of removed or replaced values in slabs still in use.
+    /// Resident bytes not holding a live value: page rounding (of the written part of each
+    /// slab) and space of removed or replaced values in slabs still in use. The open slabs'
+    /// unwritten tails are mapped but not resident, so they do not count.
     pub fn overhead_bytes(&self) -> u64 {
         self.resident_bytes().saturating_sub(self.value_bytes())
     }

@@ -2,8 +2,6 @@
 
 use crate::slab::Slab;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::{AcqRel, Relaxed};
-use std::sync::Arc;
 
 /// A cached value, pinned: it derefs to the bytes, which cannot be purged while the entry
 /// lives, and stays readable even if the key is removed or replaced meanwhile. Dropping it lets
@@ -52,32 +50,20 @@ impl Entry {
     }
 
     /// Gives the value up as its address and length, still pinned, for a caller that cannot
-    /// hold the guard (the C ABI). Release it with [`crate::Cache::release_raw`].
+    /// hold the guard (the C ABI). Release it with [`crate::Cache::release_raw`] on the cache
+    /// it came from, once per `into_raw`: the cache remembers each raw value by its exact
+    /// address, so releasing an address it did not give out raw (or more often than it did)
+    /// fails and drops no one's pin.
     pub fn into_raw(self) -> (*const u8, usize) {
-        self.slab().raw.fetch_add(1, Relaxed);
+        let slab = self.slab();
+        // A pinned slab is alive, so `arc` finds it.
+        if let Some(arc) = slab.arc() {
+            slab.shared().raw_given(self.ptr as usize, arc);
+        }
         let raw = (self.ptr, self.len);
         std::mem::forget(self);
         raw
     }
-}
-
-/// Drops the pin of an entry given up by [`Entry::into_raw`]; `slab` was found by address.
-///
-/// # Safety
-/// An entry of `slab` must have been given up raw and not released yet.
-pub(crate) unsafe fn release_raw(slab: Arc<Slab>) -> vrange::Result<()> {
-    let mut n = slab.raw.load(Relaxed);
-    loop {
-        if n == 0 {
-            return Err(vrange::Error::NotRegion);
-        }
-        match slab.raw.compare_exchange_weak(n, n - 1, AcqRel, Relaxed) {
-            Ok(_) => break,
-            Err(now) => n = now,
-        }
-    }
-    slab.unpin();
-    Ok(())
 }
 
 impl std::ops::Deref for Entry {

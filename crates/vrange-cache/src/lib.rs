@@ -40,7 +40,10 @@
 //! more than twice the live entries) does a sweep drop them, and lookups of those keys then
 //! say `Absent` ([`Stats::dropped_purged`] counts them). Removed or replaced values leave their space in
 //! their slab until all of its entries are gone: [`Stats::overhead_bytes`] reports it with
-//! page rounding and the open slabs' free tails.
+//! page rounding. [`Stats::resident_bytes`] counts only the pages values were written to
+//! (an upper bound of what is resident), [`Stats::mapped_bytes`] the slabs' address space,
+//! and [`Stats::pinned_bytes`] what held values keep from any purge: one held value pins its
+//! whole slab.
 //!
 //! # Pressure
 //! Before it maps a new slab, an insert checks the memory cgroup's headroom
@@ -94,14 +97,15 @@ pub enum Miss {
 /// How a cache stores its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
-    /// Bytes per slab (rounded up to a page; at least 64 KiB). Smaller slabs purge at a finer
-    /// grain; larger ones cost fewer regions.
+    /// Bytes per slab (rounded up to a page; at least 64 KiB, at most [`MAX_SLAB_BYTES`]:
+    /// [`Cache::try_new`] refuses more). Smaller slabs purge at a finer grain; larger ones
+    /// cost fewer regions.
     pub slab_bytes: usize,
     /// How slabs are purged (default [`Policy::Hybrid`]: the reclaimer purges them, and one
     /// left volatile for the arm delay is also handed to the kernel's lazy-free path). A lazy
     /// policy is taken as hybrid: a slab must be purged whole.
     pub policy: Policy,
-    /// Resident bytes this cache keeps at most: past it, an insert purges the cache's own least
+    /// Resident bytes (as [`Stats::resident_bytes`] counts them) this cache keeps at most: past it, an insert purges the cache's own least
     /// recently used slabs (lowest class first) down to 15/16 of it. `None`: no budget of its
     /// own (the process's reclaimer still purges on pressure and on `VRANGE_BUDGET`).
     pub budget: Option<usize>,
@@ -119,9 +123,16 @@ impl Default for Options {
 
 /// The largest colour (see `Cache::colour`).
 const MAX_COLOUR: usize = 63 * 64;
+/// The largest region the cache asks for: sizes above it cannot be mapped, and staying far
+/// below `usize::MAX` keeps page rounding from overflowing.
+const MAX_REGION: usize = MAX_SLAB_BYTES;
 /// Alignment of values inside a slab.
 const ALIGN: usize = 16;
 const MIN_SLAB: usize = 64 << 10;
+/// The largest [`Options::slab_bytes`]: 128 TiB, the whole user address space of x86-64 and
+/// arm64 with 48-bit addresses (Linux maps nothing above it unless asked for a higher hint).
+/// A cache refuses a larger slab at creation rather than failing every insert.
+pub const MAX_SLAB_BYTES: usize = 1 << 47;
 /// Tombstones (purged entries not yet looked up: a map entry and a share of a small slab
 /// record, about 100 bytes each) kept before a sweep drops them: this many, or twice the live
 /// entries if more.
@@ -230,10 +241,32 @@ impl<K: Hash + Eq> Drop for Cache<K> {
 
 impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// An empty cache.
+    ///
+    /// # Panics
+    /// If [`Options::slab_bytes`] is impossible (see [`Cache::try_new`]).
     pub fn new(opts: Options) -> Cache<K> {
+        match Cache::try_new(opts) {
+            Ok(c) => c,
+            Err(e) => panic!(
+                "vrange_cache::Cache::new: slab_bytes {}: {e}",
+                opts.slab_bytes
+            ),
+        }
+    }
+
+    /// An empty cache, or why the options are impossible.
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] (EINVAL in the C ABI) if [`Options::slab_bytes`] is larger than
+    /// [`MAX_SLAB_BYTES`]: no process can map such a slab, so every insert would fail.
+    pub fn try_new(opts: Options) -> Result<Cache<K>> {
+        if opts.slab_bytes > MAX_SLAB_BYTES {
+            return Err(Error::Overflow);
+        }
         let page = vrange::page_size();
+        // At most MAX_SLAB_BYTES (a page multiple): rounding up cannot overflow.
         let opts = Options {
-            slab_bytes: opts.slab_bytes.max(MIN_SLAB).div_ceil(page) * page,
+            slab_bytes: opts.slab_bytes.max(MIN_SLAB).next_multiple_of(page),
             policy: match opts.policy {
                 Policy::Lazy => Policy::Hybrid,
                 p => p,
@@ -241,7 +274,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             ..opts
         };
         let shared = Shared::new();
-        Cache {
+        Ok(Cache {
             map: Map::default(),
             open: Default::default(),
             slabs: DashMap::default(),
@@ -250,7 +283,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             opened: AtomicUsize::new(0),
             colours: AtomicUsize::new(0),
             budget_lock: Mutex::new(()),
-        }
+        })
     }
 
     /// The options in force (slab size rounded).
@@ -278,22 +311,36 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             len,
             committed: false,
         };
-        // Four values of this size must fit a slab behind the largest colour.
+        // Four values of this size must fit a slab behind the largest colour (slab_bytes is
+        // at least MIN_SLAB, far above MAX_COLOUR).
         if len > (self.opts.slab_bytes - MAX_COLOUR) / 4 {
             let c = self.colour();
-            vrange::reclaimer::make_room(len + c);
-            let slab = Slab::new(len + c, self.region_opts(priority), &self.shared)?;
+            // A value too large for the address space is refused before any arithmetic on
+            // it can wrap (a wrapped size would map a small region for a huge value).
+            let total = len
+                .checked_add(c)
+                .filter(|&t| t <= MAX_REGION)
+                .ok_or(Error::Overflow)?;
+            vrange::reclaimer::make_room(total);
+            let slab = Slab::new(total, self.region_opts(priority), &self.shared)?;
+            if slab.len() < total {
+                return Err(Error::Overflow); // never: a region is at least as long as asked
+            }
             self.register(&slab);
             slab.entry_added(len);
+            slab.touch(total);
             return Ok(placed(slab, c));
         }
+        // len is at most a quarter of a slab here: none of these sums can overflow.
         let need = len.max(1).next_multiple_of(ALIGN);
         let mut open = self.open[class(priority)].lock();
         if let Some(o) = open.as_mut() {
-            if o.used + need <= o.slab.len() && o.slab.pin().is_ok() {
+            let end = o.used + need;
+            if end <= o.slab.len() && o.slab.pin().is_ok() {
                 let off = o.used;
-                o.used += need;
+                o.used = end;
                 o.slab.entry_added(len);
+                o.slab.touch(off + len);
                 return Ok(placed(o.slab.clone(), off));
             }
         }
@@ -308,6 +355,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         self.register(&slab);
         slab.entry_added(len);
         let c = self.colour();
+        slab.touch(c + len);
         *open = Some(Open {
             slab: slab.clone(),
             used: c + need,
@@ -495,15 +543,21 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     pub fn stats(&self) -> Stats {
         self.sweep();
         let mut value = [0u64; CLASSES];
+        let mut pinned = [0u64; CLASSES];
         for s in self.slabs.iter() {
             if let Some(slab) = s.value().upgrade() {
                 if !slab.is_dead() {
-                    value[class(slab.priority)] += slab.live_bytes() as u64;
+                    let c = class(slab.priority);
+                    value[c] = value[c].saturating_add(slab.live_bytes() as u64);
+                    if slab.pinned_now() {
+                        pinned[c] = pinned[c].saturating_add(slab.touched() as u64);
+                    }
                 }
             }
         }
         let classes = std::array::from_fn(|i| counters::ClassStats {
             value_bytes: value[i],
+            pinned_bytes: pinned[i],
             ..self.shared.class_stats(i)
         });
         Stats {
@@ -565,22 +619,22 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     }
 
     /// Releases a value handed out by [`Entry::into_raw`] (the C ABI's
-    /// `vrange_cache_release`).
+    /// `vrange_cache_release`): drops one raw pin of the value at exactly `ptr`.
+    ///
+    /// Safe whatever `ptr` is: the cache keeps the address of every value it gave out raw and
+    /// how many times, so a pointer it did not give out (another cache's value, an address
+    /// inside a value), or one released as often as it was given out, is refused and no
+    /// reader's pin is touched. Reading a released value is the caller's error, as with any
+    /// raw pointer.
     ///
     /// # Errors
-    /// [`Error::NotRegion`] if `ptr` lies in no slab of this cache with a raw pin outstanding.
-    ///
-    /// # Safety
-    /// `ptr` must come from [`Entry::into_raw`] on an entry of this cache and be released once.
-    pub unsafe fn release_raw(&self, ptr: *const u8) -> Result<()> {
-        let (start, _) = vrange::region_containing(ptr).ok_or(Error::NotRegion)?;
+    /// [`Error::NotRegion`] if no value of this cache at `ptr` has a raw pin outstanding.
+    pub fn release_raw(&self, ptr: *const u8) -> Result<()> {
         let slab = self
-            .slabs
-            .get(&(start as usize))
-            .and_then(|w| w.value().upgrade())
+            .shared
+            .raw_taken(ptr as usize)
             .ok_or(Error::NotRegion)?;
-        // SAFETY: forwarded: the entry given up by `into_raw` still holds its pin and its
-        // reference to this slab.
-        unsafe { entry::release_raw(slab) }
+        slab.unpin();
+        Ok(())
     }
 }

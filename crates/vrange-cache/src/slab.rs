@@ -51,8 +51,10 @@ pub(crate) struct Slab {
     start: usize,
     len: usize,
     state: AtomicU32,
-    /// Pins held by values given out raw (`Entry::into_raw`), to refuse a double release.
-    pub raw: AtomicU32,
+    /// End of the last page values were written to (page-rounded high-water mark of the
+    /// places handed out): the most of the slab that can be resident. Pages past it were
+    /// never touched, so take no memory.
+    touched: AtomicUsize,
     inner: Mutex<Inner>,
     dead: AtomicBool,
     /// Entries (in the map or being written) whose values lie here, and their bytes.
@@ -72,7 +74,7 @@ impl Slab {
             start: region.as_ptr() as usize,
             len: region.len(),
             state: AtomicU32::new(HELD | 1),
-            raw: AtomicU32::new(0),
+            touched: AtomicUsize::new(0),
             inner: Mutex::new(Inner {
                 region: Some(region),
                 me: None,
@@ -94,6 +96,37 @@ impl Slab {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The slab as an `Arc` (`None` only while it is being freed, when no one holds a pin).
+    pub fn arc(&self) -> Option<Arc<Slab>> {
+        self.me.upgrade()
+    }
+
+    /// What the slab shares with its cache.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Bytes of the slab's pages values were written to (page-rounded; see `touched`).
+    pub fn touched(&self) -> usize {
+        self.touched.load(Relaxed)
+    }
+
+    /// A value is written below byte `end` (the caller holds a pin): counts the pages up to
+    /// it as resident. `end` lies inside the slab, so rounding it up to a page cannot overflow.
+    pub fn touch(&self, end: usize) {
+        debug_assert!(end <= self.len);
+        let end = end.next_multiple_of(vrange::page_size()).min(self.len);
+        let before = self.touched.fetch_max(end, Relaxed);
+        if end > before {
+            self.shared.touched(self.priority, end - before);
+        }
+    }
+
+    /// Whether a reader (or an insert in progress) holds a pin on the slab now.
+    pub fn pinned_now(&self) -> bool {
+        self.state.load(Relaxed) & COUNT != 0
     }
 
     pub fn is_dead(&self) -> bool {
@@ -220,6 +253,7 @@ impl Slab {
             self.shared.slab_died(
                 self.priority,
                 self.len(),
+                self.touched(),
                 self.live.load(Relaxed),
                 self.live_bytes.load(Relaxed),
             );
@@ -256,7 +290,8 @@ impl Slab {
 impl Drop for Slab {
     fn drop(&mut self) {
         if !self.dead.load(Relaxed) {
-            self.shared.slab_freed(self.priority, self.len());
+            self.shared
+                .slab_freed(self.priority, self.len(), self.touched());
         }
     }
 }

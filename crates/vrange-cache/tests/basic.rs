@@ -93,7 +93,7 @@ fn an_idle_slab_becomes_volatile_at_the_reclaimers_next_tick() {
     c.insert(1, &value(1, 5000), Priority::Normal).unwrap();
     drop(c.get(&1).unwrap());
     // Held on the cache's behalf after the last reader: not volatile yet...
-    let slab = c.stats().resident_bytes();
+    let slab = c.stats().mapped_bytes();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while vrange::stats().volatile_bytes < slab {
         assert!(
