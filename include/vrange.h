@@ -152,7 +152,8 @@
  *     kernel drops the registrations (purged pages read zero) until the next SIGBUS region or
  *     mark opens a new one, which registers the live SIGBUS regions again. Without userfaultfd
  *     (or without the permission to use it) the mark and vrange_alloc() fail with ENOTSUP:
- *     never silently zero. *
+ *     never silently zero.
+ *
  *   Refill regions
  *     vrange_alloc_refill() maps a region of length bytes (rounded up to a page) whose content
  *     is whatever fill makes, block by block: fill(ctx, offset, buf, len) writes the len bytes
@@ -287,10 +288,18 @@
  *
  *     vrange_cache_remove() drops the entry under key. vrange_cache_stats() fills *out (pass
  *     sizeof(struct vrange_cache_stats) as size; later versions only append fields, as for
- *     vrange_stats()) with hits, misses and purges, resident, value and purged bytes, and the
- *     overhead (resident bytes holding no live value: page rounding, free tails of open
- *     slabs, and removed values in slabs still in use), also per class. vrange_cache_destroy()
- *     frees the cache; values still held stay readable and are leaked.
+ *     vrange_stats()) with hits, misses and purges, value and purged bytes, and, also per
+ *     class: resident_bytes, the most the cache can hold in memory (the pages values were
+ *     written to, whole pages, in slabs not known to be purged: an upper bound, since the
+ *     kernel may have taken a lazily freed slab that no get has looked at since, and pages
+ *     of a slab never written take no memory), and the overhead (resident bytes holding no
+ *     live value: page rounding and removed values in slabs still in use). The totals
+ *     mapped_bytes, the address space of those slabs (what resident_bytes counted in earlier
+ *     releases), and pinned_bytes, the resident bytes of slabs that held values pin now (a
+ *     held value keeps its whole slab from any purge), follow. vrange_cache_destroy() frees
+ *     the cache; values still held stay readable and are leaked, and every later call with
+ *     the handle fails with EINVAL (a destroyed handle keeps 16 bytes so that this holds; no
+ *     new cache gets its address).
  *
  *   Reclaimer
  *     The first managed or hybrid region (shared ones included) starts a thread,
@@ -476,8 +485,11 @@
  *             options->size is smaller than two fields or options->flags is neither 0 nor
  *             VRANGE_MANAGED; priority is neither 0 nor one VRANGE_DROP_* value; out is NULL
  *             or size smaller than two fields; (vrange_cache_release()) value is not a value
- *             of this cache with a get outstanding.
- *     ENOMEM  (vrange_cache_create(), vrange_cache_put()) mapping memory for values failed.
+ *             of this cache with a get outstanding (a second release of one get, an address
+ *             inside a value, another cache's value); (vrange_cache_create()) slab_bytes is
+ *             larger than 128 TiB.
+ *     ENOMEM  (vrange_cache_create(), vrange_cache_put()) mapping memory for values failed;
+ *             (vrange_cache_put()) vlen or klen is larger than any memory could hold.
  *     ENOENT  (vrange_cache_get(), vrange_cache_remove()) no entry under key.
  *     ESTALE  (vrange_cache_get()) the system purged the value under memory pressure.
  *
@@ -884,7 +896,7 @@ struct vrange_cache;
 /** How vrange_cache_create() makes a cache; a 0 field means its default. */
 struct vrange_cache_options {
     uint64_t size;       /**< sizeof(struct vrange_cache_options) */
-    uint64_t slab_bytes; /**< bytes per slab of values (default 256 KiB, at least 64 KiB) */
+    uint64_t slab_bytes; /**< bytes per slab (default 256 KiB, 64 KiB to 128 TiB) */
     uint64_t budget;     /**< resident bytes kept at most by the cache itself (0: none) */
     uint64_t flags;      /**< 0 (hybrid slabs) or VRANGE_MANAGED */
 };
@@ -896,7 +908,7 @@ struct vrange_cache_class_stats {
     uint64_t purged_lookups; /**< gets that found the value purged (ESTALE) */
     uint64_t purged_entries; /**< entries the system purged (looked up or not) */
     uint64_t purged_bytes;   /**< their value bytes */
-    uint64_t resident_bytes; /**< bytes of slabs not known to be purged */
+    uint64_t resident_bytes; /**< at most resident: written pages of slabs not known purged */
     uint64_t value_bytes;    /**< value bytes of live entries in them */
     uint64_t slabs;          /**< slabs (regions) */
 };
@@ -908,12 +920,15 @@ struct vrange_cache_stats {
     uint64_t hits;
     uint64_t misses;         /**< gets that said ENOENT */
     uint64_t purged_lookups; /**< gets that said ESTALE */
-    uint64_t resident_bytes;
+    uint64_t resident_bytes; /**< at most resident: written pages of slabs not known purged */
     uint64_t value_bytes;
     uint64_t overhead_bytes; /**< resident bytes holding no live value */
     uint64_t purged_bytes;
     uint64_t dropped_purged; /**< purged entries dropped unseen (too many piled up) */
     struct vrange_cache_class_stats classes[4]; /**< DROP_FIRST, DROP_LOW, normal, DROP_LAST */
+    /* Appended after the first release: a smaller size leaves them out. */
+    uint64_t mapped_bytes;   /**< address space of slabs not known purged (not memory use) */
+    uint64_t pinned_bytes;   /**< resident bytes of slabs held values pin now */
 };
 
 /** Makes a cache (options NULL: the defaults). Returns it, or NULL with errno set. */
@@ -929,7 +944,8 @@ int vrange_cache_put(struct vrange_cache *c, const void *key, size_t klen, const
 const void *vrange_cache_get(struct vrange_cache *c, const void *key, size_t klen,
                              size_t *vlen);
 
-/** Releases a value from vrange_cache_get(). Returns 0, or -1 with errno EINVAL. */
+/** Releases a value from vrange_cache_get(), once per get. Returns 0, or -1 with errno EINVAL
+ *  (not a value of this cache with a get outstanding; no other value's pin is touched). */
 int vrange_cache_release(struct vrange_cache *c, const void *value);
 
 /** Removes the entry under key. Returns 0, or -1 with errno ENOENT if there was none. */
@@ -938,7 +954,8 @@ int vrange_cache_remove(struct vrange_cache *c, const void *key, size_t klen);
 /** Fills *out (size: sizeof(struct vrange_cache_stats)). Returns 0, or -1 with errno set. */
 int vrange_cache_stats(struct vrange_cache *c, struct vrange_cache_stats *out, size_t size);
 
-/** Frees the cache. Values still held stay readable and are leaked. */
+/** Frees the cache. Values still held stay readable and are leaked; every later call with c
+ *  fails with EINVAL (the handle's 16 bytes stay allocated for that). */
 void vrange_cache_destroy(struct vrange_cache *c);
 
 /** The running library's version: its VRANGE_VERSION (compare with this header's). */

@@ -15,6 +15,7 @@
 #include <vrange.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -299,6 +300,152 @@ static void test_errors(void)
 	vrange_cache_destroy(c);
 }
 
+/*
+ * Regression: a second release of one value, or a release of an address inside a value,
+ * returned 0 and dropped the pin of another value of the slab, so vrange_purge() purged the
+ * slab under a live reader (va[0] read 0) and the real release failed with EINVAL.
+ */
+static void test_release_drops_no_other_pin(void)
+{
+	struct vrange_cache *c = vrange_cache_create(NULL);
+	struct vrange_cache *other = vrange_cache_create(NULL);
+	unsigned char a[100], b[100];
+	size_t la = 0;
+
+	make_value(a, sizeof a, 1);
+	make_value(b, sizeof b, 2);
+	vrange_cache_put(c, "a", 1, a, sizeof a, 0);
+	vrange_cache_put(c, "b", 1, b, sizeof b, 0);
+	const unsigned char *va = vrange_cache_get(c, "a", 1, &la);
+	const unsigned char *vb = vrange_cache_get(c, "b", 1, NULL);
+	check(va != NULL && vb != NULL, "two values of one slab got");
+	check(vrange_cache_release(c, vb) == 0, "release b");
+	errno = 0;
+	check(vrange_cache_release(c, vb) == -1 && errno == EINVAL, "release b again: EINVAL");
+	errno = 0;
+	check(vrange_cache_release(c, va + 1) == -1 && errno == EINVAL,
+	      "release of an address inside a held value: EINVAL");
+	errno = 0;
+	check(vrange_cache_release(other, va) == -1 && errno == EINVAL,
+	      "release of another cache's value: EINVAL");
+	vrange_purge((size_t)-1);
+	check(value_ok(va, la, 1), "the held value survives a purge after the bad releases");
+	check(vrange_cache_release(c, va) == 0, "the real release of a succeeds");
+	errno = 0;
+	check(vrange_cache_release(c, va) == -1 && errno == EINVAL, "and only once");
+
+	/* One value got twice is released twice. */
+	const void *v1 = vrange_cache_get(c, "a", 1, NULL);
+	const void *v2 = vrange_cache_get(c, "a", 1, NULL);
+	check(v1 == v2 && vrange_cache_release(c, v1) == 0 && vrange_cache_release(c, v2) == 0,
+	      "a value got twice releases twice");
+	errno = 0;
+	check(vrange_cache_release(c, v1) == -1 && errno == EINVAL, "a third time: EINVAL");
+	vrange_cache_destroy(other);
+	vrange_cache_destroy(c);
+}
+
+/*
+ * Regression: vrange_cache_put() of SIZE_MAX bytes overflowed the cache's size arithmetic and
+ * segfaulted in the copy instead of failing with ENOMEM; an impossible slab_bytes made a cache
+ * whose every put failed.
+ */
+static void test_impossible_sizes(void)
+{
+	struct vrange_cache *c = vrange_cache_create(NULL);
+	static const size_t huge[] = {SIZE_MAX, SIZE_MAX - 10, SIZE_MAX / 2, (size_t)1 << 62};
+
+	check(vrange_cache_put(c, "x", 1, "x", 1, 0) == 0, "a first put");
+	for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+		errno = 0;
+		check(vrange_cache_put(c, "k", 1, "v", huge[i], 0) == -1 && errno == ENOMEM,
+		      "a put of %zu bytes: ENOMEM", huge[i]);
+	}
+	errno = 0;
+	check(vrange_cache_get(c, "k", 1, NULL) == NULL && errno == ENOENT, "nothing was put");
+	vrange_cache_destroy(c);
+
+	struct vrange_cache_options o = {sizeof o, (uint64_t)1 << 62, 0, 0};
+	errno = 0;
+	check(vrange_cache_create(&o) == NULL && errno == EINVAL,
+	      "slab_bytes of 2^62: NULL, EINVAL at creation");
+	o.slab_bytes = UINT64_MAX;
+	errno = 0;
+	check(vrange_cache_create(&o) == NULL && errno == EINVAL, "slab_bytes of 2^64-1: EINVAL");
+}
+
+/* Regression: a call with a destroyed handle read the freed handle. */
+static void test_after_destroy(void)
+{
+	struct vrange_cache *c = vrange_cache_create(NULL);
+	size_t len;
+
+	vrange_cache_put(c, "a", 1, "held", 4, 0);
+	const char *held = vrange_cache_get(c, "a", 1, &len);
+	vrange_cache_destroy(c);
+	check(held != NULL && len == 4 && memcmp(held, "held", 4) == 0,
+	      "a value held at destroy stays readable");
+	/* The allocator would hand a freed handle's memory to the next cache. */
+	struct vrange_cache *next = vrange_cache_create(NULL);
+	vrange_cache_put(next, "a", 1, "next", 4, 0);
+	check(next != c, "a new cache never gets a destroyed handle's address");
+	errno = 0;
+	check(vrange_cache_release(c, held) == -1 && errno == EINVAL,
+	      "release after destroy: EINVAL");
+	errno = 0;
+	check(vrange_cache_get(c, "a", 1, NULL) == NULL && errno == EINVAL,
+	      "get after destroy: EINVAL");
+	errno = 0;
+	check(vrange_cache_put(c, "a", 1, "x", 1, 0) == -1 && errno == EINVAL,
+	      "put after destroy: EINVAL");
+	struct vrange_cache_stats st;
+	errno = 0;
+	check(vrange_cache_stats(c, &st, sizeof st) == -1 && errno == EINVAL,
+	      "stats after destroy: EINVAL");
+	vrange_cache_destroy(c); /* a second destroy does nothing */
+	const char *v = vrange_cache_get(next, "a", 1, NULL);
+	check(v != NULL && memcmp(v, "next", 4) == 0, "the new cache is untouched");
+	vrange_cache_release(next, v);
+	vrange_cache_destroy(next);
+}
+
+/*
+ * Regression: resident_bytes counted whole slabs not known to be purged (34 bytes of values
+ * reported 256 KiB); stats showed no pinned bytes.
+ */
+static void test_stats_figures(void)
+{
+	struct vrange_cache *c = vrange_cache_create(NULL);
+	struct vrange_cache_stats st;
+	char v[17];
+
+	memset(v, 'v', sizeof v);
+	vrange_cache_put(c, "a", 1, v, sizeof v, 0);
+	vrange_cache_put(c, "b", 1, v, sizeof v, 0);
+	vrange_cache_stats(c, &st, sizeof st);
+	check(st.value_bytes == 34 && st.resident_bytes == page,
+	      "34 bytes of values: one page resident (%llu)", (unsigned long long)st.resident_bytes);
+	check(st.mapped_bytes == 256 << 10, "the slab's 256 KiB are mapped (%llu)",
+	      (unsigned long long)st.mapped_bytes);
+	check(st.pinned_bytes == 0, "nothing pinned");
+	const void *held = vrange_cache_get(c, "a", 1, NULL);
+	vrange_cache_stats(c, &st, sizeof st);
+	check(st.pinned_bytes == page, "a held value pins its slab's page (%llu)",
+	      (unsigned long long)st.pinned_bytes);
+	vrange_cache_release(c, held);
+	vrange_cache_stats(c, &st, sizeof st);
+	check(st.pinned_bytes == 0, "released: nothing pinned");
+
+	/* An older caller's smaller struct gets the fields it knows. */
+	struct vrange_cache_stats old;
+	size_t old_size = offsetof(struct vrange_cache_stats, mapped_bytes);
+	memset(&old, 0xff, sizeof old);
+	check(vrange_cache_stats(c, &old, old_size) == 0 && old.size == old_size &&
+		      old.value_bytes == 34 && old.mapped_bytes == UINT64_MAX,
+	      "a smaller size fills only the fields it covers");
+	vrange_cache_destroy(c);
+}
+
 int main(void)
 {
 	page = (size_t)sysconf(_SC_PAGESIZE);
@@ -307,6 +454,10 @@ int main(void)
 	test_purge();
 	test_threads();
 	test_errors();
+	test_release_drops_no_other_pin();
+	test_impossible_sizes();
+	test_after_destroy();
+	test_stats_figures();
 	printf("1..%d\n", checks);
 	return failures ? 1 : 0;
 }

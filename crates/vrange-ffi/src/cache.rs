@@ -4,19 +4,27 @@
 
 use crate::{flags, guard};
 use libc::{c_int, c_void, size_t};
+use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{null, null_mut};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use vrange_cache::{Cache, ClassStats, Miss, Options};
 use vrange_core::{Error, Policy};
 
-/// Set in every live cache handle and cleared on destroy: a stale or foreign pointer is
-/// refused with EINVAL rather than used (a cheap check, not a guarantee).
+/// Set in every live cache handle and cleared on destroy.
 const MAGIC: u64 = 0x7672_6361_6368_6531; // "vrcache1"
 
 /// `struct vrange_cache` (opaque in C).
+///
+/// A destroyed handle is never freed: `vrange_cache_destroy` drops the cache and clears the
+/// magic, but keeps these 16 bytes, so that any later call with the handle reads a cleared
+/// magic and fails with EINVAL (as vrange.h promises) instead of reading freed memory, and
+/// the address is never handed to another cache. The price is 16 bytes per destroyed cache.
 pub struct VrangeCache {
-    magic: u64,
-    cache: Cache<Box<[u8]>>,
+    magic: AtomicU64,
+    /// Dropped (only) by `vrange_cache_destroy`, after it clears `magic`.
+    cache: ManuallyDrop<Box<Cache<Box<[u8]>>>>,
 }
 
 /// `struct vrange_cache_options` of include/vrange.h.
@@ -58,10 +66,13 @@ pub struct VrangeCacheStats {
     pub purged_bytes: u64,
     pub dropped_purged: u64,
     pub classes: [VrangeCacheClassStats; 4],
+    // Appended after the first release (older callers pass a smaller size and do not get them).
+    pub mapped_bytes: u64,
+    pub pinned_bytes: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<VrangeCacheOptions>() == 8 * 4);
-const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8));
+const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2));
 
 impl From<&ClassStats> for VrangeCacheClassStats {
     fn from(c: &ClassStats) -> Self {
@@ -98,23 +109,29 @@ fn to_options(o: &VrangeCacheOptions) -> Result<Options, Error> {
     })
 }
 
-/// The cache behind a C handle.
+/// The cache behind a C handle (EINVAL for NULL or a destroyed handle).
 ///
 /// # Safety
-/// `c` must be NULL or a pointer from `vrange_cache_create` not yet destroyed.
+/// `c` must be NULL or a pointer from `vrange_cache_create` (destroyed or not: a destroyed
+/// handle stays readable, see [`VrangeCache`]), not being destroyed by another thread.
 unsafe fn cache<'a>(c: *const VrangeCache) -> Result<&'a Cache<Box<[u8]>>, Error> {
-    // SAFETY: forwarded: NULL or a live handle.
+    // SAFETY: forwarded: NULL or a handle from vrange_cache_create, whose memory is never
+    // freed; its cache is dropped only after the magic is cleared.
     match unsafe { c.as_ref() } {
-        Some(h) if h.magic == MAGIC => Ok(&h.cache),
+        Some(h) if h.magic.load(Relaxed) == MAGIC => Ok(&h.cache),
         _ => Err(Error::BadFlags),
     }
 }
 
-/// `len` bytes at `p` (NULL only for `len == 0`).
+/// `len` bytes at `p` (NULL only for `len == 0`). [`Error::Overflow`] for a length no object
+/// can have (above `isize::MAX`), before any slice is made of it.
 ///
 /// # Safety
 /// `p` must be readable for `len` bytes when not NULL.
 unsafe fn bytes<'a>(p: *const c_void, len: size_t) -> Result<&'a [u8], Error> {
+    if isize::try_from(len).is_err() {
+        return Err(Error::Overflow);
+    }
     if p.is_null() {
         return if len == 0 {
             Ok(&[])
@@ -152,27 +169,32 @@ pub unsafe extern "C" fn vrange_cache_create(
                 )
             };
         }
-        let cache = Cache::new(to_options(&o)?);
+        let cache = Cache::try_new(to_options(&o)?)?;
         Ok(Box::into_raw(Box::new(VrangeCache {
-            magic: MAGIC,
-            cache,
+            magic: AtomicU64::new(MAGIC),
+            cache: ManuallyDrop::new(Box::new(cache)),
         })))
     })
 }
 
-/// Destroys a cache. Values still held (not released) stay readable and are leaked.
+/// Destroys a cache. Values still held (not released) stay readable and are leaked. The
+/// handle's own 16 bytes stay allocated, so that later calls with it fail with EINVAL.
 ///
 /// # Safety
-/// `c` must be NULL or a live handle; no other thread may use it during or after the call.
+/// `c` must be NULL or a handle from `vrange_cache_create`; no other thread may use it
+/// during the call.
 #[no_mangle]
 pub unsafe extern "C" fn vrange_cache_destroy(c: *mut VrangeCache) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: forwarded: NULL or a live handle, ours to destroy.
+        // SAFETY: forwarded: NULL or a handle from vrange_cache_create (never freed).
         if unsafe { cache(c) }.is_ok() {
-            // SAFETY: as above; cleared so that a second destroy is refused.
-            unsafe { (*c).magic = 0 };
-            // SAFETY: made by Box::into_raw in vrange_cache_create.
-            drop(unsafe { Box::from_raw(c) });
+            // SAFETY: a live handle no other thread uses now (the contract): cleared first,
+            // so that every later call (a second destroy too) is refused, then the cache is
+            // dropped once. The handle itself is never freed (see VrangeCache).
+            unsafe {
+                (*c).magic.store(0, Relaxed);
+                ManuallyDrop::drop(&mut (*c).cache);
+            }
         }
     }));
 }
@@ -181,7 +203,7 @@ pub unsafe extern "C" fn vrange_cache_destroy(c: *mut VrangeCache) {
 /// Returns 0 or -1 with errno.
 ///
 /// # Safety
-/// `c` a live handle; `key` and `val` readable for their lengths.
+/// `c` NULL or a handle from `vrange_cache_create` (a destroyed one is refused); `key` and `val` readable for their lengths.
 #[no_mangle]
 pub unsafe extern "C" fn vrange_cache_put(
     c: *mut VrangeCache,
@@ -192,13 +214,21 @@ pub unsafe extern "C" fn vrange_cache_put(
     priority: c_int,
 ) -> c_int {
     guard(-1, || {
-        // SAFETY: forwarded contract.
-        let (cache, key, val) = unsafe { (cache(c)?, bytes(key, klen)?, bytes(val, vlen)?) };
-        let priority = flags::set_priority_value(priority)?;
+        // A size no memory can hold (a key or value longer than any object, a value too
+        // large for the address space) is ENOMEM, as malloc(3) says for SIZE_MAX.
         let absurd = |e| match e {
             Error::Overflow => Error::Os(libc::ENOMEM),
             e => e,
         };
+        // SAFETY: forwarded contract.
+        let (cache, key, val) = unsafe {
+            (
+                cache(c)?,
+                bytes(key, klen).map_err(absurd)?,
+                bytes(val, vlen).map_err(absurd)?,
+            )
+        };
+        let priority = flags::set_priority_value(priority)?;
         cache
             .insert(Box::from(key), val, priority)
             .map_err(absurd)?;
@@ -210,7 +240,7 @@ pub unsafe extern "C" fn vrange_cache_put(
 /// with errno ENOENT (absent) or ESTALE (purged; the entry is dropped).
 ///
 /// # Safety
-/// `c` a live handle; `key` readable for `klen`; `vlen` NULL or writable.
+/// `c` NULL or a handle from `vrange_cache_create` (a destroyed one is refused); `key` readable for `klen`; `vlen` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vrange_cache_get(
     c: *mut VrangeCache,
@@ -236,18 +266,19 @@ pub unsafe extern "C" fn vrange_cache_get(
     })
 }
 
-/// Releases a value from `vrange_cache_get`. Returns 0, or -1 with errno EINVAL.
+/// Releases a value from `vrange_cache_get`. Returns 0, or -1 with errno EINVAL (a pointer
+/// that is not a value of this cache with a get outstanding: never another value's pin).
 ///
 /// # Safety
-/// `c` a live handle; `value` a pointer `vrange_cache_get` returned for it, released once.
+/// `c` NULL or a handle from `vrange_cache_create`; `value` any pointer (it is only compared).
 #[no_mangle]
 pub unsafe extern "C" fn vrange_cache_release(c: *mut VrangeCache, value: *const c_void) -> c_int {
     guard(-1, || {
         // SAFETY: forwarded contract.
         let cache = unsafe { cache(c)? };
-        // SAFETY: forwarded: a value of this cache, not yet released (a pointer in no slab
-        // with an outstanding raw pin is refused).
-        unsafe { cache.release_raw(value.cast()) }?;
+        // Any pointer is safe here: only a value this cache gave out and not yet released as
+        // often is released, and only its own pin (EINVAL otherwise).
+        cache.release_raw(value.cast())?;
         Ok(0)
     })
 }
@@ -255,7 +286,7 @@ pub unsafe extern "C" fn vrange_cache_release(c: *mut VrangeCache, value: *const
 /// Removes the entry under `key`. Returns 0, or -1 with errno ENOENT if there was none.
 ///
 /// # Safety
-/// `c` a live handle; `key` readable for `klen`.
+/// `c` NULL or a handle from `vrange_cache_create` (a destroyed one is refused); `key` readable for `klen`.
 #[no_mangle]
 pub unsafe extern "C" fn vrange_cache_remove(
     c: *mut VrangeCache,
@@ -276,7 +307,7 @@ pub unsafe extern "C" fn vrange_cache_remove(
 /// Fills `*out` (`size` bytes) with the cache's statistics. Returns 0 or -1 with errno.
 ///
 /// # Safety
-/// `c` a live handle; `out` NULL or writable for `size` bytes.
+/// `c` NULL or a handle from `vrange_cache_create` (a destroyed one is refused); `out` NULL or writable for `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn vrange_cache_stats(
     c: *mut VrangeCache,
@@ -302,6 +333,8 @@ pub unsafe extern "C" fn vrange_cache_stats(
             purged_bytes: s.purged_bytes(),
             dropped_purged: s.dropped_purged,
             classes: std::array::from_fn(|i| (&s.classes[i]).into()),
+            mapped_bytes: s.mapped_bytes(),
+            pinned_bytes: s.pinned_bytes(),
         };
         let n = size.min(std::mem::size_of::<VrangeCacheStats>());
         full.size = n as u64;
