@@ -101,6 +101,10 @@ impl Shared {
         s.oom_kills = oom_kills;
     }
 
+    pub(crate) fn room_asked(&self) {
+        self.lock().rooms += 1;
+    }
+
     pub(crate) fn event(&self, e: scope::Event) {
         self.lock().events[e as usize] += 1;
     }

@@ -53,6 +53,8 @@ pub(crate) struct Snapshot {
     /// Pressure events by `scope::Event`.
     pub events: [u64; 3],
     pub rounds_done: u64,
+    /// `Room` requests received (participants about to map memory, their headroom short).
+    pub rooms: u64,
     pub last_response: Duration,
     pub last_cut: Option<Cut>,
     /// OOM kills in the coordinated cgroup (`None`: the machine, or no counter).
@@ -114,6 +116,12 @@ pub(crate) fn render(s: &Snapshot) -> String {
         "counter",
         "Purge requests sent to participants.",
         &one(st.requests),
+    );
+    metric(
+        "vrange_coordinator_room_requests_total",
+        "counter",
+        "Requests for room from participants about to map memory (answered in the global order).",
+        &one(s.rooms),
     );
     metric(
         "vrange_coordinator_freed_bytes_total",

@@ -41,6 +41,18 @@ struct Conn {
     shared: Vec<(SharedHandle, u8)>,
     /// Bytes the coordinator purged itself from those.
     freed_directly: u64,
+    /// Its `Room` request waiting for an answer: id, bytes, and whether the round in flight
+    /// was planned for it.
+    room: Option<RoomAsk>,
+}
+
+/// A participant's `Room` request: it is about to map memory and asks that the room come from
+/// the global order rather than from its own data.
+#[derive(Debug, Clone, Copy)]
+struct RoomAsk {
+    id: u64,
+    bytes: u64,
+    planned: bool,
 }
 
 impl Conn {
@@ -172,6 +184,15 @@ impl<'a> Server<'a> {
         }
         // The last answer ends a round at once, not at the next tick.
         self.close_round();
+        // A participant waits for room: plan at once.
+        if self.round.is_none()
+            && self
+                .conns
+                .iter()
+                .any(|c| c.room.is_some_and(|r| !r.planned))
+        {
+            events.push(None);
+        }
         if sock::poll_ready(&fds[0]) {
             self.accept_all();
         }
@@ -200,6 +221,7 @@ impl<'a> Server<'a> {
                 ping_seq: 0,
                 shared: Vec::new(),
                 freed_directly: 0,
+                room: None,
             });
         }
     }
@@ -264,6 +286,16 @@ impl<'a> Server<'a> {
                     c.inventory = Some(inv);
                     c.received = Instant::now();
                     c.responsive = true;
+                    true
+                }
+                (Role::Participant, Ok(Message::Room { id, bytes })) => {
+                    // One at a time per participant: a new one replaces the last.
+                    c.room = Some(RoomAsk {
+                        id,
+                        bytes,
+                        planned: false,
+                    });
+                    self.shared.room_asked();
                     true
                 }
                 (Role::Participant, Ok(Message::Purged { id, bytes, .. })) => {
@@ -355,6 +387,16 @@ impl<'a> Server<'a> {
         } else {
             plan::deficit(headroom, threshold)
         };
+        // Room asked by participants about to map memory (each computed from the same usage:
+        // the largest, not the sum; one still short asks again).
+        let asked = self
+            .conns
+            .iter()
+            .filter_map(|c| c.room.filter(|r| !r.planned))
+            .map(|r| r.bytes)
+            .max()
+            .unwrap_or(0);
+        target = target.max(asked);
         // Each inventory aged by the time since it came, so that all share one clock.
         let live: Vec<Inventory> = self
             .participants()
@@ -387,6 +429,8 @@ impl<'a> Server<'a> {
             return;
         }
         let Some(cut) = plan::cut(&merged, target) else {
+            // Nothing volatile: those asking for room make it on their own.
+            self.answer_rooms(None, false);
             return;
         };
         self.status.rounds += 1;
@@ -430,6 +474,29 @@ impl<'a> Server<'a> {
         self.status.requests += sent;
         if sent > 0 {
             self.round = Some(Round { started: now, cut });
+            for r in self.conns.iter_mut().filter_map(|c| c.room.as_mut()) {
+                r.planned = true;
+            }
+        } else {
+            self.answer_rooms(Some(cut), false);
+        }
+    }
+
+    /// Answers the `Room` requests waiting: those the round just over was planned for
+    /// (`planned`), or all those not planned yet.
+    fn answer_rooms(&mut self, cut: Option<Cut>, planned: bool) {
+        for c in &mut self.conns {
+            let Some(r) = c.room.filter(|r| r.planned == planned) else {
+                continue;
+            };
+            c.room = None;
+            let m = Message::Roomed {
+                id: r.id,
+                cut: cut.map(|k| (k.class, k.min_age_ms)),
+            };
+            if !matches!(c.send(&m), Ok(true)) {
+                c.responsive = false;
+            }
         }
     }
 
@@ -441,8 +508,10 @@ impl<'a> Server<'a> {
                 .iter()
                 .all(|c| c.pending.is_none() || !c.responsive)
             {
-                self.shared.round_done(r.started.elapsed(), r.cut);
+                let cut = r.cut;
+                self.shared.round_done(r.started.elapsed(), cut);
                 self.round = None;
+                self.answer_rooms(Some(cut), true);
             }
         }
     }

@@ -285,3 +285,57 @@ fn a_process_outside_the_coordinated_cgroup_is_refused_and_purges_on_its_own() {
     assert!(rows.is_empty(), "{rows:?}");
     assert!(status.refused >= 1, "{status:?}");
 }
+
+/// `make_room` asks a live coordinator for room instead of purging its own data; a coordinator
+/// that stops answering must not leave it waiting or the cgroup short: after three ping
+/// intervals at most it purges on its own, as without a coordinator, and nobody is OOM-killed.
+#[test]
+fn make_room_purges_on_its_own_when_the_coordinator_is_stopped() {
+    const TEST: &str = "make_room_purges_on_its_own_when_the_coordinator_is_stopped";
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-room-stop-", 192 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("room-stop");
+    let socket = dir.join("coordinator.sock");
+    let mut cmd = vrange_testkit::role::role_command(TEST, "coordinator");
+    cmd.env("VRT_SOCKET", socket.display().to_string());
+    cmd.env("VRT_CGROUP", cg.path().display().to_string());
+    let mut coord = Role::spawn("coordinator", cmd);
+    assert_eq!(
+        coord.next(Duration::from_secs(10)).expect("LISTENING").tag,
+        "LISTENING"
+    );
+    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    let mut p = spawn(TEST, "participant", &cg, &env);
+    assert_eq!(ask(&mut p, "mark").tag, "MARKED");
+    await_participants(&socket, 1, Duration::from_secs(10)).expect("the participant connects");
+    signal(coord.pid(), libc::SIGSTOP);
+    let t0 = Instant::now();
+    // 176 MiB into 192: without purges of its own the filler would be OOM-killed.
+    assert!(p.send("fill 44"));
+    let filled = p.next(Duration::from_secs(60));
+    let took = t0.elapsed();
+    let report = filled.as_ref().ok().map(|_| ask(&mut p, "report"));
+    let kills = cg.oom_kills().expect("OOM kills");
+    signal(coord.pid(), libc::SIGKILL);
+    let _ = coord.wait(Duration::from_secs(5));
+    drop(p);
+    drop(dir);
+    cgroup::remove(child);
+    println!("filled in {took:?}: {filled:?}\n{report:?}");
+    let filled = filled.expect("FILLED");
+    assert_eq!(kills, 0, "no OOM kill");
+    assert!(
+        filled.u64("room_bytes") > 0,
+        "it purged on its own: {filled:?}"
+    );
+    let report = report.expect("report");
+    assert_eq!(report.u64("coordinated"), 0, "{report:?}");
+    assert!(report.u64("own_bytes") > 0, "{report:?}");
+}

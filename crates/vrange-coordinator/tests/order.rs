@@ -192,3 +192,103 @@ fn without_the_coordinator_each_process_purges_its_own_oldest() {
         inversions(&o)
     );
 }
+
+/// The cache's own guard (`make_room` before it maps a slab) went around the global order: on
+/// a 256 MiB cgroup with an old process holding 100 MiB and a young one filling 140 MiB fast,
+/// the young one purged its own data each time its guard saw the headroom short, the old one
+/// lost nothing and the coordinator started no round. While a coordinator is live,
+/// `make_room` asks it for the room: the old process's data goes first.
+#[test]
+fn make_room_of_a_young_filler_follows_the_global_order() {
+    const TEST: &str = "make_room_of_a_young_filler_follows_the_global_order";
+    const OLD_CHUNKS: usize = 25;
+    const FILL_CHUNKS: usize = 35;
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-room-", 256 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("room");
+    let socket = dir.join("coordinator.sock");
+    // As `vrange daemon` runs by default: the coordinator's threshold is the participants' own
+    // (the limit / 16), so the filler's guard sees the headroom short before the coordinator.
+    let coordinator = InProcess::start(vrange_coordinator::Options {
+        headroom: None,
+        ..options(&socket, cg.path())
+    });
+    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    let mut old = spawn(TEST, "participant", &cg, &env);
+    for _ in 0..OLD_CHUNKS {
+        assert!(old.send("mark"));
+        old.expect("MARKED", Duration::from_secs(10));
+    }
+    await_participants(&socket, 1, Duration::from_secs(10)).expect("the old one connects");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut young = spawn(TEST, "participant", &cg, &env);
+    assert!(young.send("mark"));
+    young.expect("MARKED", Duration::from_secs(10));
+    await_participants(&socket, 2, Duration::from_secs(10)).expect("the young one connects");
+    assert!(young.send(&format!("fill {FILL_CHUNKS}")));
+    let filled = young.expect("FILLED", Duration::from_secs(60));
+    let mut reports = Vec::new();
+    for p in [&mut old, &mut young] {
+        assert!(p.send("report"));
+        reports.push(p.expect("REPORT", Duration::from_secs(10)));
+    }
+    let kills = cg.oom_kills().expect("OOM kill count");
+    let rounds = vrange_coordinator::query(&socket).map(|(s, _)| s.rounds);
+    drop((old, young));
+    drop(coordinator);
+    drop(dir);
+    cgroup::remove(child);
+    // Marking order: the old one's chunks, then the young one's.
+    let chunks: Vec<(usize, usize, bool)> = reports
+        .iter()
+        .enumerate()
+        .flat_map(|(p, r)| {
+            purged_bits(r)
+                .into_iter()
+                .enumerate()
+                .map(move |(i, purged)| (p, i, purged))
+        })
+        .collect();
+    let o = Outcome {
+        chunks,
+        kills,
+        reports,
+    };
+    let show = || {
+        let mut s = String::from("purged in marking order (oldest first): ");
+        for &(p, i, purged) in &o.chunks {
+            s += &format!(
+                "{}{}{} ",
+                ["old", "young"][p],
+                i,
+                if purged { "x" } else { "" }
+            );
+        }
+        format!(
+            "{s}\nfilled: {filled:?}\nrounds: {rounds:?}\nreports: {:?}",
+            o.reports
+        )
+    };
+    println!("{}", show());
+    assert_eq!(o.kills, 0, "no OOM kill");
+    assert!(
+        o.chunks.iter().any(|c| c.0 == 0 && c.2),
+        "the old one's data went first: {}",
+        show()
+    );
+    assert_eq!(inversions(&o), 0, "one global order: {}", show());
+    assert_eq!(
+        o.reports[1].u64("own_bytes"),
+        0,
+        "the young one purged nothing on its own: {}",
+        show()
+    );
+    assert!(o.reports[0].u64("requests") >= 1, "{}", show());
+}

@@ -14,6 +14,8 @@
 //! | `Purge` | coordinator → participant | pressure | request id, class `P`, age `A` |
 //! | `Purged` | participant → coordinator | answer to `Purge` | bytes and ranges freed, the youngest age purged |
 //! | `Share` + descriptor | participant → coordinator | a shared region it has not passed yet | class, length, inode |
+//! | `Room` | participant → coordinator | before it maps more memory, its headroom short | request id, bytes wanted |
+//! | `Roomed` | coordinator → participant | the round planned for a `Room` is over | request id, the cut (class `P`, age `A`) if any |
 //! | `Monitor` | `vrange top` → coordinator | on connecting | none |
 //! | `Status`, `Row`…, `End` | coordinator → monitor | answer to `Monitor` | totals; one row per participant |
 //!
@@ -22,6 +24,13 @@
 //! volatile for at least `A` milliseconds: everything before the point, nothing after.
 //! Inventories are never per-range lists: [`CLASSES`] × [`BUCKETS`] byte counts, the buckets
 //! growing by √2 from 100 ms ([`bucket_of`], [`bucket_floor_ms`]).
+//!
+//! Room: a participant about to map more memory (vrange-cache before a slab) whose cgroup's
+//! headroom would fall short does not purge its own data while a coordinator is live: it asks
+//! with `Room`, the coordinator purges at least that many bytes in the global order (a round
+//! like any other), and answers `Roomed` with the cut once the round is over; the participant
+//! may then purge on its own only what comes before that cut. No answer within three ping
+//! intervals, or a closed connection, and it purges on its own as without a coordinator.
 //!
 //! Shared regions: a participant passes each of its shared regions' descriptors once
 //! (SCM_RIGHTS, at most [`MAX_SHARED`]), and lists the inodes it still maps in every inventory.
@@ -196,6 +205,15 @@ pub enum Message {
         len: u64,
         ino: u64,
     },
+    Room {
+        id: u64,
+        bytes: u64,
+    },
+    Roomed {
+        id: u64,
+        /// The cut of the round, `None` if nothing was volatile.
+        cut: Option<(u8, u64)>,
+    },
     Monitor,
     Status(Status),
     Row(Box<Row>),
@@ -232,6 +250,8 @@ impl Message {
             Message::Row(_) => 9,
             Message::End => 10,
             Message::Share { .. } => 11,
+            Message::Room { .. } => 12,
+            Message::Roomed { .. } => 13,
         }
     }
 
@@ -248,6 +268,8 @@ impl Message {
             8 => 7 * 8,
             9 => ROW_LEN,
             11 => 24,
+            12 => 16,
+            13 => 24,
             _ => return None,
         })
     }
@@ -289,6 +311,16 @@ impl Message {
                 w.bytes(&[*class, 0, 0, 0, 0, 0, 0, 0]);
                 w.u64(*len);
                 w.u64(*ino);
+            }
+            Message::Room { id, bytes } => {
+                w.u64(*id);
+                w.u64(*bytes);
+            }
+            Message::Roomed { id, cut } => {
+                w.u64(*id);
+                let (class, age) = cut.unwrap_or((0, 0));
+                w.bytes(&[class, u8::from(cut.is_some()), 0, 0, 0, 0, 0, 0]);
+                w.u64(age);
             }
             Message::Purge {
                 id,
@@ -404,6 +436,23 @@ impl Message {
                     class: pad[0],
                     min_age_ms: r.u64(),
                 }
+            }
+            12 => Message::Room {
+                id: r.u64(),
+                bytes: r.u64(),
+            },
+            13 => {
+                let id = r.u64();
+                let pad: [u8; 8] = r.array();
+                let age = r.u64();
+                let cut = match pad {
+                    [class, 1, 0, 0, 0, 0, 0, 0] if (class as usize) < CLASSES => {
+                        Some((class, age))
+                    }
+                    [0, 0, 0, 0, 0, 0, 0, 0] if age == 0 => None,
+                    _ => return Err(Malformed),
+                };
+                Message::Roomed { id, cut }
             }
             6 => Message::Purged {
                 id: r.u64(),
@@ -661,6 +710,12 @@ mod tests {
                 len: 4096,
                 ino: 77,
             },
+            Message::Room { id: 3, bytes: 5 },
+            Message::Roomed {
+                id: 3,
+                cut: Some((2, 1414)),
+            },
+            Message::Roomed { id: 4, cut: None },
         ];
         let mut buf = [0u8; MAX_MESSAGE];
         for m in all {

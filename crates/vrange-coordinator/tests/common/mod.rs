@@ -20,8 +20,10 @@ pub fn seed(i: usize) -> u64 {
 
 /// The participant role: holds volatile chunks made on command, reports which were purged.
 ///
-/// Commands: `mark` (one more chunk, filled, then volatile), `share` (the same in a shared
-/// region), `pin` (one more chunk, filled and kept pinned), `report`, `exit`.
+/// Commands: `mark` (one more chunk, filled, then volatile), `fill N` (N more chunks as fast
+/// as it can, each after `make_room` for it: what vrange-cache does before it maps a slab),
+/// `share` (the same in a shared region), `pin` (one more chunk, filled and kept pinned),
+/// `report`, `exit`.
 pub fn participant() {
     let managed = Options {
         policy: Policy::Managed,
@@ -40,6 +42,20 @@ pub fn participant() {
                 }
                 volatile.push(r);
                 say(format!("MARKED i={}", volatile.len() - 1));
+            }
+            fill if fill.starts_with("fill ") => {
+                let n: usize = fill[5..].parse().expect("fill N");
+                let mut room = 0;
+                for _ in 0..n {
+                    room += vrange::reclaimer::make_room(CHUNK);
+                    let mut r = VolatileRegion::new(CHUNK, managed).expect("region");
+                    {
+                        let mut p = r.pin().expect("pin");
+                        vrange_testkit::pattern::fill(p.as_mut_ptr(), CHUNK, seed(volatile.len()));
+                    }
+                    volatile.push(r);
+                }
+                say(format!("FILLED n={} room_bytes={room}", volatile.len()));
             }
             "pin" => {
                 let r = VolatileRegion::new(CHUNK, managed).expect("region");

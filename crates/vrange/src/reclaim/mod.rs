@@ -65,6 +65,9 @@ const DISABLED: u8 = 3;
 const WAKE_BUDGET: u8 = 1;
 const WAKE_CONFIG: u8 = 2;
 
+/// The reclaimer thread's name.
+const THREAD_NAME: &str = "vrange-reclaim";
+
 static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
 static BUDGET_SINCE: AtomicU64 = AtomicU64::new(0);
@@ -114,7 +117,7 @@ fn start() {
             set_state(DISABLED);
         } else {
             set_state(RUNNING);
-            let spawned = vrange_sys::process::spawn_without_signals("vrange-reclaim", run);
+            let spawned = vrange_sys::process::spawn_without_signals(THREAD_NAME, run);
             match spawned {
                 Ok(handle) => {
                     *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -263,8 +266,8 @@ static ROOM: Mutex<Room> = Mutex::new(Room {
 
 /// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
 /// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
-/// the oldest volatile ranges are purged until twice the threshold is free again, as the
-/// thread would do at its next tick. Returns the bytes freed (counted under
+/// volatile memory is purged until twice the threshold is free again, as the thread would do
+/// at its next tick. Returns the bytes this process purged on its own (counted under
 /// [`Source::Headroom`]).
 ///
 /// For clients that fill volatile memory faster than the thread's tick (a cache filling at
@@ -272,43 +275,49 @@ static ROOM: Mutex<Room> = Mutex::new(Room {
 /// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
 /// ([`on_flush`]) first, then costs one `pread` of the cgroup's usage on a verified
 /// descriptor; one caller at a time (others return 0 at once).
+///
+/// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
+/// of this process's own: the caller asks the coordinator for the room and waits for the
+/// round it runs (the oldest volatile data of any process in the container goes first, this
+/// process's own only in its turn, by the coordinator's request), at most three ping
+/// intervals. It purges on its own only for what the coordinator could not free (it saw
+/// nothing volatile, or this process's cgroup is short where others' purges do not help) and
+/// when the coordinator does not answer or is gone, as without one.
 /// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
 /// reclaimer is disabled.
 pub fn make_room(bytes: usize) -> usize {
+    /// Rounds asked of a coordinator for one call before the rest is purged here.
+    const ASKS: usize = 3;
     let setting = config::get().headroom.load(Relaxed);
     if setting == 0 || STATE.load(Relaxed) == DISABLED {
         return 0;
     }
     flush::run();
-    if stats::volatile_resident() == 0 {
+    // Coordinated, the room may come from other processes' data.
+    if stats::volatile_resident() == 0 && !participant::live() {
         return 0;
     }
     let Ok(mut room) = ROOM.try_lock() else {
         return 0;
     };
     let t0 = now_ns();
-    if room.file.as_ref().is_some_and(|h| !h.is_intact()) {
-        room.file = None;
-    }
-    if room.file.is_none() {
-        if t0 < room.retry_at {
+    let Some(mut deficit) = room_deficit(&mut room, bytes as u64, setting, t0) else {
+        return 0;
+    };
+    for _ in 0..ASKS {
+        if deficit == 0 {
             return 0;
         }
-        room.file = MemCgroup::current().and_then(|cg| HeadroomFile::new(&cg).ok().flatten());
-        room.retry_at = t0 + 1_000_000_000;
+        match participant::ask_room(deficit, wake) {
+            Some(Some(_cut)) => {}
+            // Nothing volatile in the coordinator's eyes, or no answer: on our own.
+            Some(None) | None => break,
+        }
+        let Some(left) = room_deficit(&mut room, bytes as u64, setting, t0) else {
+            return 0;
+        };
+        deficit = left;
     }
-    let Some(h) = room.file.as_ref() else {
-        return 0;
-    };
-    let Ok(headroom) = h.bytes() else {
-        return 0;
-    };
-    let threshold = if setting == config::HEADROOM_AUTO {
-        victims::auto_headroom(h.ceiling())
-    } else {
-        setting
-    };
-    let deficit = victims::headroom_deficit(headroom.saturating_sub(bytes as u64), threshold);
     drop(room);
     if deficit == 0 {
         return 0;
@@ -319,6 +328,33 @@ pub fn make_room(bytes: usize) -> usize {
     drop(p);
     stats::record(Source::Headroom, ranges, freed, now_ns() - t0);
     freed as usize
+}
+
+/// Bytes [`make_room`] must free before `bytes` more are allocated: twice the threshold less
+/// the headroom that would be left. `None` where there is no limit to keep under (or its file
+/// cannot be read).
+fn room_deficit(room: &mut Room, bytes: u64, setting: u64, now: u64) -> Option<u64> {
+    if room.file.as_ref().is_some_and(|h| !h.is_intact()) {
+        room.file = None;
+    }
+    if room.file.is_none() {
+        if now < room.retry_at {
+            return None;
+        }
+        room.file = MemCgroup::current().and_then(|cg| HeadroomFile::new(&cg).ok().flatten());
+        room.retry_at = now + 1_000_000_000;
+    }
+    let h = room.file.as_ref()?;
+    let headroom = h.bytes().ok()?;
+    let threshold = if setting == config::HEADROOM_AUTO {
+        victims::auto_headroom(h.ceiling())
+    } else {
+        setting
+    };
+    Some(victims::headroom_deficit(
+        headroom.saturating_sub(bytes),
+        threshold,
+    ))
 }
 
 /// A setting changed: the thread re-reads them (and a disabled reclaimer may start).

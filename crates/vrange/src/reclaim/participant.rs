@@ -22,6 +22,11 @@
 //!   reports the hang-up; a coordinator that sends nothing for three ping intervals (stopped,
 //!   hung) is dropped. Either way the reclaimer purges on its own again from the same tick on,
 //!   exactly as without a coordinator, and tries to reconnect a second later.
+//! - **Room**: [`super::make_room`] (a client's guard before it maps more memory) does not
+//!   purge this process's data while the coordinator is live: it hands a `Room` request to
+//!   this thread ([`ask_room`]), which sends it; the coordinator purges in the global order and
+//!   answers `Roomed`. No answer within three ping intervals, or the link lost, and the caller
+//!   purges on its own.
 //! - Shared regions: their descriptors are passed to the coordinator once each (at most
 //!   16), so that it can purge them while this process is stopped; every inventory lists the
 //!   inodes still mapped, and the coordinator closes the others.
@@ -36,8 +41,10 @@ use crate::managed::{self, pause};
 use crate::registry;
 use crate::stats;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::OnceLock;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 use vrange_sys::clock::now_ns;
 use vrange_sys::fd::{GuestFd, Ident};
 use vrange_sys::sock::{self, Recv};
@@ -48,6 +55,86 @@ const RETRY_NS: u64 = 1_000_000_000;
 const SILENT_PINGS: u64 = 3;
 /// Before the `Welcome`, the ping interval assumed.
 const FIRST_PING_MS: u64 = 1000;
+
+/// The ping interval (ms) of a live coordinator, 0 while none orders this process's purges:
+/// what a caller of [`ask_room`] (another thread) sees of the link.
+static LIVE_PING_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Where a `Room` request stands, between the thread that asks ([`ask_room`]) and the
+/// reclaimer thread, which owns the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Idle,
+    /// Bytes wanted, not sent yet.
+    Wanted(u64),
+    /// Sent with this id.
+    Sent(u64),
+    /// The coordinator's answer: the cut of its round, if any.
+    Answered(Option<(u8, u64)>),
+    /// The link was lost: the asker purges on its own.
+    Gone,
+}
+
+static ASK: Mutex<Ask> = Mutex::new(Ask::Idle);
+/// Bumped at every change the asker waits for (a futex word).
+static ASK_SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn ask() -> std::sync::MutexGuard<'static, Ask> {
+    ASK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn set_ask(to: Ask) {
+    *ask() = to;
+    ASK_SEQ.fetch_add(1, Release);
+    vrange_sys::futex::wake_all(&ASK_SEQ);
+}
+
+/// Whether a live coordinator orders this process's purges (seen from any thread).
+pub(super) fn live() -> bool {
+    LIVE_PING_MS.load(Relaxed) != 0
+}
+
+/// Asks the live coordinator for `bytes` of room, in the caller's thread: hands the request to
+/// the reclaimer thread (woken by `wake`) and waits for the answer. Returns the cut of the
+/// round the coordinator ran for it (`Some(None)`: it saw nothing volatile), or `None` when no
+/// live coordinator answered within three ping intervals (the link lost, or the caller is
+/// the reclaimer thread itself, which cannot wait for its own answer): the caller then purges
+/// on its own.
+pub(super) fn ask_room(bytes: u64, wake: fn()) -> Option<Option<(u8, u64)>> {
+    let ping_ms = LIVE_PING_MS.load(Relaxed);
+    if ping_ms == 0 || std::thread::current().name() == Some(super::THREAD_NAME) {
+        return None;
+    }
+    let wait = Duration::from_millis(SILENT_PINGS.saturating_mul(ping_ms));
+    let deadline = std::time::Instant::now() + wait;
+    set_ask(Ask::Wanted(bytes));
+    wake();
+    loop {
+        let seq = ASK_SEQ.load(Acquire);
+        {
+            let mut a = ask();
+            match *a {
+                Ask::Answered(cut) => {
+                    *a = Ask::Idle;
+                    return Some(cut);
+                }
+                Ask::Gone => {
+                    *a = Ask::Idle;
+                    return None;
+                }
+                _ => {}
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || LIVE_PING_MS.load(Relaxed) == 0 {
+                // A late answer finds the request withdrawn and is ignored.
+                *a = Ask::Idle;
+                return None;
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        vrange_sys::futex::wait(&ASK_SEQ, seq, left);
+    }
+}
 
 /// The sockets to try, read from `VRANGE_COORDINATOR` once.
 fn sockets() -> &'static [PathBuf] {
@@ -81,6 +168,8 @@ pub(super) struct Link {
     heard: u64,
     /// Inodes of the shared regions passed on this connection.
     passed: Vec<u64>,
+    /// The id of the last `Room` request sent.
+    room_id: u64,
 }
 
 /// What the reclaimer thread keeps between ticks.
@@ -124,10 +213,15 @@ impl Participant {
         false
     }
 
-    /// Drops the link (its descriptor is closed only if it verifies).
+    /// Drops the link (its descriptor is closed only if it verifies); a `Room` request waiting
+    /// for it is answered `Gone`.
     pub fn disconnect(&mut self) {
         self.link = None;
         stats::set_coordinated(false);
+        LIVE_PING_MS.store(0, Relaxed);
+        if matches!(*ask(), Ask::Wanted(_) | Ask::Sent(_)) {
+            set_ask(Ask::Gone);
+        }
     }
 
     /// Reads and answers every message waiting; drops the link on anything wrong, or when the
@@ -136,13 +230,19 @@ impl Participant {
         let Some(link) = self.link.as_mut() else {
             return;
         };
-        let ok = link.serve();
+        let ok = link.serve() && link.send_room();
         let silent =
             now.saturating_sub(link.heard) >= SILENT_PINGS * link.ping_ms.max(1) * 1_000_000;
         if !ok || silent {
             self.disconnect();
         } else {
-            stats::set_coordinated(self.coordinated(now));
+            let coordinated = self.coordinated(now);
+            stats::set_coordinated(coordinated);
+            let ping_ms = self.link.as_ref().map_or(0, |l| l.ping_ms.max(1));
+            LIVE_PING_MS.store(if coordinated { ping_ms } else { 0 }, Relaxed);
+            if !coordinated && matches!(*ask(), Ask::Wanted(_)) {
+                set_ask(Ask::Gone);
+            }
         }
     }
 }
@@ -160,6 +260,7 @@ fn open(path: &std::path::Path, now: u64) -> Option<Link> {
         welcomed: false,
         heard: now,
         passed: Vec::new(),
+        room_id: 0,
     };
     let hello = Message::Hello {
         pid: std::process::id(),
@@ -189,6 +290,28 @@ impl Link {
             Some(fd) => sock::send(fd, &buf[..n]).is_ok(),
             None => false,
         }
+    }
+
+    /// Sends the `Room` request waiting, if any. `false`: the link is broken.
+    fn send_room(&mut self) -> bool {
+        let Ask::Wanted(bytes) = *ask() else {
+            return true;
+        };
+        if !self.welcomed {
+            return true;
+        }
+        self.room_id += 1;
+        let id = self.room_id;
+        let sent = self.send(&Message::Room { id, bytes });
+        // Unless the asker withdrew meanwhile.
+        let mut a = ask();
+        if *a == Ask::Wanted(bytes) {
+            *a = if sent { Ask::Sent(id) } else { Ask::Gone };
+            drop(a);
+            ASK_SEQ.fetch_add(1, Release);
+            vrange_sys::futex::wake_all(&ASK_SEQ);
+        }
+        sent
     }
 
     /// Handles every message waiting. `false`: drop the link.
@@ -230,6 +353,13 @@ impl Link {
                     }
                     let shared = self.share();
                     Some(inventory(0, shared))
+                }
+                Ok(Message::Roomed { id, cut }) if self.welcomed => {
+                    // An answer to a request withdrawn (the asker gave up) is ignored.
+                    if *ask() == Ask::Sent(id) {
+                        set_ask(Ask::Answered(cut));
+                    }
+                    None
                 }
                 _ => return false,
             };
