@@ -206,7 +206,8 @@ pub fn top(args: TopArgs) -> i32 {
     if args.once || !std::io::stdout().is_terminal() {
         loop {
             match screen(&socket, args.sort) {
-                Ok(text) => print!("{text}"),
+                // Cut to COLUMNS when it is set, as top(1) does in batch mode.
+                Ok(text) => print!("{}", crate::out::fit(&text, crate::out::columns())),
                 Err(e) => {
                     eprintln!("vrange top: {e}");
                     return 1;
@@ -256,11 +257,11 @@ fn live(socket: &std::path::Path, mut key: SortKey, interval: Duration) -> Resul
     loop {
         let text = screen(socket, key)?;
         let mut out = std::io::stdout().lock();
-        let _ = write!(
-            out,
-            "\x1b[H\x1b[2J{}\r\n<, > or i n v p u o f: sort   q: quit\r\n",
-            text.replace('\n', "\r\n")
-        );
+        // Every line cut to the terminal's width, as top(1) does: a wrapped line scrolls the
+        // screen.
+        let text = format!("{text}\n<, > or i n v p u o f: sort   q: quit\n");
+        let text = crate::out::fit(&text, crate::out::columns());
+        let _ = write!(out, "\x1b[H\x1b[2J{}", text.replace('\n', "\r\n"));
         let _ = out.flush();
         drop(out);
         let deadline = std::time::Instant::now() + interval;

@@ -6,6 +6,7 @@
 //! limit: the kernel must reclaim the volatile pages (there is no swap to fall back on).
 //! Without one, it forces the purge with MADV_PAGEOUT instead and says so.
 
+use crate::out::count;
 use std::time::Instant;
 use vrange::{features, page_size, Region};
 use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
@@ -51,10 +52,10 @@ pub fn main() -> i32 {
         unsafe { region.mark_volatile(c * CHUNK, CHUNK).expect("mark") };
     }
     println!(
-        "Wrote {} MiB in {CHUNKS} chunks of {} MiB; marked {} chunks ({} MiB) volatile in {:.2?}.",
+        "Wrote {} MiB in {CHUNKS} chunks of {} MiB; marked {} ({} MiB) volatile in {:.2?}.",
         CHUNK * CHUNKS / MIB,
         CHUNK / MIB,
-        volatile.len(),
+        count(volatile.len() as u64, "chunk", None),
         volatile.len() * CHUNK / MIB,
         t.elapsed()
     );
@@ -84,7 +85,8 @@ pub fn main() -> i32 {
         .count();
     println!("Unmarked the volatile chunks:");
     println!(
-        "  purged: {whole} chunks entirely, {partly} partly: {:.1} MiB discarded (it reads as zero; a real program regenerates it)",
+        "  purged: {} entirely, {partly} partly: {:.1} MiB discarded (it reads as zero; a real program regenerates it)",
+        count(whole as u64, "chunk", None),
         (purged_pages * page) as f64 / MIB as f64
     );
     println!(
@@ -92,9 +94,9 @@ pub fn main() -> i32 {
         ((volatile.len() * CHUNK / page - purged_pages) * page) as f64 / MIB as f64
     );
     println!(
-        "  detection: {} pages reported purged, {} pages read zero: {}",
-        purged_pages,
-        zero_pages,
+        "  detection: {} reported purged, {} read zero: {}",
+        count(purged_pages as u64, "page", None),
+        count(zero_pages as u64, "page", None),
         if purged_pages == zero_pages {
             "exact"
         } else {
@@ -145,9 +147,9 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
     let a = s.allocator;
     let mib = |b: u64| b as f64 / MIB as f64;
     println!(
-        "  reused without a page fault: {:.0} MiB ({} faults in the last round); free memory kept resident and volatile: {:.0} MiB",
+        "  reused without a page fault: {:.0} MiB ({} in the last round); free memory kept resident and volatile: {:.0} MiB",
         mib(a.reused_intact_bytes - before.reused_intact_bytes),
-        faults,
+        count(u64::try_from(faults).unwrap_or(0), "fault", None),
         mib(s.volatile_bytes),
     );
     let rss_before = rss_mib();

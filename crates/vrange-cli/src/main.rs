@@ -3,6 +3,26 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+// std's printing macros, redefined for every module below (textual scope comes first): they
+// write through `out`, which ends the command quietly on a closed pipe instead of panicking.
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::out::stdout(format_args!($($arg)*)) };
+}
+macro_rules! println {
+    () => { $crate::out::stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+#[allow(unused_macros)]
+macro_rules! eprint {
+    ($($arg:tt)*) => { $crate::out::stderr(format_args!($($arg)*)) };
+}
+macro_rules! eprintln {
+    () => { $crate::out::stderr(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+mod out;
+
 mod bench;
 mod clock;
 mod coord;

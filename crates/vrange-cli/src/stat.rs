@@ -215,13 +215,13 @@ impl Sample {
                 ));
                 if get("coordinated") > 0 || get("coordinator_requests") > 0 {
                     out.push_str(&format!(
-                        "  coordinator: {}; {} purge requests obeyed, {:.1} MiB freed for it\n",
+                        "  coordinator: {}; {} obeyed, {:.1} MiB freed for it\n",
                         if get("coordinated") > 0 {
                             "connected, it orders this process's purges"
                         } else {
                             "not connected now (purging on its own)"
                         },
-                        get("coordinator_requests"),
+                        crate::out::count(get("coordinator_requests"), "purge request", None),
                         m(get("coordinator_freed_bytes")),
                     ));
                 }

@@ -6,6 +6,7 @@ use std::process::Command;
 use vrange_testkit::proc::without_vrange_env;
 
 /// `libvrange_malloc.so`, built once per test process (the command itself never builds it).
+#[allow(unused_imports)] // each test file uses its own subset
 pub use vrange_testkit::build::shim as lib;
 
 /// The `vrange` executable, without the `VRANGE_*` variables of the test's own environment.
