@@ -81,14 +81,110 @@ fn proc_file(pid: u32, file: &str) -> Result<Option<String>, String> {
             Ok(None)
         }
         Err(e) => {
-            let owner = vrange_sys::procfs::effective_uid(pid).map_or(String::new(), |uid| {
-                format!(" (pid {pid} belongs to uid {uid}; run as that user or as root)")
-            });
+            let why = match e.raw_os_error() {
+                Some(libc::EACCES | libc::EPERM) => refusal(pid),
+                _ => String::new(),
+            };
             Err(format!(
-                "cannot read {path}: {}{owner}",
+                "cannot read {path}: {}{why}",
                 vrange_sys::statsdir::plain(&e)
             ))
         }
+    }
+}
+
+/// CAP_SYS_PTRACE, bit 19 of the capability sets in /proc/PID/status.
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// The ids of a `Uid:` or `Gid:` line of /proc/PID/status: real, effective, saved, filesystem.
+fn ids(status: &str, key: &str) -> Option<[u32; 4]> {
+    let mut v = status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))?
+        .split_whitespace();
+    let mut next = || v.next()?.parse().ok();
+    Some([next()?, next()?, next()?, next()?])
+}
+
+/// Why the kernel refused to let this process read process `pid`'s memory map, in words:
+/// /proc/PID/smaps_rollup (like maps, environ, mem) passes the ptrace access check in read
+/// mode (`PTRACE_MODE_READ_FSCREDS`, ptrace(2) "Ptrace access mode checking"). It allows a
+/// caller whose filesystem uid and gid equal every uid and gid (real, effective, saved) of a
+/// dumpable target; anything else needs CAP_SYS_PTRACE in the target's user namespace, and a
+/// security module (AppArmor, SELinux) may refuse even then. Yama's `ptrace_scope` restricts
+/// attaching only, not this read. Root is not enough by itself: a container or a service
+/// often runs as root without CAP_SYS_PTRACE.
+fn refusal(pid: u32) -> String {
+    let ours = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let caps = |status: &str, key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+    };
+    let our_caps = caps(&ours, "CapEff:");
+    let ptrace = our_caps.map(|c| c & (1 << CAP_SYS_PTRACE) != 0);
+    // The capability module's rule: without CAP_SYS_PTRACE, the caller's effective set must
+    // hold every capability the target may use.
+    let more_caps = match (caps(&theirs, "CapPrm:"), our_caps) {
+        (Some(t), Some(o)) if t & !o != 0 => format!(
+            "; it holds capabilities this process lacks (mask {:#x})",
+            t & !o
+        ),
+        _ => String::new(),
+    };
+    // The security modules in force, when securityfs says.
+    let lsm = std::fs::read_to_string("/sys/kernel/security/lsm")
+        .map(|l| format!(" (active here: {})", l.trim()))
+        .unwrap_or_default();
+    let (Some(our_uid), Some(our_gid)) = (ids(&ours, "Uid:"), ids(&ours, "Gid:")) else {
+        return String::new();
+    };
+    let (Some(uid), Some(gid)) = (ids(&theirs, "Uid:"), ids(&theirs, "Gid:")) else {
+        return String::new();
+    };
+    // The filesystem ids (the fourth) are the caller's that count.
+    let (fsuid, fsgid) = (our_uid[3], our_gid[3]);
+    let same = uid[..3].iter().all(|&u| u == fsuid) && gid[..3].iter().all(|&g| g == fsgid);
+    let who = |ids: [u32; 4]| {
+        if ids[..3].iter().all(|&i| i == ids[0]) {
+            format!("{}", ids[0])
+        } else {
+            format!("{} (effective {}, saved {})", ids[0], ids[1], ids[2])
+        }
+    };
+    let theirs = format!("pid {pid} runs as uid {} gid {}", who(uid), who(gid));
+    let check = "the kernel's ptrace access check (read mode) refused";
+    match (same, ptrace) {
+        (false, Some(false)) => {
+            let root = if fsuid == 0 {
+                " (root, but with CAP_SYS_PTRACE dropped, as containers and many services run)"
+            } else {
+                ""
+            };
+            format!(
+                ": {check}: {theirs}{more_caps}, this process as uid {fsuid} gid {fsgid} \
+                 without CAP_SYS_PTRACE{root}; run as uid {} gid {}, or with CAP_SYS_PTRACE",
+                uid[1], gid[1]
+            )
+        }
+        (true, Some(false)) if !more_caps.is_empty() => format!(
+            ": {check}: {theirs}, as this process does{more_caps}; reading it needs those \
+             capabilities or CAP_SYS_PTRACE"
+        ),
+        (true, Some(false)) => format!(
+            ": {check}: {theirs}, as this process does, but it is not dumpable (a \
+             set-user-ID or file-capability program, or one that called \
+             prctl(PR_SET_DUMPABLE, 0)), or it is in another user namespace; reading it needs \
+             CAP_SYS_PTRACE"
+        ),
+        (_, Some(true)) => format!(
+            ": {check} although this process has CAP_SYS_PTRACE ({theirs}{more_caps}): the \
+             process is in a user namespace that capability does not reach, or a security \
+             module (AppArmor, SELinux, Landlock, a BPF LSM){lsm} refused"
+        ),
+        (_, None) => format!(": {check} ({theirs})"),
     }
 }
 

@@ -140,8 +140,13 @@ fn stat_says_why_it_cannot_read_a_process() {
     assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
     assert!(
         stderr.contains(&format!(
-            "cannot read /proc/{pid}/smaps_rollup: permission denied (pid {pid} belongs to uid 0"
+            "cannot read /proc/{pid}/smaps_rollup: permission denied: the kernel's ptrace \
+             access check (read mode) refused: pid {pid} runs as uid 0"
         )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("this process as uid 65534 gid 65534 without CAP_SYS_PTRACE"),
         "{stderr}"
     );
     assert!(stdout.contains("RSS") && !stdout.contains('?'), "{stdout}");
