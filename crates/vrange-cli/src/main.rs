@@ -64,9 +64,9 @@ pub fn size_arg(s: &str) -> Result<u64, vrange_sys::settings::ParseSizeError> {
 enum Command {
     /// Run a program with libvrange_malloc preloaded; pass its exit status through.
     Run {
-        /// How free memory is handled.
-        #[arg(long, value_enum, default_value = "hybrid")]
-        mode: Mode,
+        /// How free memory is handled [default: $VRANGE_MALLOC_MODE when set, else hybrid].
+        #[arg(long, value_enum)]
+        mode: Option<Mode>,
         /// Free memory kept resident before the oldest is purged (e.g. 64M, 1GiB).
         #[arg(long, value_name = "SIZE", value_parser = size_arg)]
         budget: Option<u64>,

@@ -323,7 +323,7 @@ impl Sample {
                 }
                 if get("alloc_allocations") > 0 {
                     out.push_str(&format!(
-                        "  vrange-malloc: live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped; reused without a fault {:.1} MiB, zero-filled {:.1} MiB\n",
+                        "  vrange-malloc: live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped; handed out: reused intact {:.1} MiB, fresh or purged {:.1} MiB (address space)\n",
                         m(get("alloc_allocated_bytes")),
                         m(get("alloc_free_bytes")),
                         m(get("alloc_mapped_bytes")),

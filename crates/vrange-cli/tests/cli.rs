@@ -200,7 +200,7 @@ fn run_with_stats_sums_up_the_program() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
     assert!(err.contains("peak RSS"), "{err}");
     let allocations: u64 = err
-        .split("used vrange-malloc: ")
+        .split("vrange-malloc served ")
         .nth(1)
         .and_then(|s| s.split(' ').next())
         .and_then(|n| n.parse().ok())
@@ -209,7 +209,7 @@ fn run_with_stats_sums_up_the_program() {
         allocations >= 240,
         "python's large buffers went through vrange-malloc: {err}"
     );
-    assert!(err.contains("reused without a page fault"), "{err}");
+    assert!(err.contains("was reused intact"), "{err}");
 }
 
 #[test]
@@ -580,7 +580,7 @@ fn run_stats_uses_a_fresh_private_directory() {
     );
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
-        stderr.contains("process(es) used vrange-malloc"),
+        stderr.contains("1 process published vrange statistics"),
         "{stderr}"
     );
     let line = stdout
@@ -756,4 +756,90 @@ fn daemon_top_and_metrics() {
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
+}
+
+/// Issue 20: `vrange stat 1` as root said "run as that user or as root". Where root may not
+/// read pid 1 (a sandbox's init holding capabilities root lacks, a security module), the
+/// message says what the kernel's check saw instead.
+#[test]
+fn stat_as_root_refused_names_the_ptrace_check_not_root() {
+    if !is_root() {
+        return skip("needs root");
+    }
+    let out = vrange().args(["stat", "1"]).output().unwrap();
+    if out.status.success() {
+        // Root may read pid 1 here: refuse it by dropping CAP_SYS_PTRACE and a capability pid 1
+        // may hold is not portable; the nobody case above covers the other path.
+        return;
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(!err.contains("run as that user or as root"), "{err}");
+    assert!(err.contains("ptrace access check"), "{err}");
+    assert!(err.contains("pid 1 runs as uid 0"), "{err}");
+    assert!(err.contains("CAP_SYS_PTRACE"), "{err}");
+}
+
+/// Issue 20: `vrange run --lib /nonexistent.so -- true` exited 0 and ran the program without
+/// vrange (the loader only warns). A --lib that is not a loadable shim is a usage error.
+#[test]
+fn run_lib_that_is_not_the_shim_is_a_usage_error() {
+    for bad in [
+        std::path::PathBuf::from("/nonexistent.so"),
+        std::path::PathBuf::from("/etc/passwd"),
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_vrange")),
+    ] {
+        let out = vrange()
+            .args(["run", "--lib"])
+            .arg(&bad)
+            .args(["--", "sh", "-c", "echo ran"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&*bad.to_string_lossy()), "{err}");
+        assert!(out.stdout.is_empty(), "the program ran: {out:?}");
+    }
+    let good = vrange()
+        .args(["run", "--lib"])
+        .arg(lib())
+        .args(["--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    assert!(good.status.success(), "{good:?}");
+}
+
+/// Issue 20: `VRANGE_MALLOC_MODE=lazy vrange run -- prog` ran in hybrid, and `=bogus` was
+/// replaced silently: --mode's default overrode the documented variable.
+#[test]
+fn run_keeps_vrange_malloc_mode_from_the_environment_unless_mode_is_given() {
+    let mode = |env: Option<&str>, flag: Option<&str>| {
+        let mut c = vrange();
+        c.arg("run");
+        if let Some(f) = flag {
+            c.args(["--mode", f]);
+        }
+        c.arg("--lib")
+            .arg(lib())
+            .args(["--", "sh", "-c", "printf %s \"$VRANGE_MALLOC_MODE\""]);
+        if let Some(e) = env {
+            c.env("VRANGE_MALLOC_MODE", e);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(mode(Some("lazy"), None).0, "lazy");
+    assert_eq!(mode(Some("lazy"), Some("managed")).0, "managed");
+    assert_eq!(mode(None, None).0, "hybrid");
+    let (seen, err) = mode(Some("bogus"), None);
+    assert_eq!(seen, "bogus", "left for the allocator to judge");
+    assert!(
+        err.contains("VRANGE_MALLOC_MODE=bogus is not valid"),
+        "the allocator's usual warning: {err}"
+    );
 }

@@ -133,7 +133,7 @@ pub fn print_summary() {
         &mut buf,
         format_args!(
             "vrange-malloc: {} allocations, {} frees; live {:.1} MiB, free {:.1} MiB of {:.1} MiB mapped\n\
-             vrange-malloc: reused without a fault {:.1} MiB, zero-filled {:.1} MiB; free volatile {:.1} MiB, purged now {:.1} MiB, purged in all {:.1} MiB by the reclaimer\n",
+             vrange-malloc: handed out reused intact {:.1} MiB, fresh or purged {:.1} MiB (address space: the kernel zero-fills a page only where it is touched); free volatile {:.1} MiB, purged now {:.1} MiB, purged in all {:.1} MiB by the reclaimer\n",
             a.allocations,
             a.frees,
             mib(a.allocated_bytes),
