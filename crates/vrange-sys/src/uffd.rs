@@ -223,14 +223,16 @@ pub unsafe fn copy(fd: RawFd, dst: usize, src: *const u8, len: usize) -> io::Res
         };
         (ioctl(fd, UFFDIO_COPY, &mut c), c.copy)
     })
+    .map(drop)
 }
 
 /// Installs zero pages at the missing pages of `[dst, dst + len)` (page-aligned), skipping
-/// pages that are present. Async-signal-safe.
+/// pages that are present, and returns how many bytes it installed: the pages that were
+/// missing (a purge's holes, less what a SIGBUS handler placed). Async-signal-safe.
 ///
 /// # Errors
 /// As [`copy`].
-pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<()> {
+pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<usize> {
     fill_missing(len, |done| {
         let mut z = Zeropage {
             range: Range {
@@ -247,24 +249,29 @@ pub fn zero(fd: RawFd, dst: usize, len: usize) -> io::Result<()> {
 /// Runs `install(done)` (one UFFDIO_COPY or UFFDIO_ZEROPAGE from byte `done` on, giving its
 /// result and the bytes it installed) until `len` bytes are done: a present page stops an
 /// install (EEXIST), so it is kept and skipped; a partial install (EAGAIN) goes on where it
-/// stopped.
+/// stopped. Returns the bytes installed (those of the present pages skipped not counted).
 fn fill_missing(
     len: usize,
     mut install: impl FnMut(usize) -> (io::Result<()>, i64),
-) -> io::Result<()> {
+) -> io::Result<usize> {
     let page = crate::mem::page_size();
     let mut done = 0;
+    let mut total = 0usize;
     while done < len {
         let (result, installed) = install(done);
-        let installed = installed.max(0) as usize;
+        // The kernel reports at most what was asked, or a negative errno.
+        let installed = usize::try_from(installed).unwrap_or(0).min(len - done);
+        total = total.saturating_add(installed);
         match result {
-            Ok(()) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => done += installed + page,
+            Ok(()) => return Ok(total),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                done = done.saturating_add(installed).saturating_add(page)
+            }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => done += installed,
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(total)
 }
 
 /// Wakes the threads waiting on faults in `[start, start + len)` (they retry the access).

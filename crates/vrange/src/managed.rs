@@ -357,17 +357,20 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
         // Always record the epoch seen, even when the word itself says purged.
         let missed = epoch != slot.seen_epoch.swap(epoch, Relaxed);
         let lost = found == Found::Purged || missed;
+        let mut purged = 0;
         if lost {
             stats::count_purge_seen();
+            purged = pages;
             if slot.sigbus() {
-                // Pinned memory never signals: the holes read zero from now on.
-                crate::sigbus::zero_fill(start, len);
+                // Pinned memory never signals: the holes read zero from now on. Pages a
+                // handler placed with `fill` are not holes: they count as intact.
+                purged = crate::sigbus::zero_fill(start, len).unwrap_or(pages);
             }
         }
         return Unmarked {
             pages,
             volatile: pages,
-            purged: if lost { pages } else { 0 },
+            purged,
         };
     }
     match slot.state().unmark(false) {
@@ -382,14 +385,17 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
         }
         Found::Purged => {
             stats::count_purge_seen();
-            if slot.sigbus() {
-                // Pinned memory never signals: purged pages read zero from now on.
-                crate::sigbus::zero_fill(start, len);
-            }
+            let purged = if slot.sigbus() {
+                // Pinned memory never signals: purged pages read zero from now on. Pages a
+                // handler placed with `fill` are not holes: they count as intact.
+                crate::sigbus::zero_fill(start, len).unwrap_or(pages)
+            } else {
+                pages
+            };
             Unmarked {
                 pages,
                 volatile: pages,
-                purged: pages,
+                purged,
             }
         }
         Found::Armed => {

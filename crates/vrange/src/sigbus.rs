@@ -80,12 +80,15 @@ pub(crate) fn arm_region(start: usize, len: usize) -> Result<(), Error> {
 }
 
 /// Installs zero pages at the missing pages of a range whose unmark reported a purge, so that
-/// pinned memory reads zero without a signal. Nothing to do if the descriptor is gone (the
-/// kernel dropped the registration: missing pages fault in as zero anyway).
-pub(crate) fn zero_fill(start: usize, len: usize) {
-    if let Some(fd) = current() {
-        let _ = uffd::zero(fd, start, len);
-    }
+/// pinned memory reads zero without a signal, and returns how many pages were missing: those
+/// the purge took that no [`fill`](crate::fill) placed again. A placed page counts as intact
+/// (vrange.h: its content is what the handler regenerated). `None` when that is not known: the
+/// descriptor is gone (the kernel dropped the registration, and missing pages fault in as zero
+/// anyway) or the install failed; the caller then counts every page purged.
+pub(crate) fn zero_fill(start: usize, len: usize) -> Option<usize> {
+    let fd = current()?;
+    let installed = uffd::zero(fd, start, len).ok()?;
+    Some(installed / mem::page_size())
 }
 
 /// Registers a range marked in SIGBUS mode on the kernel path.
