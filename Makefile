@@ -5,7 +5,8 @@
 #
 # Installs the vrange command; libvrange.so (SONAME libvrange.so.MAJOR), libvrange.a (without
 # debug information) and the preload shim libvrange_malloc.so; vrange.h; vrange.pc, pointing
-# into PREFIX; vrange(1), a page per subcommand and vrange(3). `vrange run` finds the shim in
+# into PREFIX; vrange(1), a page per subcommand and vrange(3); the systemd unit of `vrange
+# daemon`, naming BINDIR's command. `vrange run` finds the shim in
 # ../lib from its own directory, so keep LIBDIR at $(PREFIX)/lib or pass it --lib.
 
 PREFIX ?= /usr/local
@@ -15,6 +16,9 @@ LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 MANDIR ?= $(PREFIX)/share/man
+# systemd looks for units in /usr/local/lib/systemd/system too; a package puts them in
+# /lib/systemd/system (SYSTEMDUNITDIR=/lib/systemd/system).
+SYSTEMDUNITDIR ?= $(LIBDIR)/systemd/system
 
 CARGO ?= cargo
 STRIP ?= strip
@@ -36,7 +40,8 @@ build:
 
 install: build
 	install -d '$(DESTDIR)$(BINDIR)' '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)' \
-		'$(DESTDIR)$(PKGCONFIGDIR)' '$(DESTDIR)$(MANDIR)/man1' '$(DESTDIR)$(MANDIR)/man3'
+		'$(DESTDIR)$(PKGCONFIGDIR)' '$(DESTDIR)$(MANDIR)/man1' '$(DESTDIR)$(MANDIR)/man3' \
+		'$(DESTDIR)$(SYSTEMDUNITDIR)'
 	install -m 755 '$(BUILT)/vrange' '$(DESTDIR)$(BINDIR)/vrange'
 	install -m 755 '$(BUILT)/libvrange.so' '$(DESTDIR)$(LIBDIR)/libvrange.so.$(VERSION)'
 	ln -sf 'libvrange.so.$(VERSION)' '$(DESTDIR)$(LIBDIR)/libvrange.so.$(MAJOR)'
@@ -53,6 +58,11 @@ install: build
 	for name in $(MAN3_ALIASES); do \
 		echo '.so man3/vrange.3' > '$(DESTDIR)$(MANDIR)/man3/'"$$name.3"; \
 	done
+	@# The unit names the command by the default prefix's path, so that it works copied by hand
+	@# after a default install; installed, it names this prefix's.
+	sed -e 's|/usr/local/bin/vrange |$(BINDIR)/vrange |' docs/systemd/vrange-daemon.service \
+		> '$(DESTDIR)$(SYSTEMDUNITDIR)/vrange-daemon.service'
+	chmod 644 '$(DESTDIR)$(SYSTEMDUNITDIR)/vrange-daemon.service'
 	@# A library new to a directory ld.so already searches is found once its cache is rebuilt.
 	if [ -z '$(DESTDIR)' ] && [ "$$(id -u)" = 0 ] && command -v ldconfig > /dev/null; then \
 		ldconfig; \
@@ -65,5 +75,5 @@ uninstall:
 		'$(DESTDIR)$(LIBDIR)/libvrange_malloc.so' '$(DESTDIR)$(INCLUDEDIR)/vrange.h' \
 		'$(DESTDIR)$(PKGCONFIGDIR)/vrange.pc' \
 		'$(DESTDIR)$(MANDIR)/man1/vrange.1' '$(DESTDIR)$(MANDIR)/man1/vrange-'*.1 \
-		'$(DESTDIR)$(MANDIR)/man3/vrange.3'
+		'$(DESTDIR)$(MANDIR)/man3/vrange.3' '$(DESTDIR)$(SYSTEMDUNITDIR)/vrange-daemon.service'
 	for name in $(MAN3_ALIASES); do rm -f '$(DESTDIR)$(MANDIR)/man3/'"$$name.3"; done
