@@ -111,7 +111,20 @@ pub fn alloc(size: usize) -> Option<(usize, Taken)> {
         return Some((base, taken));
     }
     let base = mem::map_anon(len, CHUNK).ok()?;
-    let _ = mem::advise_huge(base.as_ptr(), len, config::thp());
+    // Huge pages only where the block's bytes cover one whole: the partial last one would be
+    // faulted in whole at the first touch of any of its bytes (a 2.1 MiB block would cost 4).
+    let huge = match config::thp() {
+        config::Thp::Never => 0,
+        config::Thp::Auto | config::Thp::Always => size & !(CHUNK - 1),
+    };
+    if huge > 0 {
+        let _ = mem::advise_huge(base.as_ptr(), huge, true);
+    }
+    if huge < len {
+        // SAFETY: `huge` is a multiple of CHUNK below `len`, so inside the fresh mapping.
+        let tail = unsafe { base.as_ptr().add(huge) };
+        let _ = mem::advise_huge(tail, len - huge, false);
+    }
     let base = base.as_ptr() as usize;
     let meta = locked(|c| c.new_meta());
     let Some(meta) = meta else {

@@ -19,7 +19,7 @@ impl Volatile {
     pub fn current() -> Volatile {
         Volatile {
             mode: crate::config::mode(),
-            huge: crate::config::thp(),
+            huge: crate::config::thp() == crate::config::Thp::Always,
         }
     }
 

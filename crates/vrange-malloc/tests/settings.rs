@@ -89,7 +89,7 @@ fn malformed_variables_are_reported_once_and_the_defaults_used() {
             .to_string(),
         "vrange: VRANGE_MALLOC_MODE=bogus is not valid (hybrid, managed, lazy, off); using hybrid"
             .into(),
-        "vrange: VRANGE_MALLOC_THP=sometimes is not valid (auto, never); using auto".into(),
+        "vrange: VRANGE_MALLOC_THP=sometimes is not valid (auto, always, never); using auto".into(),
         "vrange: VRANGE_POLL_MS=fast is not valid (milliseconds); using 100".into(),
         "vrange: VRANGE_MALLOC_ARM_DELAY_MS=soon is not valid (milliseconds); using 1000".into(),
         format!("vrange: VRANGE_MALLOC_BUDGET=12Q is not valid ({size}); using 0"),

@@ -1,4 +1,5 @@
-//! Huge pages: chunks are THP-backed where THP allows, and the allocator never splits a huge
+//! Huge pages (`VRANGE_MALLOC_THP=always`, set here before the first allocation; the default
+//! keeps chunks on small pages): chunks are THP-backed where THP allows, and the allocator never splits a huge
 //! page to give memory back lazily. A free span smaller than its chunk stays managed (marking
 //! it is an atomic operation, nothing reaches the kernel); only a whole free chunk is armed,
 //! with MADV_FREE over the whole PMD, which the kernel applies to the huge page without
@@ -57,6 +58,7 @@ fn freeing_never_splits_a_huge_page() {
     // MADV_PAGEOUT below discards lazy folios only if they were advised on its CPU: pin this
     // thread before the first allocation starts the reclaimer, which inherits the affinity.
     vrange_sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
+    vrange_malloc::config::set_thp(vrange_malloc::Thp::Always);
     vrange::set_option("VRANGE_ARM_DELAY_MS", "0").unwrap();
     // Only this test purges: pressure other tests left on the machine (PSI's window is
     // system-wide) must not.

@@ -47,7 +47,9 @@ impl Config {
         match (self.kind, self.env.first()) {
             (Kind::Eager, _) => format!("{} eager", self.allocator),
             (Kind::Huge, _) => format!("{} huge pages", self.allocator),
-            (Kind::Ours, Some(("VRANGE_MALLOC_THP", _))) => format!("{} no THP", self.allocator),
+            (Kind::Ours, Some(("VRANGE_MALLOC_THP", _))) => {
+                format!("{} huge chunks", self.allocator)
+            }
             (Kind::Ours, Some((_, mode))) => format!("{} {mode}", self.allocator),
             (Kind::Ours, None) => format!("{} hybrid", self.allocator),
             (Kind::Default, _) => self.allocator.to_string(),
@@ -241,8 +243,8 @@ fn huge_setting(allocator: &str) -> Option<(&'static str, &'static str)> {
 }
 
 /// `configs` with the peers' huge-page configurations (after each peer's own) and
-/// vrange-malloc's default without huge pages (`VRANGE_MALLOC_THP=never`, after the
-/// default), so that huge pages are compared with huge pages; and vrange-malloc arming free
+/// vrange-malloc's default with huge pages on its chunks too (`VRANGE_MALLOC_THP=always`, after
+/// the default), so that huge pages are compared with huge pages; and vrange-malloc arming free
 /// chunks at the reclaimer's next tick (`VRANGE_MALLOC_ARM_DELAY_MS=0`) rather than after
 /// 1 s, so the kernel itself can take free memory from a neighbour that grows fast.
 pub fn with_huge_pages(configs: Vec<Config>) -> Vec<Config> {
@@ -256,8 +258,8 @@ pub fn with_huge_pages(configs: Vec<Config>) -> Vec<Config> {
                 ..c.clone()
             });
             out.push(Config {
-                label: "VRANGE_MALLOC_THP=never".into(),
-                env: vec![("VRANGE_MALLOC_THP", "never".into())],
+                label: "VRANGE_MALLOC_THP=always".into(),
+                env: vec![("VRANGE_MALLOC_THP", "always".into())],
                 ..c.clone()
             });
         }

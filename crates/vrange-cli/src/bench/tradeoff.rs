@@ -31,8 +31,8 @@
 //!
 //! Configurations are every allocator of the other suites, the peers' own huge-page settings
 //! (glibc `glibc.malloc.hugetlb=1`, jemalloc `thp:always`, mimalloc large OS pages, so huge
-//! pages are compared with huge pages), and vrange-malloc without huge pages
-//! (`VRANGE_MALLOC_THP=never`; its default asks for them on its 2 MiB chunks), and
+//! pages are compared with huge pages), and vrange-malloc with huge pages on its chunks too
+//! (`VRANGE_MALLOC_THP=always`; its default keeps chunks on small pages), and
 //! vrange-malloc handing free chunks to the kernel at the reclaimer's next tick
 //! (`VRANGE_MALLOC_ARM_DELAY_MS=0`; by default it waits 1 s, during which only its reclaimer's
 //! reaction to the cgroup's pressure can free them). Before the

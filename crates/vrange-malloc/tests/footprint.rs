@@ -1,0 +1,119 @@
+//! The allocator's live footprint against glibc's: the same program allocates and writes the
+//! same blocks with and without the LD_PRELOAD shim, for block sizes from the threshold (64 KiB)
+//! to 64 MiB, and the shim's resident memory must stay within 10 % of glibc's (plus one chunk,
+//! the partly filled last one).
+//!
+//! Regression test for the allocator needing up to twice glibc's memory: a block a little over
+//! 1 MiB took a whole 2 MiB huge page, a large block's partial last huge page was resident
+//! whole, and a Python program that glibc runs in a 128 MiB cgroup was OOM-killed under the shim.
+
+mod common;
+use common::*;
+use std::process::Command;
+use vrange_testkit::proc::{output, show};
+use vrange_testkit::scratch::Scratch;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+/// Bytes of blocks each run holds live.
+const TOTAL: usize = 150 * MIB;
+
+/// The growth of resident memory (KiB) that `footprint` reports for `size`-byte blocks.
+fn footprint(exe: &std::path::Path, size: usize, shim: bool) -> u64 {
+    let mut cmd = Command::new(exe);
+    cmd.arg(size.to_string()).arg(TOTAL.to_string());
+    let out = if shim {
+        output(with_shim(&mut cmd, &[]))
+    } else {
+        output(without_shim(&mut cmd))
+    };
+    assert!(
+        out.status.success(),
+        "footprint {size} (shim: {shim}): {}",
+        show(&out)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rss_kib "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rss_kib line: {}", show(&out)))
+}
+
+#[test]
+fn live_blocks_take_no_more_memory_than_with_glibc() {
+    let dir = Scratch::new("footprint");
+    let exe = dir.join("footprint");
+    compile("footprint.c", &exe, &[]);
+    let sizes = [
+        64 * KIB,
+        100 * KIB,
+        300 * KIB,
+        683 * KIB,
+        MIB + 1,
+        1434 * KIB,
+        2 * MIB - 4 * KIB,
+        2150 * KIB,
+        4403 * KIB,
+        16 * MIB + 1,
+        64 * MIB,
+    ];
+    let mut over = Vec::new();
+    println!(
+        "{:>10} {:>10} {:>10} {:>6}",
+        "block", "glibc KiB", "vrange KiB", "ratio"
+    );
+    for size in sizes {
+        let glibc = footprint(&exe, size, false);
+        let vrange = footprint(&exe, size, true);
+        let ratio = vrange as f64 / glibc.max(1) as f64;
+        println!("{size:>10} {glibc:>10} {vrange:>10} {ratio:>6.2}");
+        // 10 %, and one 2 MiB chunk for the last, partly filled one.
+        if vrange > glibc + glibc / 10 + (2 * MIB / KIB) as u64 {
+            over.push((size, glibc, vrange));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "blocks whose live footprint under the shim passes glibc's by more than 10 %: \
+         (size, glibc KiB, vrange KiB) {over:?}"
+    );
+}
+
+/// The first program a user tried: a hundred 1 MiB bytearrays (blocks of 1 MiB and a few bytes)
+/// in a 128 MiB memory cgroup. Plainly it peaks near 108 MiB; under the shim it was OOM-killed,
+/// each block taking a whole 2 MiB huge page.
+#[test]
+fn python_bytearrays_fit_a_cgroup_they_fit_without_the_shim() {
+    use vrange_sys::cgroup::join_before_exec;
+    use vrange_testkit::{cgroup, missing, skip};
+    const PYTHON: &str = "/usr/bin/python3";
+    if let Some(why) = missing(&[PYTHON]) {
+        return skip(why);
+    }
+    let program = "bufs = [bytearray(1 << 20) for _ in range(100)]\n\
+                   for b in bufs:\n    b[::4096] = b'x' * len(b[::4096])\n\
+                   print(sum(b[0] for b in bufs))";
+    for shim in [false, true] {
+        let child = match cgroup::child("vrange-fp", 128 * MIB as u64) {
+            Ok(c) => c,
+            Err(why) => return skip(why),
+        };
+        let mut cmd = Command::new(PYTHON);
+        cmd.args(["-c", program]);
+        if shim {
+            with_shim(&mut cmd, &[]);
+        } else {
+            without_shim(&mut cmd);
+        }
+        join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join");
+        let out = output(&mut cmd);
+        let kills = child.cgroup().oom_kills().unwrap_or(0);
+        let peak = cgroup::peak(child.cgroup()).unwrap_or(0);
+        cgroup::remove(child);
+        println!("shim {shim}: peak {} MiB, {kills} OOM kills", peak >> 20);
+        assert_eq!(kills, 0, "OOM kill (shim: {shim})\n{}", show(&out));
+        assert!(out.status.success(), "shim {shim}: {}", show(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12000");
+    }
+}
