@@ -127,10 +127,11 @@ impl VolatileBuffer {
         })
     }
 
-    /// Whether a pin is in force.
+    /// Whether the buffer is pinned (cannot be purged): a pin is in force, or a memoryview of
+    /// an ended pin is still alive and keeps it pinned.
     #[getter]
     fn pinned(&self) -> bool {
-        self.lock().active.is_some()
+        self.lock().pinned
     }
 
     fn __len__(&self) -> usize {

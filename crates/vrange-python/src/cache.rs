@@ -1,16 +1,18 @@
-//! `vrange.Cache`: [`vrange_cache::Cache`] for Python, with `bytes` and `str` keys and values
-//! handed out as read-only memoryviews that keep them pinned.
+//! `vrange.Cache`: [`vrange_cache::Cache`] for Python, with `bytes` and `str` keys, values
+//! copied out as `bytes` by `cache[key]` or handed out by `get`, `lookup` and `get_or_insert`
+//! as read-only memoryviews that keep them pinned (a pin the caller asked for by name: a held
+//! view keeps its whole slab from any purge, and `stats()["pinned_bytes"]` shows it).
 //!
 //! Keys: the cache's key is the Python key's bytes after one tag byte (`b` for `bytes`, `s`
 //! for `str`, whose bytes are its UTF-8 encoding), so `b"a"` and `"a"` are different keys.
 //!
-//! Values: a hit is a [`Value`] (holding the pinned [`Entry`]) wrapped in a `memoryview`. The
+//! Views: a hit is a [`Value`] (holding the pinned [`Entry`]) wrapped in a `memoryview`. The
 //! memoryview holds the only reference to the `Value`; releasing it (`mv.release()`, leaving a
 //! `with` block, garbage collection) drops the reference, the `Value` is freed and its entry
 //! unpinned. Slices of the memoryview share its export, so they keep the value pinned too.
 
 use crate::view;
-use crate::{parse_priority, priority_name, to_py_err, PurgedError};
+use crate::{priority_name, to_py_err, PriorityArg, PurgedError};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyKeyError, PyTypeError};
 use pyo3::ffi;
@@ -206,8 +208,9 @@ impl Source {
 }
 
 /// A cache of byte values under `bytes` or `str` keys that the system may purge under memory
-/// pressure. `cache[key] = value` copies any bytes-like value in; `cache[key]` and `get` return
-/// a read-only memoryview that keeps the value pinned (never purged) until it is released.
+/// pressure. `cache[key] = value` copies any bytes-like value in; `cache[key]` returns a copy
+/// (`bytes`, pinning nothing); `get` and `lookup` return a read-only memoryview without a copy
+/// that keeps the value, and its whole slab, pinned (never purged) until it is released.
 /// `b"k"` and `"k"` are different keys.
 ///
 /// `slab_bytes`: bytes per slab (default 256 KiB, at least 64 KiB): values are packed into
@@ -263,15 +266,24 @@ impl Cache {
 impl Cache {
     #[new]
     #[pyo3(signature = (slab_bytes=None, budget=None))]
-    fn new(slab_bytes: Option<usize>, budget: Option<usize>) -> Cache {
+    fn new(slab_bytes: Option<usize>, budget: Option<usize>) -> PyResult<Cache> {
         let defaults = Options::default();
-        Cache {
-            inner: vrange_cache::Cache::new(Options {
-                slab_bytes: slab_bytes.unwrap_or(defaults.slab_bytes),
-                budget,
-                ..defaults
-            }),
-        }
+        let slab_bytes = slab_bytes.unwrap_or(defaults.slab_bytes);
+        let inner = vrange_cache::Cache::try_new(Options {
+            slab_bytes,
+            budget,
+            ..defaults
+        })
+        .map_err(|e| {
+            to_py_err(
+                &format!(
+                    "slab_bytes={slab_bytes} is more than {}",
+                    vrange_cache::MAX_SLAB_BYTES
+                ),
+                e,
+            )
+        })?;
+        Ok(Cache { inner })
     }
 
     /// Bytes per slab in force (rounded up to a page, at least 64 KiB).
@@ -288,16 +300,15 @@ impl Cache {
 
     /// Copies `value` (any bytes-like object) in under `key`, replacing any value, in class
     /// `priority`: "drop_first", "low", "normal" or "drop_last" (purged in that order).
-    #[pyo3(signature = (key, value, priority="normal"))]
+    #[pyo3(signature = (key, value, priority=PriorityArg(Priority::Normal)))]
     fn put(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
-        priority: &str,
+        priority: PriorityArg,
     ) -> PyResult<()> {
-        let priority = parse_priority(priority)?;
-        self.insert(py, make_key(key)?, value, priority)
+        self.insert(py, make_key(key)?, value, priority.0)
     }
 
     fn __setitem__(
@@ -326,17 +337,19 @@ impl Cache {
         }
     }
 
-    /// The value under `key` (a pinned read-only memoryview). Raises KeyError if there is
-    /// none, and PurgedError (a KeyError) if the system purged it: the entry is then dropped,
-    /// so the next lookup raises a plain KeyError.
+    /// A copy of the value under `key`, as `bytes`: it pins nothing, so keeping it costs its
+    /// own size and never holds a slab (use `get` or `lookup` for a pinned view without a
+    /// copy). Raises KeyError if there is none, and PurgedError (a KeyError) if the system
+    /// purged it: the entry is then dropped, so the next lookup raises a plain KeyError.
     fn __getitem__<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyMemoryView>> {
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let k = make_key(key)?;
         match self.lookup_key(py, &k) {
-            Ok(e) => memoryview_of(py, e),
+            // The pin lasts only for the copy.
+            Ok(e) => Ok(PyBytes::new(py, &e)),
             Err(Miss::Absent) => Err(PyKeyError::new_err(key.clone().unbind())),
             Err(Miss::Purged) => Err(PurgedError::new_err(key.clone().unbind())),
         }
@@ -397,16 +410,16 @@ impl Cache {
     /// all), valid only during the call. Returns a pinned read-only memoryview. If `fill`
     /// raises, nothing is inserted and the exception propagates. A view of `buf` kept past the
     /// call raises BufferError (the kept view stays valid; the entry is removed).
-    #[pyo3(signature = (key, size, fill, priority="normal"))]
+    #[pyo3(signature = (key, size, fill, priority=PriorityArg(Priority::Normal)))]
     fn get_or_insert<'py>(
         &self,
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
         size: usize,
         fill: Py<PyAny>,
-        priority: &str,
+        priority: PriorityArg,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
-        let priority = parse_priority(priority)?;
+        let priority = priority.0;
         let k = make_key(key)?;
         let mut outcome: Option<FillOutcome> = None;
         let mut raised: Option<PyErr> = None;
@@ -459,10 +472,12 @@ impl Cache {
         }
     }
 
-    /// Statistics: hits, misses, purged_lookups, entries, resident_bytes, value_bytes,
-    /// purged_bytes, overhead_bytes, dropped_purged, and "classes": per priority name, hits,
-    /// inserts, purged_lookups, purged_entries, purged_bytes, resident_bytes, value_bytes and
-    /// slabs.
+    /// Statistics: hits, misses, purged_lookups, entries, resident_bytes (the most the cache
+    /// can hold in memory: written pages of slabs not known to be purged), mapped_bytes (the
+    /// slabs' address space), pinned_bytes (resident bytes of slabs that held values pin now),
+    /// value_bytes, purged_bytes, overhead_bytes, dropped_purged, and "classes": per priority
+    /// name, hits, inserts, purged_lookups, purged_entries, purged_bytes, resident_bytes,
+    /// mapped_bytes, pinned_bytes, value_bytes and slabs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.inner.stats());
         let d = PyDict::new(py);
@@ -471,6 +486,8 @@ impl Cache {
         d.set_item("purged_lookups", s.purged_lookups())?;
         d.set_item("entries", s.entries)?;
         d.set_item("resident_bytes", s.resident_bytes())?;
+        d.set_item("mapped_bytes", s.mapped_bytes())?;
+        d.set_item("pinned_bytes", s.pinned_bytes())?;
         d.set_item("value_bytes", s.value_bytes())?;
         d.set_item("purged_bytes", s.purged_bytes())?;
         d.set_item("overhead_bytes", s.overhead_bytes())?;
@@ -484,6 +501,8 @@ impl Cache {
             cd.set_item("purged_entries", c.purged_entries)?;
             cd.set_item("purged_bytes", c.purged_bytes)?;
             cd.set_item("resident_bytes", c.resident_bytes)?;
+            cd.set_item("mapped_bytes", c.mapped_bytes)?;
+            cd.set_item("pinned_bytes", c.pinned_bytes)?;
             cd.set_item("value_bytes", c.value_bytes)?;
             cd.set_item("slabs", c.slabs)?;
             classes.set_item(priority_name(c.priority), cd)?;

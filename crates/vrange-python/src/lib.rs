@@ -14,8 +14,9 @@ mod buffer;
 mod cache;
 mod view;
 
-use pyo3::exceptions::{PyKeyError, PyMemoryError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyMemoryError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use vrange::{Error, Priority};
 
 pyo3::create_exception!(
@@ -61,10 +62,36 @@ pub(crate) fn parse_priority(name: &str) -> PyResult<Priority> {
         .map(|(_, p)| *p)
         .ok_or_else(|| {
             PyValueError::new_err(format!(
-                "unknown priority {name:?}: expected one of \"drop_first\", \"low\", \
-                 \"normal\", \"drop_last\""
+                "unknown priority {name:?}: expected one of {PRIORITY_CHOICES}"
             ))
         })
+}
+
+/// The accepted priority names, as an error message lists them.
+const PRIORITY_CHOICES: &str = "\"drop_first\", \"low\", \"normal\" or \"drop_last\"";
+
+/// A `priority` argument: one of the names of [`PRIORITY_NAMES`]. Anything but a `str`
+/// (`None` included) is a `TypeError` that lists the accepted names (PyO3 prefixes it with the
+/// argument's name); an unknown name is a `ValueError` from [`parse_priority`].
+pub(crate) struct PriorityArg(pub(crate) Priority);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PriorityArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let obj = obj.to_owned();
+        if let Ok(name) = obj.cast::<PyString>() {
+            return parse_priority(name.to_str()?).map(PriorityArg);
+        }
+        let what = if obj.is_none() {
+            "None".to_owned()
+        } else {
+            obj.get_type().name()?.to_string()
+        };
+        Err(PyTypeError::new_err(format!(
+            "priority must be one of {PRIORITY_CHOICES} (a str), not {what}"
+        )))
+    }
 }
 
 /// The name of a priority.

@@ -43,7 +43,9 @@ def test_roundtrip_byte_for_byte(cache, size):
     v = payload(size, size)
     cache[b"k"] = v
     cache.put("k", v[::-1], priority="low")
-    got = cache[b"k"]
+    copy = cache[b"k"]
+    assert type(copy) is bytes and copy == v
+    got = cache.get(b"k")
     assert isinstance(got, memoryview)
     assert got.readonly and got.format == "B" and got.nbytes == size
     assert got.tobytes() == v
@@ -82,7 +84,7 @@ def test_value_is_read_only_and_a_copy(cache):
     src = bytearray(b"original")
     cache["k"] = src
     src[:] = b"changed!"
-    mv = cache["k"]
+    mv = cache.get("k")
     assert bytes(mv) == b"original"
     with pytest.raises(TypeError):
         mv[0] = 0
@@ -132,7 +134,20 @@ def test_bad_priority_raises_value_error(cache):
     assert cache.lookup("k") == (None, "absent")
     for good in ("drop_first", "low", "normal", "drop_last"):
         cache.put(good, good.encode(), priority=good)
-        assert cache[good].obj.priority == good
+        assert cache.get(good).obj.priority == good
+
+
+def test_a_priority_of_none_names_the_parameter_and_the_choices(cache):
+    for bad in (None, 1, b"low"):
+        with pytest.raises(TypeError) as e:
+            cache.put("k", b"v", priority=bad)
+        msg = str(e.value)
+        assert "priority" in msg and "drop_first" in msg and "drop_last" in msg, msg
+        with pytest.raises(TypeError, match="drop_first"):
+            cache.get_or_insert("k", 1, lambda b: None, priority=bad)
+    assert "k" not in cache
+    cache.put("k", b"v")  # the default still works
+    assert cache.get("k").obj.priority == "normal"
 
 
 # --- purges ----------------------------------------------------------------------------------
@@ -164,7 +179,7 @@ def test_pinned_value_survives_purge(cache):
     other = payload(2, 100_000)
     cache.put("held", v)
     cache.put("other", other, priority="drop_last")  # another slab, unpinned
-    mv = cache["held"]
+    mv = cache.get("held")
     assert vrange.purge(ALL) > 0
     assert bytes(mv) == v
     assert cache.lookup("other") == (None, "purged")
@@ -184,9 +199,9 @@ def test_memoryview_release_paths(cache):
     cache.put("w", b"with block", priority="drop_first")
     cache.put("g", b"garbage collected", priority="low")
     cache.put("s", b"slice keeps it", priority="normal")
-    g = cache["g"]
-    tail = cache["s"][6:]  # the memoryview itself is gone; its slice shares the export
-    with cache["w"] as w:
+    g = cache.get("g")
+    tail = cache.get("s")[6:]  # the memoryview itself is gone; its slice shares the export
+    with cache.get("w") as w:
         vrange.purge(ALL)
         assert bytes(w) == b"with block"
         assert bytes(g) == b"garbage collected"
@@ -209,7 +224,7 @@ def test_memoryview_release_paths(cache):
 def test_value_outlives_removal_and_cache():
     c = vrange.Cache()
     c["k"] = b"still here"
-    mv = c["k"]
+    mv = c.get("k")
     del c["k"]
     assert "k" not in c
     c.clear()
@@ -344,14 +359,15 @@ def test_stats_consistent():
     assert s["overhead_bytes"] == s["resident_bytes"] - s["value_bytes"]
     assert s["hits"] == 0 and s["misses"] == 0 and s["purged_lookups"] == 0
     for k in list(sizes)[:10]:
-        c[k].release()
+        c.get(k).release()
     for k in ("x", "y", "z"):
         assert c.get(k) is None
     s = c.stats()
     assert s["hits"] == 10 and s["misses"] == 3
     cls = s["classes"]
     assert set(cls) == {"drop_first", "low", "normal", "drop_last"}
-    for field in ("hits", "purged_lookups", "purged_bytes", "resident_bytes", "value_bytes"):
+    for field in ("hits", "purged_lookups", "purged_bytes", "resident_bytes", "mapped_bytes",
+                  "pinned_bytes", "value_bytes"):
         assert sum(per_class[field] for per_class in cls.values()) == s[field], field
     assert cls["low"]["hits"] + cls["normal"]["hits"] == 10
     assert cls["low"]["inserts"] + cls["normal"]["inserts"] == 50
@@ -368,12 +384,49 @@ def test_stats_consistent():
     assert s["purged_lookups"] == 10
     assert s["purged_bytes"] == sum(list(sizes.values())[5:])
     assert s["value_bytes"] == 0 and s["resident_bytes"] == 0
+    assert s["mapped_bytes"] == 0 and s["pinned_bytes"] == 0
     # The other 35 are purged entries not looked up yet: not counted as entries.
     assert s["entries"] == 0 and len(c) == 0
     assert sum(per_class["purged_entries"] for per_class in s["classes"].values()) == 45
     assert c.lookup("k20") == (None, "purged")
     c.clear()
     assert len(c) == 0 and c.stats()["entries"] == 0
+
+
+def test_getitem_returns_a_copy_that_pins_nothing():
+    # Issue 19: keeping one `cache[k]` in 64 pinned every slab, unseen, until OOM.
+    vrange.purge(ALL)
+    c = vrange.Cache(slab_bytes=SLAB)
+    for i in range(256):
+        c.put(f"k{i}", payload(i, 4096))
+    keep = [c[f"k{i}"] for i in range(0, 256, 64)]
+    assert all(type(v) is bytes for v in keep)
+    s = c.stats()
+    assert s["pinned_bytes"] == 0 and s["resident_bytes"] >= 256 * 4096
+    assert s["mapped_bytes"] >= s["resident_bytes"]
+    vrange.purge(ALL)
+    assert [c.lookup(f"k{i}")[1] for i in range(0, 256, 64)] == ["purged"] * 4
+    assert keep[1] == payload(64, 4096)  # the copies are the caller's
+
+
+def test_stats_show_bytes_pinned_by_held_views():
+    vrange.purge(ALL)
+    c = vrange.Cache(slab_bytes=SLAB)
+    for i in range(64):
+        c.put(f"k{i}", payload(i, 4096))  # four 64 KiB slabs
+    held = c.get("k0")
+    s = c.stats()
+    assert 4096 <= s["pinned_bytes"] <= SLAB, s
+    assert s["classes"]["normal"]["pinned_bytes"] == s["pinned_bytes"]
+    vrange.purge(ALL)
+    assert c.lookup("k0")[1] == "hit" and c.lookup("k63")[1] == "purged"
+    held.release()
+    assert c.stats()["pinned_bytes"] == 0
+
+
+def test_impossible_slab_bytes_raise_value_error():
+    with pytest.raises(ValueError, match="slab_bytes"):
+        vrange.Cache(slab_bytes=1 << 62)
 
 
 # --- VolatileBuffer --------------------------------------------------------------------------
@@ -454,13 +507,16 @@ def test_volatile_buffer_view_outliving_the_block_keeps_it_pinned():
     with buf.pin() as p:
         mv = memoryview(p)
         mv[:4] = b"keep"
-    vrange.purge(ALL)  # the live memoryview keeps the region pinned
+    assert buf.pinned  # the live memoryview keeps the region pinned...
+    vrange.purge(ALL)  # ... so a purge leaves it
     assert mv[:4].tobytes() == b"keep"
     with buf.pin() as p:
         assert p.purged is False
         with memoryview(p) as mv2:
             assert mv2[:4].tobytes() == b"keep"
+    assert buf.pinned
     mv.release()  # now volatile again
+    assert not buf.pinned
     assert vrange.purge(ALL) >= 8192
     with buf.pin() as p:
         assert p.purged is True
