@@ -4,7 +4,9 @@
 //! rendering a page) costs about a millisecond; serving a cached one costs a lookup. The
 //! program answers requests for 4,096 tiles (256 MiB if all were cached), the popular ones
 //! more often, from a `vrange_cache::Cache` with no capacity, and prints each second its hit
-//! rate, what the cache holds, and what the system took back.
+//! rate, what the cache holds, and what the system took back, next to the limit in force and
+//! the cgroup's usage as the kernel reports them (a limit the kernel refused is reported, not
+//! printed as if it held).
 //!
 //! Run as root (or with a writable memory cgroup), it moves itself into a child memory cgroup
 //! and shrinks its limit every few seconds, 256 → 192 → 128 → 96 → 64 MiB: the cache gives the
@@ -73,7 +75,11 @@ fn main() {
     let (mut hits, mut renders, mut purged, mut requests) = (0u64, 0u64, 0u64, 0u64);
     let mut next_report = Duration::from_secs(1);
     let mut checksum = 0u64;
-    println!(" time  limit    requests  hit rate  renders  purged  cached   resident");
+    // The limit the cgroup was made with; changes are asked for as the steps come.
+    let mut asked = LIMITS[0];
+    // "resident": at most this much of the cache is in memory (pages written, not known to
+    // be purged); "cgroup": what the whole cgroup uses, as the kernel counts it.
+    println!(" time  limit    requests  hit rate  renders  purged  cached   resident  cgroup");
     while start.elapsed() < Duration::from_secs(seconds) {
         // Popular tiles first: the square of a uniform number favours small tile numbers.
         dice ^= dice << 13;
@@ -103,18 +109,28 @@ fn main() {
         drop(entry);
         if start.elapsed() >= next_report {
             let t = next_report.as_secs();
-            let limit = cgroup.as_ref().map(|c| {
+            // The limit printed is the one read back from the cgroup: a refused change is
+            // reported, not assumed.
+            let limit = cgroup.as_ref().and_then(|c| {
                 let step = (t as usize * LIMITS.len() / seconds.max(1) as usize).min(4);
-                let _ = c.set_limit(LIMITS[step]);
-                LIMITS[step]
+                let want = LIMITS[step];
+                if want != asked {
+                    asked = want;
+                    if let Err(e) = c.set_limit(want) {
+                        eprintln!("cannot set the cgroup's limit to {} MiB: {e}", want / MIB);
+                    }
+                }
+                c.cgroup().limit()
             });
             let s = cache.stats();
+            let usage = cgroup.as_ref().and_then(|c| c.cgroup().usage().ok());
             println!(
-                "{t:>4}s  {:>5}  {requests:>10}  {:>7.1} %  {renders:>7}  {purged:>6}  {:>6}  {:>5} MiB",
+                "{t:>4}s  {:>5}  {requests:>10}  {:>7.1} %  {renders:>7}  {purged:>6}  {:>6}  {:>5} MiB  {:>6}",
                 limit.map_or("none".into(), |l| format!("{}M", l / MIB)),
                 100.0 * hits as f64 / requests.max(1) as f64,
                 s.entries,
-                s.resident_bytes() / MIB
+                s.resident_bytes() / MIB,
+                usage.map_or("-".into(), |u| format!("{}M", u / MIB)),
             );
             (hits, renders, purged, requests) = (0, 0, 0, 0);
             next_report += Duration::from_secs(1);
