@@ -5,8 +5,7 @@
 
 use crate::slab::Slab;
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use dashmap::DashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -60,7 +59,8 @@ pub(crate) struct Shared {
     /// Values given out raw (`Entry::into_raw`) and not released yet, by exact address: how
     /// many raw pins each has, and its slab. A release must name one of these, so a second or
     /// a foreign release is refused instead of dropping another reader's pin.
-    raw: Mutex<HashMap<usize, RawPins, foldhash::fast::RandomState>>,
+    /// Sharded, so that threads getting values raw do not queue on one lock.
+    raw: DashMap<usize, RawPins, foldhash::fast::RandomState>,
 }
 
 /// The raw pins outstanding on one value's address.
@@ -110,7 +110,7 @@ impl Shared {
             classes: Default::default(),
             tombstones: AtomicU64::new(0),
             dropped_tombstones: AtomicU64::new(0),
-            raw: Mutex::default(),
+            raw: DashMap::default(),
         });
         let weak = std::sync::Arc::downgrade(&shared);
         let hook = vrange::reclaimer::on_flush(move || {
@@ -156,8 +156,7 @@ impl Shared {
 
     /// A value given out raw at `addr`, pinning `slab` (which the caller holds pinned).
     pub fn raw_given(&self, addr: usize, slab: Arc<Slab>) {
-        let mut raw = self.raw.lock();
-        let pins = raw.entry(addr).or_insert(RawPins { count: 0, slab });
+        let mut pins = self.raw.entry(addr).or_insert(RawPins { count: 0, slab });
         // A pin each; there cannot be more pins than addressable bytes.
         pins.count = pins.count.saturating_add(1);
     }
@@ -165,13 +164,15 @@ impl Shared {
     /// Takes back one raw pin of the value at exactly `addr`, returning its slab for the
     /// caller to unpin; `None` if no value at `addr` has a raw pin outstanding.
     pub fn raw_taken(&self, addr: usize) -> Option<Arc<Slab>> {
-        let mut raw = self.raw.lock();
-        let pins = raw.get_mut(&addr)?;
-        pins.count -= 1; // at least 1 while in the map
-        if pins.count > 0 {
-            return Some(pins.slab.clone());
-        }
-        raw.remove(&addr).map(|p| p.slab)
+        let slab = {
+            let mut pins = self.raw.get_mut(&addr)?;
+            // Zero: another release took the last pin and is about to remove the record.
+            pins.count = pins.count.checked_sub(1)?;
+            pins.slab.clone()
+        };
+        // Unless a get gave the address out raw again meanwhile.
+        self.raw.remove_if(&addr, |_, p| p.count == 0);
+        Some(slab)
     }
 
     pub fn slab_created(&self, p: Priority, len: usize) {
