@@ -539,7 +539,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         self.len() == 0
     }
 
-    /// Hits, misses and purges, and resident, value and purged bytes, by class.
+    /// Hits, misses and purges, and resident (an upper bound), mapped, pinned, value and purged
+    /// bytes, by class.
     pub fn stats(&self) -> Stats {
         self.sweep();
         let mut value = [0u64; CLASSES];
