@@ -2,7 +2,10 @@
 //! explicit purges of everything or of a little, and clears. A value returned is always
 //! byte-for-byte the one inserted last under its key; a held entry is never purged and stays
 //! as it was; a lookup says `Purged` only after a purge, and `Absent` only when the model has
-//! no entry; the statistics count what happened.
+//! no entry; the statistics count what happened. Held values are guards or raw pointers
+//! (`Entry::into_raw`, as the C ABI holds them): a raw release succeeds exactly once per raw
+//! hold, and a release of an address with no raw hold left fails and touches no pin; stats
+//! show pinned bytes while a value is held, and none when nothing is.
 
 mod common;
 
@@ -14,11 +17,22 @@ use vrange_cache::{Cache, Entry, Miss, Options};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Insert { key: u8, len: usize, class: u8 },
-    InsertWith { key: u8, len: usize },
+    Insert {
+        key: u8,
+        len: usize,
+        class: u8,
+    },
+    InsertWith {
+        key: u8,
+        len: usize,
+    },
     Get(u8),
     Hold(u8),
+    HoldRaw(u8),
     Release(usize),
+    /// A raw release of an address released before (or never held): refused unless that
+    /// value is still held raw by another hold.
+    ReleaseStale(usize),
     Remove(u8),
     PurgeAll,
     PurgeSome(usize),
@@ -43,7 +57,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key.clone(), len()).prop_map(|(key, len)| Op::InsertWith { key, len }),
         4 => key.clone().prop_map(Op::Get),
         1 => key.clone().prop_map(Op::Hold),
+        1 => key.clone().prop_map(Op::HoldRaw),
         1 => (0usize..4).prop_map(Op::Release),
+        1 => (0usize..8).prop_map(Op::ReleaseStale),
         1 => key.prop_map(Op::Remove),
         1 => Just(Op::PurgeAll),
         1 => (1usize..300_000).prop_map(Op::PurgeSome),
@@ -66,10 +82,30 @@ struct Model {
     purge_since: bool,
 }
 
+/// A value held: through its guard, or given up raw.
+enum Held {
+    Guard(Entry),
+    Raw(*const u8, usize),
+}
+
+impl std::ops::Deref for Held {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Held::Guard(e) => e,
+            // SAFETY: a raw hold keeps its pin until `Run` releases it (and drops this).
+            Held::Raw(p, len) => unsafe { std::slice::from_raw_parts(*p, *len) },
+        }
+    }
+}
+
 struct Run {
     cache: Cache<u64>,
     model: HashMap<u64, Model>,
-    held: Vec<(u64, u64, Entry)>,
+    held: Vec<(u64, u64, Held)>,
+    /// Addresses released raw (and a few that never were values).
+    released: Vec<*const u8>,
     version: u64,
     hits: u64,
 }
@@ -148,18 +184,49 @@ impl Run {
             Op::Get(key) => {
                 self.lookup(u64::from(key));
             }
-            Op::Hold(key) => {
+            Op::Hold(key) | Op::HoldRaw(key) => {
                 let key = u64::from(key);
                 if self.held.len() < 4 {
                     if let Some(e) = self.lookup(key) {
                         let version = self.model[&key].version;
-                        self.held.push((key, version, e));
+                        let held = if matches!(op, Op::HoldRaw(_)) {
+                            let (p, len) = e.into_raw();
+                            Held::Raw(p, len)
+                        } else {
+                            Held::Guard(e)
+                        };
+                        self.held.push((key, version, held));
                     }
                 }
             }
             Op::Release(i) => {
                 if i < self.held.len() {
-                    self.held.remove(i);
+                    if let (_, _, Held::Raw(p, _)) = self.held.remove(i) {
+                        assert_eq!(self.cache.release_raw(p), Ok(()), "a raw hold's release");
+                        self.released.push(p);
+                    }
+                }
+            }
+            Op::ReleaseStale(i) => {
+                if let Some(&p) = self.released.get(i) {
+                    let raw_holds = self
+                        .held
+                        .iter()
+                        .filter(|(_, _, h)| matches!(h, Held::Raw(q, _) if *q == p))
+                        .count();
+                    let r = self.cache.release_raw(p);
+                    if raw_holds == 0 {
+                        assert_eq!(r, Err(vrange::Error::NotRegion), "a stale release");
+                    } else {
+                        // Another raw hold of the same value: that one is released now.
+                        assert_eq!(r, Ok(()));
+                        let j = self
+                            .held
+                            .iter()
+                            .position(|(_, _, h)| matches!(h, Held::Raw(q, _) if *q == p))
+                            .unwrap();
+                        self.held.remove(j);
+                    }
                 }
             }
             Op::Remove(key) => {
@@ -203,6 +270,24 @@ impl Run {
         for (key, version, e) in &self.held {
             assert!(check(e, *key, *version), "held key {key}: changed");
         }
+        // Pinned bytes are written pages of held slabs: some while a non-empty value is held
+        // (an empty one need not have written any page), none when nothing is.
+        let pinned = self.cache.stats().pinned_bytes();
+        if self.held.iter().any(|(_, _, h)| !h.is_empty()) {
+            assert!(pinned > 0, "a value is held, but no bytes are shown pinned");
+        }
+        if self.held.is_empty() {
+            assert_eq!(pinned, 0, "nothing is held, but bytes are shown pinned");
+        }
+    }
+
+    /// Releases every raw hold (guards drop themselves).
+    fn release_all(&mut self) {
+        for (_, _, h) in self.held.drain(..) {
+            if let Held::Raw(p, _) = h {
+                assert_eq!(self.cache.release_raw(p), Ok(()));
+            }
+        }
     }
 }
 
@@ -217,6 +302,8 @@ proptest! {
             cache: Cache::new(Options { slab_bytes: 64 << 10, ..Options::default() }),
             model: HashMap::new(),
             held: Vec::new(),
+            // Never values: a null pointer and one inside the test's stack.
+            released: vec![std::ptr::null(), (&0u8 as *const u8)],
             version: 0,
             hits: 0,
         };
@@ -230,8 +317,9 @@ proptest! {
         for key in keys {
             run.lookup(key);
         }
-        run.held.clear();
+        run.release_all();
         let s = run.cache.stats();
+        prop_assert_eq!(s.pinned_bytes(), 0);
         prop_assert!(s.resident_bytes() >= s.value_bytes());
         prop_assert_eq!(s.entries as usize, run.model.len());
     }
