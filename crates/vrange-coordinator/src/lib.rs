@@ -14,9 +14,14 @@
 //! let shared = vrange_coordinator::Shared::default();
 //! vrange_coordinator::run(&opts, &shared).expect("coordinator");
 //! ```
+//!
+//! [`check`] refuses options that cannot work before anything is bound (a cgroup that is not
+//! one, a headroom at or above the limit); [`Coordinator::bind`] then binds the socket and the
+//! metrics listener, so that a caller can say where it listens only once it does.
 
 mod metrics;
 mod plan;
+mod procself;
 mod scope;
 mod server;
 
@@ -53,6 +58,10 @@ pub struct Options {
     pub headroom: Option<u64>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<MetricsAddr>,
+    /// Whether each participant's metrics carry its pid as a label (default: no; they are
+    /// labelled by program name and cgroup, which survive a restart, and processes sharing
+    /// both are summed).
+    pub metrics_pid: bool,
 }
 
 impl Default for Options {
@@ -67,8 +76,123 @@ impl Default for Options {
             request_timeout: Duration::from_secs(1),
             headroom: None,
             metrics: None,
+            metrics_pid: false,
         }
     }
+}
+
+/// Options a coordinator refuses before it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The directory is not a memory cgroup (missing, or no memory controller).
+    NotACgroup(PathBuf),
+    /// The headroom to keep is at or above the ceiling: every tick would find it short and
+    /// purge all volatile memory, for ever.
+    HeadroomAtLimit {
+        headroom: u64,
+        limit: u64,
+        scope: String,
+    },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::NotACgroup(p) => write!(f, "{} is not a memory cgroup", p.display()),
+            ConfigError::HeadroomAtLimit {
+                headroom,
+                limit,
+                scope,
+            } => write!(
+                f,
+                "headroom {} is not below the limit of {scope} ({}): every tick would purge \
+                 all volatile memory",
+                size(*headroom),
+                size(*limit)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<ConfigError> for io::Error {
+    fn from(e: ConfigError) -> io::Error {
+        let kind = match e {
+            ConfigError::NotACgroup(_) => io::ErrorKind::NotFound,
+            ConfigError::HeadroomAtLimit { .. } => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// A size for people: whole units where exact, else one decimal.
+pub(crate) fn size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ];
+    let (unit, n) = UNITS
+        .into_iter()
+        .find(|(_, n)| bytes >= *n)
+        .unwrap_or(("B", 1));
+    if bytes % n == 0 {
+        format!("{} {unit}", bytes / n)
+    } else {
+        format!("{:.1} {unit}", bytes as f64 / n as f64)
+    }
+}
+
+/// What the coordinator's scope is, for messages: `cgroup PATH` or `the machine`.
+pub fn describe(scope: &Scope) -> String {
+    match scope {
+        Scope::Machine => "the machine".to_string(),
+        Scope::Cgroup(p) => format!("cgroup {}", p.display()),
+    }
+}
+
+/// Checks options before anything is bound: the cgroup is a memory cgroup, and a headroom
+/// given is below its limit (or the machine's memory). Returns a warning (one line) for a
+/// headroom above half the limit: purges then start while most of the memory is free.
+///
+/// # Errors
+/// [`ConfigError`] for options a coordinator cannot run with.
+pub fn check(opts: &Options) -> Result<Option<String>, ConfigError> {
+    let limit = match &opts.scope {
+        Scope::Cgroup(p) => {
+            let cg = vrange_sys::cgroup::MemCgroup::at(p)
+                .ok_or_else(|| ConfigError::NotACgroup(p.clone()))?;
+            match (cg.limit(), cg.high()) {
+                (Some(l), Some(h)) => Some(l.min(h)),
+                (l, h) => l.or(h),
+            }
+        }
+        Scope::Machine => vrange_sys::procfs::meminfo_kb("MemTotal")
+            .ok()
+            .flatten()
+            .map(|kb| kb.saturating_mul(1024)),
+    };
+    let (Some(headroom), Some(limit)) = (opts.headroom, limit) else {
+        return Ok(None);
+    };
+    let scope = describe(&opts.scope);
+    if headroom >= limit {
+        return Err(ConfigError::HeadroomAtLimit {
+            headroom,
+            limit,
+            scope,
+        });
+    }
+    Ok((headroom > limit / 2).then(|| {
+        format!(
+            "headroom {} is more than half the limit of {scope} ({}): purges start while most \
+             of it is free",
+            size(headroom),
+            size(limit)
+        )
+    }))
 }
 
 /// The socket a coordinator listens on by default: [`coordination::SYSTEM_SOCKET`] for root,
@@ -94,7 +218,12 @@ impl Shared {
         self.snapshot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn publish(&self, status: &Status, rows: Vec<Row>, oom_kills: Option<u64>) {
+    pub(crate) fn publish(
+        &self,
+        status: &Status,
+        rows: Vec<metrics::Participant>,
+        oom_kills: Option<u64>,
+    ) {
         let mut s = self.lock();
         s.status = *status;
         s.rows = rows;
@@ -103,6 +232,10 @@ impl Shared {
 
     pub(crate) fn room_asked(&self) {
         self.lock().rooms += 1;
+    }
+
+    pub(crate) fn refused(&self, counts: [u64; server::REFUSALS]) {
+        self.lock().refused = counts;
     }
 
     pub(crate) fn event(&self, e: scope::Event) {
@@ -122,31 +255,86 @@ impl Shared {
     }
 }
 
-/// Runs a coordinator until `shared.stop` is set: listens at `opts.socket` (a stale socket of
-/// a dead coordinator is replaced; a live one is an error), serves metrics if asked, and
-/// removes its socket on return.
+/// Runs a coordinator until `shared.stop` is set: [`Coordinator::bind`], then
+/// [`Coordinator::run`].
 ///
 /// # Errors
-/// AddrInUse when another coordinator answers at the socket; the errno of making the socket's
-/// directory, binding, or opening the scope's files.
+/// As [`Coordinator::bind`] and [`Coordinator::run`].
 pub fn run(opts: &Options, shared: &Shared) -> io::Result<()> {
-    let listener = bind(&opts.socket)?;
-    let result = std::thread::scope(|s| {
-        let metrics = match &opts.metrics {
-            Some(addr) => Some(metrics::Server::bind(addr)?),
-            None => None,
+    Coordinator::bind(opts)?.run(shared)
+}
+
+/// A coordinator bound to its socket (and metrics address), not running yet. Dropped, it
+/// removes its socket.
+pub struct Coordinator<'o> {
+    opts: &'o Options,
+    listener: Option<std::os::fd::OwnedFd>,
+    watch: Option<scope::Watch>,
+    metrics: Option<metrics::Server>,
+}
+
+impl<'o> Coordinator<'o> {
+    /// Checks the options ([`check`]), opens the scope's pressure sources, listens at
+    /// `opts.socket` (a stale socket of a dead coordinator is replaced; a live one is an
+    /// error) and binds the metrics address if any. Each error says which of them failed.
+    ///
+    /// # Errors
+    /// [`ConfigError`] as an `io::Error` (NotFound, InvalidInput); AddrInUse when another
+    /// coordinator answers at the socket or the metrics address is taken; the errno of making
+    /// the socket's directory, binding, or opening the scope's files.
+    pub fn bind(opts: &'o Options) -> io::Result<Coordinator<'o>> {
+        check(opts)?;
+        let watch = scope::Watch::open(&opts.scope)?;
+        let context =
+            |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+        let listener =
+            bind(&opts.socket).map_err(context(format!("socket {}", opts.socket.display())))?;
+        let mut me = Coordinator {
+            opts,
+            listener: Some(listener),
+            watch: Some(watch),
+            metrics: None,
         };
-        if let Some(m) = metrics {
-            s.spawn(move || m.serve(shared));
+        if let Some(addr) = &opts.metrics {
+            me.metrics =
+                Some(metrics::Server::bind(addr).map_err(context(format!("metrics at {addr}")))?);
         }
-        let r = server::Server::new(opts, shared, listener).and_then(|mut srv| srv.run());
-        shared
-            .stop
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        r
-    });
-    let _ = std::fs::remove_file(&opts.socket);
-    result
+        Ok(me)
+    }
+
+    /// Where metrics are served (the port the kernel chose for port 0), if anywhere.
+    pub fn metrics_addr(&self) -> Option<MetricsAddr> {
+        self.metrics.as_ref().map(metrics::Server::addr)
+    }
+
+    /// Runs until `shared.stop` is set, serving metrics in a thread of its own; removes the
+    /// socket on return.
+    ///
+    /// # Errors
+    /// The errno of poll(2) on the coordinator's descriptors.
+    pub fn run(mut self, shared: &Shared) -> io::Result<()> {
+        let (Some(listener), Some(watch)) = (self.listener.take(), self.watch.take()) else {
+            return Err(io::Error::other("coordinator already ran"));
+        };
+        let metrics = self.metrics.take();
+        let opts = self.opts;
+        std::thread::scope(|s| {
+            if let Some(m) = metrics {
+                s.spawn(move || m.serve(shared));
+            }
+            let r = server::Server::new(opts, shared, listener, watch).run();
+            shared
+                .stop
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            r
+        })
+    }
+}
+
+impl Drop for Coordinator<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.opts.socket);
+    }
 }
 
 /// Binds the socket: makes its directory if missing (0755 for the system socket's, 0700
@@ -190,7 +378,7 @@ fn bind(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
         if sock::connect(path).is_ok() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
-                format!("a coordinator already listens at {}", path.display()),
+                "a coordinator already listens there",
             ));
         }
         std::fs::remove_file(path)?;

@@ -118,9 +118,9 @@ impl Watch {
     pub fn headroom(&mut self) -> Option<(u64, u64)> {
         match (&self.cgroup, self.headroom.as_mut()) {
             (None, _) => {
-                let avail = vrange_sys::procfs::meminfo_kb("MemAvailable").ok()??;
-                let total = vrange_sys::procfs::meminfo_kb("MemTotal").ok()??;
-                Some((avail << 10, total << 10))
+                // One read of /proc/meminfo for both.
+                let (total, avail) = vrange_sys::procfs::mem_available_kb().ok()??;
+                Some((avail.saturating_mul(1024), total.saturating_mul(1024)))
             }
             (Some(_), Some(h)) => {
                 let _ = h.refresh_ceiling();

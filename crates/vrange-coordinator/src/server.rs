@@ -4,6 +4,7 @@
 //! within the request timeout is marked unresponsive and left out of the plan until it speaks
 //! again.
 
+use crate::metrics;
 use crate::plan::{self, Cut};
 use crate::scope::{Event, Scope, Watch};
 use crate::{Options, Shared};
@@ -41,6 +42,9 @@ struct Conn {
     shared: Vec<(SharedHandle, u8)>,
     /// Bytes the coordinator purged itself from those.
     freed_directly: u64,
+    /// Its memory cgroup's directory (empty if unknown): a metrics label that survives a
+    /// restart, unlike the pid.
+    cgroup: String,
     /// Its `Room` request waiting for an answer: id, bytes, and whether the round in flight
     /// was planned for it.
     room: Option<RoomAsk>,
@@ -89,13 +93,10 @@ struct Round {
 /// that its pressure is pressure this coordinator watches. A process elsewhere that left its
 /// pressure to this coordinator would be left unprotected; refused, it purges on its own. Any
 /// process may participate in a machine-wide coordinator.
-fn in_scope(scope: &Scope, cgroup: Option<&MemCgroup>, cred: &PeerCred) -> bool {
+fn in_scope(scope: &Scope, cgroup: Option<&MemCgroup>, theirs: Option<&MemCgroup>) -> bool {
     match (scope, cgroup) {
         (Scope::Machine, _) => true,
-        (Scope::Cgroup(_), Some(cg)) => {
-            cred.pid > 0
-                && MemCgroup::of_process(cred.pid as u32).is_some_and(|theirs| cg.contains(&theirs))
-        }
+        (Scope::Cgroup(_), Some(cg)) => theirs.is_some_and(|theirs| cg.contains(theirs)),
         (Scope::Cgroup(_), None) => false,
     }
 }
@@ -111,15 +112,55 @@ pub(crate) struct Server<'a> {
     last_ping: Instant,
     me: u32,
     status: Status,
+    refused: Refused,
+}
+
+/// Connections refused or dropped, by [`Refusal`].
+#[derive(Default)]
+struct Refused([u64; REFUSALS]);
+
+impl Refused {
+    fn count(&mut self, why: Refusal) {
+        self.0[why as usize] += 1;
+    }
+
+    fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// Why a connection was refused or dropped (the `reason` label of
+/// `vrange_coordinator_refused_total`): on a root coordinator's socket, other jobs' processes
+/// knocking (`other_cgroup`) are routine, a malformed message (`protocol`) is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Another user's process, and the coordinator is not root.
+    OtherUser = 0,
+    /// A process outside the coordinated cgroup.
+    OtherCgroup = 1,
+    /// A malformed, oversized or unexpected message.
+    Protocol = 2,
+    /// A shared region's descriptor that is not the region named, or one too many.
+    Descriptor = 3,
+}
+
+/// Kinds of [`Refusal`].
+pub(crate) const REFUSALS: usize = 4;
+
+impl Refusal {
+    /// The label value, by index.
+    pub(crate) const NAMES: [&'static str; REFUSALS] =
+        ["other_user", "other_cgroup", "protocol", "descriptor"];
 }
 
 impl<'a> Server<'a> {
-    pub fn new(opts: &'a Options, shared: &'a Shared, listener: OwnedFd) -> io::Result<Self> {
-        Ok(Server {
+    pub fn new(opts: &'a Options, shared: &'a Shared, listener: OwnedFd, watch: Watch) -> Self {
+        shared.lock().with_pid = opts.metrics_pid;
+        Server {
             opts,
             shared,
             listener,
-            watch: Watch::open(&opts.scope)?,
+            watch,
             conns: Vec::new(),
             next_id: 1,
             round: None,
@@ -127,7 +168,8 @@ impl<'a> Server<'a> {
             // SAFETY: geteuid cannot fail.
             me: unsafe { libc::geteuid() },
             status: Status::default(),
-        })
+            refused: Refused::default(),
+        }
     }
 
     /// Runs until `shared.stop` is set.
@@ -205,7 +247,7 @@ impl<'a> Server<'a> {
                 continue;
             };
             if !self.authorized(&cred) {
-                self.status.refused += 1;
+                self.refused.count(Refusal::OtherUser);
                 continue;
             }
             self.conns.push(Conn {
@@ -221,6 +263,7 @@ impl<'a> Server<'a> {
                 ping_seq: 0,
                 shared: Vec::new(),
                 freed_directly: 0,
+                cgroup: String::new(),
                 room: None,
             });
         }
@@ -243,19 +286,27 @@ impl<'a> Server<'a> {
                 Ok((Recv::Empty, _)) => return true,
                 Ok((Recv::Closed, _)) => return false,
                 Ok((Recv::TooLong, _)) | Err(_) => {
-                    self.status.refused += 1;
+                    self.refused.count(Refusal::Protocol);
                     return false;
                 }
             };
             c.heard = Instant::now();
             let ok = match (&c.role, Message::decode(&buf[..n])) {
-                (Role::Pending, Ok(Message::Hello { .. }))
-                    if !in_scope(&self.opts.scope, self.watch.cgroup.as_ref(), &c.cred) =>
-                {
-                    self.status.refused += 1;
-                    false
-                }
                 (Role::Pending, Ok(Message::Hello { name, .. })) => {
+                    let theirs = u32::try_from(c.cred.pid)
+                        .ok()
+                        .filter(|&pid| pid > 0)
+                        .and_then(MemCgroup::of_process);
+                    if !in_scope(
+                        &self.opts.scope,
+                        self.watch.cgroup.as_ref(),
+                        theirs.as_ref(),
+                    ) {
+                        self.refused.count(Refusal::OtherCgroup);
+                        return false;
+                    }
+                    c.cgroup =
+                        theirs.map_or_else(String::new, |cg| cg.path().display().to_string());
                     c.role = Role::Participant;
                     c.name = name;
                     let ping_ms = self.opts.ping.as_millis().clamp(1, u32::MAX as u128) as u32;
@@ -275,7 +326,7 @@ impl<'a> Server<'a> {
                             true
                         }
                         _ => {
-                            self.status.refused += 1;
+                            self.refused.count(Refusal::Descriptor);
                             false
                         }
                     }
@@ -309,7 +360,7 @@ impl<'a> Server<'a> {
                     true
                 }
                 _ => {
-                    self.status.refused += 1;
+                    self.refused.count(Refusal::Protocol);
                     false
                 }
             };
@@ -322,6 +373,7 @@ impl<'a> Server<'a> {
     fn answer_monitor(&mut self, i: usize) {
         let now = Instant::now();
         let mut status = self.status;
+        status.refused = self.refused.total();
         status.participants = self.participants().count() as u64;
         let mut msgs = vec![Message::Status(status)];
         msgs.extend(
@@ -423,8 +475,10 @@ impl<'a> Server<'a> {
                 Event::Psi | Event::Medium => (volatile / 4).max(2 << 20),
             });
         }
+        self.status.refused = self.refused.total();
         self.shared
             .publish(&self.status, self.metrics_rows(now), self.watch.oom_kills());
+        self.shared.refused(self.refused.0);
         if target == 0 || self.round.is_some() {
             return;
         }
@@ -516,7 +570,12 @@ impl<'a> Server<'a> {
         }
     }
 
-    fn metrics_rows(&self, now: Instant) -> Vec<Row> {
-        self.participants().map(|c| c.row(now)).collect()
+    fn metrics_rows(&self, now: Instant) -> Vec<metrics::Participant> {
+        self.participants()
+            .map(|c| metrics::Participant {
+                row: c.row(now),
+                cgroup: c.cgroup.clone(),
+            })
+            .collect()
     }
 }

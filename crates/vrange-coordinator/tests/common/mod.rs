@@ -142,6 +142,7 @@ pub fn options(socket: &Path, cgroup: &Path) -> vrange_coordinator::Options {
         request_timeout: Duration::from_millis(500),
         headroom: Some(32 << 20),
         metrics: None,
+        metrics_pid: false,
     }
 }
 
