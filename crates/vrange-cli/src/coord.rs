@@ -20,7 +20,8 @@ pub struct DaemonArgs {
     /// Coordinate the whole machine (MemAvailable, /proc/pressure/memory).
     #[arg(long)]
     machine: bool,
-    /// Headroom to keep (e.g. 64M); default: the limit / 16, between 4 and 256 MiB.
+    /// Headroom to keep (e.g. 64M), below the limit; default: the limit / 16, between 4 and
+    /// 256 MiB.
     #[arg(long, value_name = "SIZE", value_parser = crate::size_arg)]
     headroom: Option<u64>,
     /// How often to read the headroom between pressure events (10ms or more).
@@ -29,13 +30,19 @@ pub struct DaemonArgs {
     /// Serve Prometheus metrics at a loopback ADDRESS:PORT or unix:/PATH.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<MetricsAddr>,
+    /// Label each participant's metrics with its pid too (by default program name and cgroup,
+    /// which survive a restart; processes sharing both are summed).
+    #[arg(long, requires = "metrics")]
+    metrics_pid: bool,
 }
 
 fn tick_arg(s: &str) -> Result<Duration, String> {
     crate::stat::duration_arg(s, Duration::from_millis(10))
 }
 
-/// Runs the coordinator until SIGINT or SIGTERM.
+/// Runs the coordinator until SIGINT or SIGTERM. Options it cannot run with (a directory that
+/// is not a memory cgroup, a headroom at or above the limit) exit 2 before anything is bound;
+/// it says where it listens only once it does.
 pub fn daemon(args: DaemonArgs) -> i32 {
     let mut opts = Options::default();
     if let Some(s) = args.socket {
@@ -49,6 +56,15 @@ pub fn daemon(args: DaemonArgs) -> i32 {
     opts.headroom = args.headroom;
     opts.interval = args.interval;
     opts.metrics = args.metrics;
+    opts.metrics_pid = args.metrics_pid;
+    match vrange_coordinator::check(&opts) {
+        Ok(Some(warning)) => eprintln!("vrange daemon: warning: {warning}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("vrange daemon: {e}");
+            return 2;
+        }
+    }
     let shared = Shared::default();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         if let Err(e) = signal_hook::flag::register(sig, shared.stop.clone()) {
@@ -56,19 +72,23 @@ pub fn daemon(args: DaemonArgs) -> i32 {
             return 1;
         }
     }
-    let scope = match &opts.scope {
-        Scope::Machine => "the machine".to_string(),
-        Scope::Cgroup(p) => format!("cgroup {}", p.display()),
+    let coordinator = match vrange_coordinator::Coordinator::bind(&opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vrange daemon: {e}");
+            return 1;
+        }
     };
     eprintln!(
-        "vrange daemon: coordinating {scope} at {}{}",
+        "vrange daemon: coordinating {} at {}{}",
+        vrange_coordinator::describe(&opts.scope),
         opts.socket.display(),
-        opts.metrics
-            .as_ref()
-            .map(|m| format!(", metrics at {m:?}"))
+        coordinator
+            .metrics_addr()
+            .map(|m| format!(", metrics at {m}"))
             .unwrap_or_default()
     );
-    match vrange_coordinator::run(&opts, &shared) {
+    match coordinator.run(&shared) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("vrange daemon: {e}");
@@ -103,6 +123,11 @@ pub struct TopArgs {
     /// Print one snapshot and exit.
     #[arg(long)]
     once: bool,
+}
+
+/// `n` and the noun in the right number: "1 participant", "2 participants".
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn mib(bytes: u64) -> String {
@@ -184,8 +209,8 @@ fn screen(socket: &std::path::Path, key: SortKey) -> Result<String, String> {
         format!("{} of {} MiB", mib(status.headroom), mib(status.limit))
     };
     Ok(format!(
-        "vrange top: {} participants at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{}",
-        status.participants,
+        "vrange top: {} at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{}",
+        count(status.participants, "participant", "participants"),
         socket.display(),
         status.rounds,
         status.requests,
@@ -292,5 +317,18 @@ fn live(socket: &std::path::Path, mut key: SortKey, interval: Duration) -> Resul
             }
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    /// Issue 20: `vrange top` said "1 participants".
+    #[test]
+    fn one_participant_is_singular() {
+        assert_eq!(count(1, "participant", "participants"), "1 participant");
+        assert_eq!(count(0, "participant", "participants"), "0 participants");
+        assert_eq!(count(2, "participant", "participants"), "2 participants");
     }
 }

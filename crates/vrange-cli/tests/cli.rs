@@ -693,6 +693,175 @@ fn run_finds_the_shim_in_the_installed_layout() {
     );
 }
 
+/// A `vrange daemon` started with `args`, and what it printed on stderr up to its startup line
+/// (printed once it listens).
+fn daemon_started(args: &[&str]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = vrange()
+        .arg("daemon")
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    while !line.contains(": coordinating ") && err.read_line(&mut line).unwrap() > 0 {}
+    // Keep reading in the background so that the daemon never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    (child, line)
+}
+
+fn stop(mut daemon: std::process::Child) {
+    // SAFETY: kill(2) on our child.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
+    assert!(daemon.wait().unwrap().success());
+}
+
+fn mem_total() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// Issue 20: `--headroom 300G` for `300M` turned the daemon into a purge-everything loop
+/// without a word. At or above the limit it is refused (exit 2, one line, nothing bound);
+/// above half the limit the daemon runs and warns once.
+#[test]
+fn daemon_refuses_a_headroom_at_the_limit_and_warns_above_half() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("coordinator.sock");
+    let total = mem_total();
+    for headroom in [total, total * 2] {
+        let out = vrange()
+            .args(["daemon", "--machine", "--headroom", &headroom.to_string()])
+            .arg("--socket")
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.contains("headroom") && err.contains("limit"), "{err}");
+        assert!(!err.contains("coordinating"), "{err}");
+        assert!(!socket.exists(), "nothing bound");
+    }
+    let (daemon, first) = daemon_started(&[
+        "--machine",
+        "--headroom",
+        &(total / 4 * 3).to_string(),
+        "--socket",
+        socket.to_str().unwrap(),
+    ]);
+    let lines: Vec<&str> = first.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "one warning, then the startup line: {first}"
+    );
+    assert!(lines[0].starts_with("vrange daemon: warning: "), "{first}");
+    assert!(lines[0].contains("half the limit"), "{first}");
+    stop(daemon);
+}
+
+/// Issue 20: a missing cgroup was first announced as coordinated, then rejected. It is a
+/// usage error now, found before anything is bound or announced.
+#[test]
+fn daemon_checks_the_cgroup_before_announcing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("coordinator.sock");
+    let out = vrange()
+        .args([
+            "daemon",
+            "--cgroup",
+            "/nonexistent/vrange-cgroup",
+            "--socket",
+        ])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err,
+        "vrange daemon: /nonexistent/vrange-cgroup is not a memory cgroup\n"
+    );
+    assert!(!socket.exists());
+}
+
+/// Issue 20: the startup line printed `Tcp(127.0.0.1:9464)` and "Address already in use" did
+/// not say whether the metrics port or the socket was taken.
+#[test]
+fn daemon_prints_addresses_and_says_which_one_is_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("coordinator.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let (daemon, first) = daemon_started(&[
+        "--machine",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--metrics",
+        &metrics,
+    ]);
+    assert_eq!(
+        first,
+        format!(
+            "vrange daemon: coordinating the machine at {}, metrics at {metrics}\n",
+            socket.display()
+        )
+    );
+    let unix = dir.path().join("metrics.sock");
+    let other = dir.path().join("other.sock");
+    let taken_port = vrange()
+        .args(["daemon", "--machine", "--socket"])
+        .arg(&other)
+        .args(["--metrics", &metrics])
+        .output()
+        .unwrap();
+    let taken_socket = vrange()
+        .args(["daemon", "--machine", "--socket"])
+        .arg(&socket)
+        .arg("--metrics")
+        .arg(format!("unix:{}", unix.display()))
+        .output()
+        .unwrap();
+    stop(daemon);
+    let err = String::from_utf8_lossy(&taken_port.stderr);
+    assert_eq!(taken_port.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!("vrange daemon: metrics at {metrics}: ")),
+        "{err}"
+    );
+    assert!(!err.contains("coordinating"), "{err}");
+    assert!(!other.exists(), "the socket bound before is removed");
+    let err = String::from_utf8_lossy(&taken_socket.stderr);
+    assert_eq!(taken_socket.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!("vrange daemon: socket {}: ", socket.display())),
+        "{err}"
+    );
+    let (daemon, first) = daemon_started(&[
+        "--machine",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--metrics",
+        &format!("unix:{}", unix.display()),
+    ]);
+    assert!(
+        first.ends_with(&format!(", metrics at unix:{}\n", unix.display())),
+        "{first}"
+    );
+    stop(daemon);
+}
+
 /// `vrange daemon` serves `vrange top` and Prometheus metrics, and on SIGTERM exits 0 and removes
 /// its socket; a metrics address off loopback is a usage error.
 #[test]
