@@ -440,6 +440,11 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     ///
     /// # Errors
     /// [`Miss::Absent`] or [`Miss::Purged`].
+    ///
+    /// # Panics
+    /// If 2^30 − 1 entries of the value's slab are already held (only leaked entries get
+    /// there: `mem::forget`, raw values never released). A pin count that wrapped would let
+    /// the slab be purged under its readers, so it is checked, as `Arc` checks its count.
     pub fn lookup<Q>(&self, key: &Q) -> std::result::Result<Entry, Miss>
     where
         K: Borrow<Q>,

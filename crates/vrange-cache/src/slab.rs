@@ -148,9 +148,16 @@ impl Slab {
     }
 
     /// Pins the slab; `Err(Purged)` if its content is gone (it is then dead for good).
+    ///
+    /// # Panics
+    /// If the slab already has `COUNT` (2^30 − 1) pins: one more would carry into the flags,
+    /// and a flush could then mark the slab volatile under its readers. Only leaked entries
+    /// (`mem::forget`, raw values never released) get there; like `Arc`'s count, the limit is
+    /// checked rather than trusted.
     pub fn pin(&self) -> Result<(), Purged> {
         let mut s = self.state.load(Relaxed);
         while s & HELD != 0 {
+            check_count(s);
             match self.state.compare_exchange_weak(s, s + 1, Acquire, Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(now) => s = now,
@@ -170,8 +177,15 @@ impl Slab {
             // No pin can exist without HELD, and only this lock's holder sets it.
             self.state.fetch_or(HELD, AcqRel);
         }
-        self.state.fetch_add(1, AcqRel);
-        Ok(())
+        // HELD stays set: clearing it takes this lock. Fast-path pins may race this one.
+        let mut s = self.state.load(Relaxed);
+        loop {
+            check_count(s);
+            match self.state.compare_exchange_weak(s, s + 1, AcqRel, Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => s = now,
+            }
+        }
     }
 
     /// Drops one pin; the last one queues the slab for the next flush.
@@ -287,11 +301,54 @@ impl Slab {
     }
 }
 
+/// Refuses a pin that would carry the count into the flags (see `Slab::pin`).
+#[inline(always)]
+fn check_count(state: u32) {
+    if state & COUNT == COUNT {
+        too_many_pins();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn too_many_pins() -> ! {
+    panic!("vrange-cache: {COUNT} pins held on one slab (entries leaked without release?)");
+}
+
 impl Drop for Slab {
     fn drop(&mut self) {
         if !self.dead.load(Relaxed) {
             self.shared
                 .slab_freed(self.priority, self.len(), self.touched());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    #[test]
+    fn a_pin_count_at_its_limit_panics_instead_of_carrying_into_the_flags() {
+        let shared = Shared::new();
+        let opts = Options {
+            policy: vrange::Policy::Hybrid,
+            ..Options::default()
+        };
+        let slab = Slab::new(64 << 10, opts, &shared).unwrap(); // pinned once by its creator
+                                                                // As if 2^30 - 2 entries had been leaked.
+        slab.state.store(HELD | (COUNT - 1), Relaxed);
+        slab.pin().unwrap();
+        assert_eq!(slab.state.load(Relaxed), HELD | COUNT);
+        let more = catch_unwind(AssertUnwindSafe(|| slab.pin()));
+        assert!(more.is_err(), "one pin too many must panic");
+        assert_eq!(
+            slab.state.load(Relaxed),
+            HELD | COUNT,
+            "the refused pin left the count and flags alone"
+        );
+        slab.state.store(HELD | 1, Relaxed);
+        slab.unpin();
     }
 }
