@@ -487,7 +487,8 @@
  *             or size smaller than two fields; (vrange_cache_release()) value is not a value
  *             of this cache with a get outstanding (a second release of one get, an address
  *             inside a value, another cache's value); (vrange_cache_create()) slab_bytes is
- *             larger than 128 TiB.
+ *             larger than 128 TiB; (vrange_cache_get(), vrange_cache_remove()) klen is
+ *             larger than any object can be.
  *     ENOMEM  (vrange_cache_create(), vrange_cache_put()) mapping memory for values failed;
  *             (vrange_cache_put()) vlen or klen is larger than any memory could hold.
  *     ENOENT  (vrange_cache_get(), vrange_cache_remove()) no entry under key.
