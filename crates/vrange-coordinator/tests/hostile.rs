@@ -131,6 +131,15 @@ fn any_message() -> impl Strategy<Value = Message> {
         Just(Message::End),
         (0..CLASSES as u8, any::<u64>(), any::<u64>())
             .prop_map(|(class, len, ino)| Message::Share { class, len, ino }),
+        any::<[u64; 2]>().prop_map(|v| Message::Room {
+            id: v[0],
+            bytes: v[1]
+        }),
+        (
+            any::<u64>(),
+            proptest::option::of((0..CLASSES as u8, any::<u64>()))
+        )
+            .prop_map(|(id, cut)| Message::Roomed { id, cut }),
     ]
 }
 

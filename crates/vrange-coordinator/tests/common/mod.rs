@@ -20,8 +20,9 @@ pub fn seed(i: usize) -> u64 {
 
 /// The participant role: holds volatile chunks made on command, reports which were purged.
 ///
-/// Commands: `mark` (one more chunk, filled, then volatile), `fill N` (N more chunks as fast
-/// as it can, each after `make_room` for it: what vrange-cache does before it maps a slab),
+/// Commands: `mark` (one more chunk, filled, then volatile), `fill N [T]` (N more chunks as
+/// fast as it can, in T threads, each after `make_room` for it: what vrange-cache does before
+/// it maps a slab),
 /// `share` (the same in a shared region), `pin` (one more chunk, filled and kept pinned),
 /// `report`, `exit`.
 pub fn participant() {
@@ -44,18 +45,53 @@ pub fn participant() {
                 say(format!("MARKED i={}", volatile.len() - 1));
             }
             fill if fill.starts_with("fill ") => {
-                let n: usize = fill[5..].parse().expect("fill N");
-                let mut room = 0;
-                for _ in 0..n {
-                    room += vrange::reclaimer::make_room(CHUNK);
-                    let mut r = VolatileRegion::new(CHUNK, managed).expect("region");
-                    {
-                        let mut p = r.pin().expect("pin");
-                        vrange_testkit::pattern::fill(p.as_mut_ptr(), CHUNK, seed(volatile.len()));
-                    }
-                    volatile.push(r);
+                let mut args = fill[5..]
+                    .split(' ')
+                    .map(|a| a.parse::<usize>().expect("fill N [T]"));
+                let n = args.next().expect("fill N");
+                let threads = args.next().unwrap_or(1).max(1);
+                let first = volatile.len();
+                let room = std::sync::atomic::AtomicUsize::new(0);
+                let filled: Vec<Vec<VolatileRegion>> = std::thread::scope(|s| {
+                    let workers: Vec<_> = (0..threads)
+                        .map(|t| {
+                            let room = &room;
+                            s.spawn(move || {
+                                let mut mine = Vec::new();
+                                for i in (t..n).step_by(threads) {
+                                    room.fetch_add(vrange::reclaimer::make_room(CHUNK), Relaxed);
+                                    let mut r =
+                                        VolatileRegion::new(CHUNK, managed).expect("region");
+                                    {
+                                        let mut p = r.pin().expect("pin");
+                                        vrange_testkit::pattern::fill(
+                                            p.as_mut_ptr(),
+                                            CHUNK,
+                                            seed(first + i),
+                                        );
+                                    }
+                                    mine.push(r);
+                                }
+                                mine
+                            })
+                        })
+                        .collect();
+                    workers
+                        .into_iter()
+                        .map(|w| w.join().expect("filler"))
+                        .collect()
+                });
+                // Back in index order (each chunk's seed is its index).
+                let mut by_thread: Vec<std::vec::IntoIter<VolatileRegion>> =
+                    filled.into_iter().map(Vec::into_iter).collect();
+                for i in 0..n {
+                    volatile.extend(by_thread[i % threads].next());
                 }
-                say(format!("FILLED n={} room_bytes={room}", volatile.len()));
+                say(format!(
+                    "FILLED n={} room_bytes={}",
+                    volatile.len(),
+                    room.load(Relaxed)
+                ));
             }
             "pin" => {
                 let r = VolatileRegion::new(CHUNK, managed).expect("region");

@@ -274,7 +274,8 @@ static ROOM: Mutex<Room> = Mutex::new(Room {
 /// memory speed can pass a container's limit between two ticks, and volatile memory that is
 /// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
 /// ([`on_flush`]) first, then costs one `pread` of the cgroup's usage on a verified
-/// descriptor; one caller at a time (others return 0 at once).
+/// descriptor; one caller at a time (others return 0 at once, or, coordinated, wait for the
+/// answer the first is waiting for).
 ///
 /// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
 /// of this process's own: the caller asks the coordinator for the room and waits for the
@@ -294,10 +295,19 @@ pub fn make_room(bytes: usize) -> usize {
     }
     flush::run();
     // Coordinated, the room may come from other processes' data.
-    if stats::volatile_resident() == 0 && !participant::live() {
+    let coordinated = participant::live();
+    if stats::volatile_resident() == 0 && !coordinated {
         return 0;
     }
-    let Ok(mut room) = ROOM.try_lock() else {
+    // While one caller waits for the coordinator's round, the others wait for it too rather
+    // than map past the limit meanwhile (then each finds the room made, or asks again).
+    // Uncoordinated, a purge takes microseconds and the others go on at once.
+    let room = if coordinated && std::thread::current().name() != Some(THREAD_NAME) {
+        Ok(ROOM.lock().unwrap_or_else(|e| e.into_inner()))
+    } else {
+        ROOM.try_lock()
+    };
+    let Ok(mut room) = room else {
         return 0;
     };
     let t0 = now_ns();
