@@ -859,7 +859,27 @@ fn daemon_prints_addresses_and_says_which_one_is_in_use() {
         first.ends_with(&format!(", metrics at unix:{}\n", unix.display())),
         "{first}"
     );
+    // A second daemon does not take over the first one's metrics socket.
+    let taken_unix = vrange()
+        .args(["daemon", "--machine", "--socket"])
+        .arg(&other)
+        .arg("--metrics")
+        .arg(format!("unix:{}", unix.display()))
+        .output()
+        .unwrap();
+    let unix_kept = unix.exists();
     stop(daemon);
+    let err = String::from_utf8_lossy(&taken_unix.stderr);
+    assert_eq!(taken_unix.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "vrange daemon: metrics at unix:{}: ",
+            unix.display()
+        )),
+        "{err}"
+    );
+    assert!(unix_kept, "the first daemon's metrics socket is left alone");
+    assert!(!unix.exists(), "removed when the daemon stops");
 }
 
 /// `vrange daemon` serves `vrange top` and Prometheus metrics, and on SIGTERM exits 0 and removes

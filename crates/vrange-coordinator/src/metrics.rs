@@ -327,7 +327,24 @@ impl Server {
         let s = match addr {
             MetricsAddr::Tcp(a) => Server::Tcp(TcpListener::bind(a)?),
             MetricsAddr::Unix(p) => {
-                let _ = std::fs::remove_file(p);
+                // As the coordinator's socket: a stale one is replaced, a live one (another
+                // daemon's) or another file is not.
+                use std::os::unix::fs::FileTypeExt;
+                if let Ok(meta) = std::fs::symlink_metadata(p) {
+                    if !meta.file_type().is_socket() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AlreadyExists,
+                            "exists and is not a socket",
+                        ));
+                    }
+                    if std::os::unix::net::UnixStream::connect(p).is_ok() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            "a metrics server already listens there",
+                        ));
+                    }
+                    std::fs::remove_file(p)?;
+                }
                 Server::Unix(UnixListener::bind(p)?, p.clone())
             }
         };
@@ -374,7 +391,13 @@ impl Server {
                 let _ = answer(&mut *c, shared);
             }
         }
-        if let Server::Unix(_, p) = &self {
+    }
+}
+
+impl Drop for Server {
+    /// Removes its UNIX socket, whether it served or not.
+    fn drop(&mut self) {
+        if let Server::Unix(_, p) = self {
             let _ = std::fs::remove_file(p);
         }
     }
