@@ -87,6 +87,8 @@ impl Conn {
 struct Round {
     started: Instant,
     cut: Cut,
+    /// Bytes the answers so far report freed.
+    freed: u64,
 }
 
 /// Whether a process may participate: it lives in the coordinated cgroup (or below it), so
@@ -224,6 +226,12 @@ impl<'a> Server<'a> {
                 events.push(None);
             }
         }
+        // A participant waiting for room is answered once the round freed what it asked, not
+        // only when the last participant asked answered (one may be slow: stopped, swapped).
+        if let Some(r) = &self.round {
+            let (cut, freed) = (r.cut, r.freed);
+            self.answer_rooms(Some(cut), true, freed);
+        }
         // The last answer ends a round at once, not at the next tick.
         self.close_round();
         // A participant waits for room: plan at once.
@@ -340,11 +348,13 @@ impl<'a> Server<'a> {
                     true
                 }
                 (Role::Participant, Ok(Message::Room { id, bytes })) => {
-                    // One at a time per participant: a new one replaces the last.
+                    // One at a time per participant: a new one replaces the last. One that comes
+                    // during a round joins it (answered when the round has freed as much, or is
+                    // over: the participant asks again if that was not enough).
                     c.room = Some(RoomAsk {
                         id,
                         bytes,
-                        planned: false,
+                        planned: self.round.is_some(),
                     });
                     self.shared.room_asked();
                     true
@@ -356,6 +366,9 @@ impl<'a> Server<'a> {
                         c.pending = None;
                         c.responsive = true;
                         self.status.freed += bytes;
+                        if let Some(r) = self.round.as_mut() {
+                            r.freed = r.freed.saturating_add(bytes);
+                        }
                     }
                     true
                 }
@@ -484,7 +497,7 @@ impl<'a> Server<'a> {
         }
         let Some(cut) = plan::cut(&merged, target) else {
             // Nothing volatile: those asking for room make it on their own.
-            self.answer_rooms(None, false);
+            self.answer_rooms(None, false, u64::MAX);
             return;
         };
         self.status.rounds += 1;
@@ -527,20 +540,24 @@ impl<'a> Server<'a> {
         }
         self.status.requests += sent;
         if sent > 0 {
-            self.round = Some(Round { started: now, cut });
+            self.round = Some(Round {
+                started: now,
+                cut,
+                freed: 0,
+            });
             for r in self.conns.iter_mut().filter_map(|c| c.room.as_mut()) {
                 r.planned = true;
             }
         } else {
-            self.answer_rooms(Some(cut), false);
+            self.answer_rooms(Some(cut), false, u64::MAX);
         }
     }
 
-    /// Answers the `Room` requests waiting: those the round just over was planned for
-    /// (`planned`), or all those not planned yet.
-    fn answer_rooms(&mut self, cut: Option<Cut>, planned: bool) {
+    /// Answers the `Room` requests waiting that asked for at most `freed` bytes: those the
+    /// round in flight was planned for (`planned`), or those not planned yet.
+    fn answer_rooms(&mut self, cut: Option<Cut>, planned: bool, freed: u64) {
         for c in &mut self.conns {
-            let Some(r) = c.room.filter(|r| r.planned == planned) else {
+            let Some(r) = c.room.filter(|r| r.planned == planned && r.bytes <= freed) else {
                 continue;
             };
             c.room = None;
@@ -565,7 +582,7 @@ impl<'a> Server<'a> {
                 let cut = r.cut;
                 self.shared.round_done(r.started.elapsed(), cut);
                 self.round = None;
-                self.answer_rooms(Some(cut), true);
+                self.answer_rooms(Some(cut), true, u64::MAX);
             }
         }
     }

@@ -339,3 +339,71 @@ fn make_room_purges_on_its_own_when_the_coordinator_is_stopped() {
     assert_eq!(report.u64("coordinated"), 0, "{report:?}");
     assert!(report.u64("own_bytes") > 0, "{report:?}");
 }
+
+/// A participant asked in a room round that does not answer (stopped) must not hold up the
+/// answer to the one waiting for room: before, the answer came only when the round ended, at
+/// the stopped one's request timeout, after the waiting one had given up and purged its own
+/// young data. It is answered as soon as the others have freed what it asked.
+#[test]
+fn a_stopped_participant_does_not_delay_the_answer_to_make_room() {
+    const TEST: &str = "a_stopped_participant_does_not_delay_the_answer_to_make_room";
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let child = match cgroup::child("vrange-coord-room-late-", 256 << 20) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("room-late");
+    let socket = dir.join("coordinator.sock");
+    let coordinator = InProcess::start(vrange_coordinator::Options {
+        headroom: None,
+        ..options(&socket, cg.path())
+    });
+    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    // The stopped one holds the oldest data, the other the next oldest.
+    let mut stopped = spawn(TEST, "participant", &cg, &env);
+    for _ in 0..10 {
+        assert_eq!(ask(&mut stopped, "mark").tag, "MARKED");
+    }
+    let mut other = spawn(TEST, "participant", &cg, &env);
+    for _ in 0..15 {
+        assert_eq!(ask(&mut other, "mark").tag, "MARKED");
+    }
+    await_participants(&socket, 2, Duration::from_secs(10)).expect("both connect");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut young = spawn(TEST, "participant", &cg, &env);
+    assert_eq!(ask(&mut young, "mark").tag, "MARKED");
+    await_participants(&socket, 3, Duration::from_secs(10)).expect("the young one connects");
+    signal(stopped.pid(), libc::SIGSTOP);
+    assert!(young.send("fill 35"));
+    let filled = young.next(Duration::from_secs(60));
+    let report = filled.as_ref().ok().map(|_| ask(&mut young, "report"));
+    let other_report = ask(&mut other, "report");
+    let kills = cg.oom_kills().expect("OOM kills");
+    signal(stopped.pid(), libc::SIGCONT);
+    drop((stopped, other, young, coordinator));
+    drop(dir);
+    cgroup::remove(child);
+    println!("{filled:?}\n{report:?}\n{other_report:?}");
+    assert_eq!(kills, 0, "no OOM kill");
+    let report = report.expect("FILLED");
+    assert!(
+        purged_bits(&other_report).iter().any(|&p| p),
+        "the next oldest went: {other_report:?}"
+    );
+    assert_eq!(
+        report.u64("own_bytes"),
+        0,
+        "the young one never gave up on the coordinator: {report:?}"
+    );
+    // Among those who answer, one order: none of the young one's data went while the other's
+    // was kept.
+    let kept_other = purged_bits(&other_report).iter().any(|&p| !p);
+    assert!(
+        !(kept_other && purged_bits(&report).iter().any(|&p| p)),
+        "{other_report:?}\n{report:?}"
+    );
+}
