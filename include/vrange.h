@@ -195,6 +195,11 @@
  *             Managed, and a range left volatile longer than VRANGE_ARM_DELAY_MS (default
  *             1000 ms) is also handed to the kernel path ("armed": MADV_FREE), so that the
  *             kernel's own reclaim can drop its pages even if the reclaimer reacts too late.
+ *             Near the limit (the memory cgroup's headroom, or without a limit MemAvailable,
+ *             below what a neighbour faults in within one reclaimer tick: 410 MiB at the
+ *             default 100 ms; a pressure event of the process's own cgroup; or before the
+ *             reclaimer has measured, or when it is off) the mark itself arms the range, like
+ *             a lazy mark, and ranges already volatile are armed at once.
  *             Unmarking an armed range costs what a lazy unmark costs and reports exactly the
  *             pages the kernel dropped (all of them if the reclaimer purged the range).
  *
@@ -589,7 +594,8 @@
  *     digits. Switches are on/off, yes/no, true/false or 1/0; keywords are read in any case.
  *
  *     VRANGE_RECLAIMER       on | off (default on). off: no reclaimer thread; only
- *                            vrange_purge() purges, and hybrid ranges are never armed.
+ *                            vrange_purge() purges, and hybrid marks arm their ranges
+ *                            (nothing else could give them back before the limit).
  *     VRANGE_ARM_DELAY_MS    Milliseconds a hybrid range stays volatile before it is armed
  *                            (default 1000).
  *     VRANGE_BUDGET          Resident volatile bytes of private managed and hybrid ranges

@@ -59,6 +59,7 @@ macro_rules! mapping_accessors {
     };
 }
 
+mod approach;
 pub mod coordination;
 mod error;
 mod handle;

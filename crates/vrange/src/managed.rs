@@ -312,6 +312,23 @@ fn mark_range(idx: u32, slot: &Slot, now: u64) {
     slot.touch(now);
     if slot.state().mark() == Marked::Now && slot.header().is_none() {
         stats::volatile_add(idx, slot.len.load(Relaxed));
+        if crate::approach::is_tight() {
+            arm_now(slot, now);
+        }
+    }
+}
+
+/// Hands a hybrid range just marked to the kernel's lazy-free path in the marking thread, while
+/// memory is tight (`reclaim::approach`). Skipped while a purge holds the purge lock (a flush
+/// hook marking inside one): the reclaimer's next pass, at most 10 ms away, arms it.
+fn arm_now(slot: &Slot, now: u64) {
+    let word = slot.state().load();
+    if !due_for_arming(slot, word, now, 0) {
+        return;
+    }
+    // Held so that a fork never copies a range half armed (see `reclaim`'s fork handlers).
+    if let Some(_p) = PURGES.try_lock() {
+        stats::count_armed(arm(slot, word));
     }
 }
 

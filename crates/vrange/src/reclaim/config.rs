@@ -317,7 +317,7 @@ impl fmt::Display for Shown<'_> {
 #[non_exhaustive]
 pub struct Config {
     /// Whether the reclaimer thread runs (`VRANGE_RECLAIMER`). Without it only explicit purges
-    /// happen, and hybrid ranges are never armed.
+    /// happen, and hybrid marks arm their ranges (nothing else would give them back in time).
     pub reclaimer: bool,
     /// How long a hybrid range stays volatile before it is handed to the kernel's lazy-free
     /// path (`VRANGE_ARM_DELAY_MS`).

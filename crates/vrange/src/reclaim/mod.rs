@@ -11,7 +11,10 @@
 //! | budget | the mark that crosses it wakes the thread; one that finds it a budget behind purges itself ([`catch_up`]) | the excess |
 //! | explicit | [`purge`] in the caller's thread | what was asked |
 //!
-//! Each tick also arms hybrid ranges volatile for longer than the arm delay.
+//! Each tick also arms hybrid ranges volatile for longer than the arm delay, and every hybrid
+//! range while memory is tight (`crate::approach`: headroom under what a neighbour can fault in
+//! within a tick, or a pressure event); then ticks come at least every 10 ms, and marks arm
+//! their ranges themselves.
 //!
 //! # Descriptors
 //! The thread opens its sources (and its wake-up eventfd) only once the process has had
@@ -40,6 +43,7 @@ pub use flush::{on_flush, FlushHook};
 
 pub use config::{set_option, Config, Headroom, Psi, OPTIONS};
 
+use crate::approach;
 use crate::managed::{pause, PURGES};
 use crate::stats::{self, Source};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -299,19 +303,22 @@ pub fn make_room(bytes: usize) -> usize {
     if stats::volatile_resident() == 0 && !coordinated {
         return 0;
     }
-    // While one caller waits for the coordinator's round, the others wait for it too rather
-    // than map past the limit meanwhile (then each finds the room made, or asks again).
-    // Uncoordinated, a purge takes microseconds and the others go on at once.
-    let room = if coordinated && std::thread::current().name() != Some(THREAD_NAME) {
-        Ok(ROOM.lock().unwrap_or_else(|e| e.into_inner()))
-    } else {
-        ROOM.try_lock()
-    };
-    let Ok(mut room) = room else {
-        return 0;
-    };
     let t0 = now_ns();
-    let Some(mut deficit) = room_deficit(&mut room, bytes as u64, setting, t0) else {
+    // The headroom file is read by one caller at a time. Uncoordinated, the others return at
+    // once (a purge takes microseconds); coordinated, they wait for the read and then for the
+    // coordinator's answer with the first (one request at a time), rather than map past the
+    // limit meanwhile. The lock is never held while waiting for the coordinator, so that a
+    // fork cannot leave it held for long.
+    let deficit_now = || {
+        let room = if coordinated {
+            Ok(ROOM.lock().unwrap_or_else(|e| e.into_inner()))
+        } else {
+            ROOM.try_lock()
+        };
+        let mut room = room.ok()?;
+        room_deficit(&mut room, bytes as u64, setting, t0)
+    };
+    let Some(mut deficit) = deficit_now() else {
         return 0;
     };
     for _ in 0..ASKS {
@@ -319,16 +326,15 @@ pub fn make_room(bytes: usize) -> usize {
             return 0;
         }
         match participant::ask_room(deficit, wake) {
-            Some(Some(_cut)) => {}
+            participant::Room::Answered(Some(_)) | participant::Room::Waited => {}
             // Nothing volatile in the coordinator's eyes, or no answer: on our own.
-            Some(None) | None => break,
+            participant::Room::Answered(None) | participant::Room::NoAnswer => break,
         }
-        let Some(left) = room_deficit(&mut room, bytes as u64, setting, t0) else {
+        let Some(left) = deficit_now() else {
             return 0;
         };
         deficit = left;
     }
-    drop(room);
     if deficit == 0 {
         return 0;
     }
@@ -574,8 +580,21 @@ fn run() {
     // once per poll interval.
     let mut answered = [0u64; 4];
     let mut coordinator = participant::Participant::default();
+    // Before the first tick: a process that starts close to its limit arms at once.
+    let mut measured = now_ns();
+    approach_check(
+        None,
+        measured,
+        Duration::from_millis(cfg.poll_ms.load(Relaxed)),
+        true,
+    );
     while STATE.load(Acquire) == RUNNING {
-        let poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
+        let configured = Duration::from_millis(cfg.poll_ms.load(Relaxed));
+        let poll = if approach::is_tight() {
+            configured.min(approach::TIGHT_POLL)
+        } else {
+            configured
+        };
         let ready = wait(&mut watch, &mut volatile_since, poll);
         let t = now_ns();
         if STATE.load(Acquire) != RUNNING {
@@ -606,7 +625,13 @@ fn run() {
         {
             if ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
                 answered[i] = t;
-                if source == Source::Psi && !machine_short() {
+                let short = source != Source::Psi || machine_short();
+                if short {
+                    // Arming is this process's own safety: even while a coordinator orders
+                    // the purges.
+                    approach::pressure_event(t);
+                }
+                if !short {
                     // Some cgroup stalled at its own limit, not the machine: counted, no purge.
                     stats::record(source, 0, 0, 0);
                 } else if coordinated {
@@ -651,7 +676,18 @@ fn run() {
             check_headroom(w, t, coordinated);
         }
         check_budget(reasons & WAKE_BUDGET != 0, t);
-        let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
+        // Headroom from the open source each tick; by short-lived reads once a second, or each
+        // tick while tight (no limit: the machine's MemAvailable).
+        let open = watch.as_ref().and_then(|w| w.headroom.as_ref());
+        if open.is_some() || approach::is_tight() || t.saturating_sub(measured) >= 1_000_000_000 {
+            measured = t;
+            approach_check(watch.as_ref(), t, configured, false);
+        }
+        let delay_ns = if approach::is_tight() {
+            0
+        } else {
+            cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000)
+        };
         let p = pause();
         stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
         drop(p);
@@ -661,6 +697,7 @@ fn run() {
     }
     coordinator.disconnect();
     ACTIVE.store(0, Relaxed);
+    approach::reset();
 }
 
 /// Whether a stall on the system's PSI file comes with the machine short of memory (see
@@ -674,6 +711,29 @@ fn machine_short() -> bool {
         None
     };
     victims::system_short(meminfo)
+}
+
+/// Measures headroom (the watch's open source; else short-lived reads of the cgroup's files,
+/// or of MemAvailable without a limit) and updates the approach state; while the process has
+/// volatile memory (or `first`: the reclaimer just started, its process about to have some)
+/// and the standard descriptors are open; otherwise the state stays as it is.
+fn approach_check(watch: Option<&Watch>, t: u64, poll: Duration, first: bool) {
+    if (!first && stats::volatile_resident() == 0) || !fd::std_fds_open() {
+        return;
+    }
+    let headroom = match watch {
+        Some(Watch {
+            headroom: Some(h), ..
+        }) => h.bytes().ok(),
+        Some(Watch { cgroup, .. }) => cgroup.as_ref().and_then(MemCgroup::headroom),
+        None => MemCgroup::current().and_then(|cg| cg.headroom()),
+    }
+    .or_else(approach::machine_headroom);
+    if approach::update(headroom, poll, t) {
+        let p = pause();
+        stats::count_armed(victims::arm_due(now_ns(), 0) as usize);
+        drop(p);
+    }
 }
 
 fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
@@ -778,6 +838,7 @@ extern "C" fn after_fork_child() {
     });
     WAKE_REASONS.store(0, Relaxed);
     ACTIVE.store(0, Relaxed);
+    approach::reset();
     // The parent's link to a coordinator is not the child's (its copy is closed above).
     stats::set_coordinated(false);
     if STATE.load(Relaxed) != DISABLED {

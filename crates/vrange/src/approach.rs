@@ -1,0 +1,139 @@
+//! Arming on approach: while the process's memory cgroup (or, without a limit, the machine) is
+//! near its limit, every hybrid range goes to the kernel's lazy-free path at once, so that the
+//! kernel's own reclaim can take it the moment a neighbour writing at memory speed reaches the
+//! limit, without waiting for the reclaimer thread (which a burst of a few milliseconds
+//! outruns). Ranges marked while tight are armed by the marking thread; those already volatile,
+//! and the allocator's free spans (marked under its locks), at the reclaimer's next pass, which
+//! runs at least every [`TIGHT_POLL`]. Away from the limit nothing changes: a mark is one
+//! compare-and-swap and hybrid ranges wait for the arm delay.
+//!
+//! "Near" is what a neighbour can fault in before the reclaimer next looks: [`watermark`]
+//! bytes of headroom. The reclaimer measures headroom when it starts (before any tick, with
+//! short-lived reads: no descriptor is kept yet) and at every tick; until its first measure
+//! (and in a process whose reclaimer is off) memory counts as tight. A pressure event of the
+//! process's own cgroup (vmpressure, v2 `memory.pressure`) or of a short machine counts as
+//! tight too, for at least [`HOLD`].
+//!
+//! This module owns the flag and the rule; it never purges.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicU8};
+use std::time::Duration;
+
+/// Not measured yet (a process whose reclaimer has not looked, or does not run): taken as
+/// tight, since nothing else could give its memory back before the limit.
+const UNKNOWN: u8 = 0;
+const RELAXED: u8 = 1;
+const TIGHT: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// When a pressure event last made memory tight (ns), to hold the state for [`HOLD`].
+static EVENT_AT: AtomicU64 = AtomicU64::new(0);
+
+/// How long a pressure event keeps memory tight without a headroom measure saying so.
+pub(crate) const HOLD: Duration = Duration::from_secs(2);
+/// The reclaimer's longest tick while memory is tight.
+pub(crate) const TIGHT_POLL: Duration = Duration::from_millis(10);
+/// The rate at which a neighbour is assumed to fault memory in: one thread touching fresh
+/// 4 KiB pages on the machines vrange is tested on manages 2-4 GiB/s.
+const FAULT_RATE: u64 = 4 << 30;
+/// The smallest watermark.
+const MIN_WATERMARK: u64 = 64 << 20;
+
+/// Whether hybrid ranges are armed as they are marked (one relaxed load: the mark path's cost):
+/// memory is tight, or not measured yet.
+#[inline]
+pub(crate) fn is_tight() -> bool {
+    STATE.load(Relaxed) != RELAXED
+}
+
+/// Headroom under which memory is tight: what a neighbour faulting at [`FAULT_RATE`] takes
+/// within one tick of `poll`, and at least [`MIN_WATERMARK`].
+pub(crate) fn watermark(poll: Duration) -> u64 {
+    let per_tick = (FAULT_RATE as u128 * poll.as_nanos() / 1_000_000_000) as u64;
+    per_tick.max(MIN_WATERMARK)
+}
+
+/// The next state given headroom now (`None`: not known) and the current state: tight below
+/// the watermark, relaxed above twice it (between, unchanged), held tight for [`HOLD`] after a
+/// pressure event at `event_at`.
+pub(crate) fn next(tight: bool, headroom: Option<u64>, mark: u64, now: u64, event_at: u64) -> bool {
+    let held = event_at != 0 && now.saturating_sub(event_at) < HOLD.as_nanos() as u64;
+    match headroom {
+        _ if held => true,
+        Some(h) if h < mark => true,
+        Some(h) if h > mark.saturating_mul(2) => false,
+        Some(_) => tight,
+        None => false,
+    }
+}
+
+/// Updates the state from a headroom measure (`None`: no limit known). Returns whether memory
+/// is tight now.
+pub(crate) fn update(headroom: Option<u64>, poll: Duration, now: u64) -> bool {
+    let tight = next(
+        STATE.load(Relaxed) == TIGHT,
+        headroom,
+        watermark(poll),
+        now,
+        EVENT_AT.load(Relaxed),
+    );
+    STATE.store(if tight { TIGHT } else { RELAXED }, Relaxed);
+    tight
+}
+
+/// A pressure source of this process's own memory fired at `now`: tight for at least [`HOLD`].
+pub(crate) fn pressure_event(now: u64) {
+    EVENT_AT.store(now, Relaxed);
+    STATE.store(TIGHT, Relaxed);
+}
+
+/// Forgets the state: a fork child measures its own, and a stopped reclaimer measures nothing
+/// (until then, marks arm: see [`UNKNOWN`]).
+pub(crate) fn reset() {
+    STATE.store(UNKNOWN, Relaxed);
+    EVENT_AT.store(0, Relaxed);
+}
+
+/// Headroom of the machine for a process whose cgroup sets no limit: MemAvailable, read from
+/// /proc/meminfo (a short-lived descriptor), while the program's standard descriptors are open.
+pub(crate) fn machine_headroom() -> Option<u64> {
+    if !vrange_sys::fd::std_fds_open() {
+        return None;
+    }
+    let (_, avail_kb) = vrange_sys::procfs::mem_available_kb().ok().flatten()?;
+    Some(avail_kb.saturating_mul(1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_watermark_is_what_a_tick_of_faulting_takes() {
+        assert_eq!(watermark(Duration::from_millis(100)), 4096 * MIB / 10);
+        assert_eq!(watermark(Duration::from_millis(1)), MIN_WATERMARK);
+        assert_eq!(watermark(Duration::from_secs(1)), 4096 * MIB);
+    }
+
+    #[test]
+    fn tight_below_the_mark_relaxed_above_twice_it() {
+        let mark = 100 * MIB;
+        assert!(next(false, Some(99 * MIB), mark, 0, 0));
+        assert!(!next(false, Some(150 * MIB), mark, 0, 0));
+        assert!(next(true, Some(150 * MIB), mark, 0, 0), "hysteresis");
+        assert!(!next(true, Some(201 * MIB), mark, 0, 0));
+        assert!(!next(true, None, mark, 0, 0), "no limit known: not tight");
+    }
+
+    #[test]
+    fn a_pressure_event_holds_it_tight() {
+        let mark = 100 * MIB;
+        let hold = HOLD.as_nanos() as u64;
+        let at = 5_000_000_000;
+        assert!(next(false, Some(1 << 40), mark, at + hold - 1, at));
+        assert!(!next(true, Some(1 << 40), mark, at + hold, at));
+    }
+}

@@ -1,0 +1,156 @@
+//! Volatile memory the kernel can take before the limit: a neighbour that writes at memory
+//! speed right after a process marks memory volatile (default policy, default settings) must
+//! not be OOM-killed while that memory is still resident.
+//!
+//! Regression test: only ranges volatile for the arm delay (1 s) could be taken by the kernel,
+//! and the reclaimer opens its pressure sources a tick (100 ms) after the first mark. A burst
+//! within 100 ms of the first mark found 13 MiB of volatile memory resident in a 48 MiB cgroup
+//! and the neighbour was OOM-killed, 30 times out of 30. Arming on approach
+//! (`reclaim/approach.rs`) hands the range to the kernel's lazy-free path at the mark when the
+//! cgroup is closer to its limit than a tick of faulting.
+//!
+//! # Design
+//! The test process creates a child cgroup of `LIMIT` bytes and spawns two re-executions of this
+//! binary in it (`vrange_testkit::role`): the *burster*, which waits, and the *holder*, which
+//! creates a `VOLATILE` region with default options, fills it with a pattern, marks it and says
+//! so at once. `DELAY` after that, the test tells the burster to touch what fits under the
+//! limit plus `MUST_FREE` at full speed, in 4 KiB pages. It survives only if the kernel takes
+//! at least `MUST_FREE` of the volatile region (nothing else can be reclaimed: no swap). The
+//! holder then unmarks and checks that every page is its pattern or zero, as reported.
+
+use std::time::{Duration, Instant};
+use vrange::{Options, VolatileRegion};
+use vrange_sys::cgroup::join_before_exec;
+use vrange_testkit::cgroup;
+use vrange_testkit::hog;
+use vrange_testkit::pattern::{check_at, fill, is_zero};
+use vrange_testkit::role::{command, role, role_command, say, Role};
+use vrange_testkit::serial;
+
+const MIB: usize = 1 << 20;
+const LIMIT: usize = 48 * MIB;
+const VOLATILE: usize = 13 * MIB;
+const MUST_FREE: usize = 6 * MIB;
+const SEED: u64 = 77;
+const SYNC: Duration = Duration::from_secs(20);
+const TEST: &str = "a_burst_right_after_the_first_mark_finds_the_memory_takeable";
+const TRIALS: usize = 3;
+
+fn holder() {
+    let r = VolatileRegion::new(VOLATILE, Options::default()).expect("region");
+    fill(r.as_ptr(), r.len(), SEED);
+    // SAFETY: nothing refers into the region until it is unmarked below.
+    unsafe { r.mark() }.expect("mark");
+    say("MARKED");
+    assert_eq!(command().as_deref(), Some("check"));
+    let u = r.unmark().expect("unmark");
+    let page = vrange::page_size();
+    let (mut zero, mut intact, mut bad) = (0, 0, 0);
+    for off in (0..r.len()).step_by(page) {
+        // SAFETY: inside the region, pinned again.
+        let p = unsafe { r.as_ptr().add(off) };
+        if is_zero(p, page) {
+            zero += 1;
+        } else if check_at(r.as_ptr(), off, page, SEED) {
+            intact += 1;
+        } else {
+            bad += 1;
+        }
+    }
+    let armed = vrange::stats().armed_total_bytes;
+    say(format_args!(
+        "VERDICT purged={} zero={zero} intact={intact} bad={bad} armed={armed}",
+        u.purged
+    ));
+}
+
+fn burster() {
+    hog::prefer_oom_kill().expect("oom_score_adj");
+    let go = command().expect("go");
+    let bytes: usize = go
+        .strip_prefix("go ")
+        .and_then(|b| b.parse().ok())
+        .expect("go BYTES");
+    let t = Instant::now();
+    hog::touch(bytes, bytes, Duration::ZERO).expect("map");
+    say(format_args!(
+        "DONE bytes={bytes} us={}",
+        t.elapsed().as_micros()
+    ));
+}
+
+/// One trial; returns a line describing it, or panics with the reason it failed.
+fn trial(delay: Duration) -> Option<String> {
+    let child = match cgroup::child("vrange-approach-", LIMIT as u64) {
+        Ok(c) => c,
+        Err(why) => {
+            vrange_testkit::skip(why);
+            return None;
+        }
+    };
+    let cg = child.cgroup().clone();
+    let procs = cg.file("cgroup.procs");
+    let mut cmd = role_command(TEST, "burster");
+    join_before_exec(&mut cmd, &procs).expect("join");
+    let mut burster = Role::spawn("burster", cmd);
+    let mut cmd = role_command(TEST, "holder");
+    join_before_exec(&mut cmd, &procs).expect("join");
+    let mut holder = Role::spawn("holder", cmd);
+    holder.expect("MARKED", SYNC);
+    let marked = Instant::now();
+    let usage = cg.usage().expect("usage") as usize;
+    let bytes = (LIMIT + MUST_FREE)
+        .saturating_sub(usage)
+        .next_multiple_of(MIB);
+    std::thread::sleep(delay.saturating_sub(marked.elapsed()));
+    let late = marked.elapsed();
+    assert!(burster.send(&format!("go {bytes}")), "burster gone");
+    let done = burster.next(SYNC);
+    let burster_exit = burster.wait(SYNC);
+    let kills = cg.oom_kills().expect("oom kills");
+    assert!(
+        holder.send("check"),
+        "holder gone: {}",
+        holder.diagnostics()
+    );
+    let verdict = holder.expect("VERDICT", SYNC);
+    holder.close_stdin();
+    let holder_exit = holder.wait(SYNC);
+    drop((holder, burster));
+    cgroup::remove(child);
+    let line = format!(
+        "burst {} ms after the mark: {bytes} bytes with {usage} charged, {done:?}, burster \
+         {burster_exit}, holder {holder_exit}, {kills} OOM kills; {verdict:?}",
+        late.as_millis()
+    );
+    assert_eq!(kills, 0, "{line}");
+    assert!(done.is_ok(), "{line}");
+    let pages = VOLATILE / vrange::page_size();
+    assert_eq!(verdict.u64("bad"), 0, "{line}");
+    assert_eq!(verdict.u64("zero") + verdict.u64("intact"), pages as u64);
+    assert_eq!(verdict.u64("purged"), verdict.u64("zero"), "exact: {line}");
+    assert!(
+        verdict.u64("purged") as usize * vrange::page_size() >= MUST_FREE / 2,
+        "the burst fit without taking the volatile memory: {line}"
+    );
+    Some(line)
+}
+
+#[test]
+fn a_burst_right_after_the_first_mark_finds_the_memory_takeable() {
+    match role().as_deref() {
+        Some("holder") => return holder(),
+        Some("burster") => return burster(),
+        Some(other) => panic!("unknown role {other}"),
+        None => {}
+    }
+    let _serial = serial();
+    for delay in [0, 50, 100] {
+        for _ in 0..TRIALS {
+            match trial(Duration::from_millis(delay)) {
+                Some(line) => println!("{line}"),
+                None => return,
+            }
+        }
+    }
+}
