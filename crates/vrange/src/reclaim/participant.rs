@@ -41,9 +41,9 @@ use crate::managed::{self, pause};
 use crate::registry;
 use crate::stats;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 use vrange_sys::clock::now_ns;
 use vrange_sys::fd::{GuestFd, Ident};
@@ -56,82 +56,124 @@ const SILENT_PINGS: u64 = 3;
 /// Before the `Welcome`, the ping interval assumed.
 const FIRST_PING_MS: u64 = 1000;
 
-/// The ping interval (ms) of a live coordinator, 0 while none orders this process's purges:
-/// what a caller of [`ask_room`] (another thread) sees of the link.
+/// The ping interval (ms) of a live coordinator, 0 while none orders this process's purges,
+/// and the process it was set in (a fork child has no link): what a caller of [`ask_room`]
+/// (another thread) sees of the link.
 static LIVE_PING_MS: AtomicU64 = AtomicU64::new(0);
+static LIVE_PID: AtomicU32 = AtomicU32::new(0);
 
-/// Where a `Room` request stands, between the thread that asks ([`ask_room`]) and the
-/// reclaimer thread, which owns the link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ask {
-    Idle,
-    /// Bytes wanted, not sent yet.
-    Wanted(u64),
-    /// Sent with this id.
-    Sent(u64),
-    /// The coordinator's answer: the cut of its round, if any.
-    Answered(Option<(u8, u64)>),
-    /// The link was lost: the asker purges on its own.
-    Gone,
-}
-
-static ASK: Mutex<Ask> = Mutex::new(Ask::Idle);
-/// Bumped at every change the asker waits for (a futex word).
+// A `Room` request, between the thread that asks ([`ask_room`]) and the reclaimer thread,
+// which owns the link: a state word and its payload, all atomics (no lock a fork could leave
+// held), owned by the process in `ASK_PID` (a fork child starts afresh).
+const IDLE: u64 = 0;
+/// `ASK_BYTES` wanted, not sent yet.
+const WANTED: u64 = 1;
+/// Sent with id `ASK_ID`.
+const SENT: u64 = 2;
+/// The coordinator answered: the cut of its round is in `ASK_CUT`.
+const ANSWERED: u64 = 3;
+/// The link was lost: the asker purges on its own.
+const GONE: u64 = 4;
+static ASK_STATE: AtomicU64 = AtomicU64::new(IDLE);
+static ASK_BYTES: AtomicU64 = AtomicU64::new(0);
+static ASK_ID: AtomicU64 = AtomicU64::new(0);
+static ASK_CUT: AtomicU64 = AtomicU64::new(NO_CUT);
+static ASK_PID: AtomicU32 = AtomicU32::new(0);
+/// Bumped at every change an asker waits for (a futex word).
 static ASK_SEQ: AtomicU32 = AtomicU32::new(0);
 
-fn ask() -> std::sync::MutexGuard<'static, Ask> {
-    ASK.lock().unwrap_or_else(|e| e.into_inner())
+/// `ASK_CUT` when the coordinator saw nothing volatile.
+const NO_CUT: u64 = u64::MAX;
+
+fn encode_cut(cut: Option<(u8, u64)>) -> u64 {
+    cut.map_or(NO_CUT, |(class, age)| {
+        (u64::from(class) << 56) | age.min((1 << 56) - 1)
+    })
 }
 
-fn set_ask(to: Ask) {
-    *ask() = to;
+fn decode_cut(word: u64) -> Option<(u8, u64)> {
+    (word != NO_CUT).then_some(((word >> 56) as u8, word & ((1 << 56) - 1)))
+}
+
+fn ask_changed() {
     ASK_SEQ.fetch_add(1, Release);
     vrange_sys::futex::wake_all(&ASK_SEQ);
 }
 
+/// Moves the request from `from` to `to` if it is there; wakes the askers if it moved.
+fn ask_moves(from: u64, to: u64) -> bool {
+    let moved = ASK_STATE
+        .compare_exchange(from, to, AcqRel, Acquire)
+        .is_ok();
+    if moved {
+        ask_changed();
+    }
+    moved
+}
+
 /// Whether a live coordinator orders this process's purges (seen from any thread).
 pub(super) fn live() -> bool {
-    LIVE_PING_MS.load(Relaxed) != 0
+    LIVE_PING_MS.load(Relaxed) != 0 && LIVE_PID.load(Relaxed) == std::process::id()
+}
+
+/// What came of [`ask_room`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    /// The coordinator ran a round for it: its cut (`None`: it saw nothing volatile).
+    Answered(Option<(u8, u64)>),
+    /// Another thread's request was in flight and is over: look at the headroom again.
+    Waited,
+    /// No live coordinator answered in time: purge on your own.
+    NoAnswer,
 }
 
 /// Asks the live coordinator for `bytes` of room, in the caller's thread: hands the request to
-/// the reclaimer thread (woken by `wake`) and waits for the answer. Returns the cut of the
-/// round the coordinator ran for it (`Some(None)`: it saw nothing volatile), or `None` when no
-/// live coordinator answered within three ping intervals (the link lost, or the caller is
-/// the reclaimer thread itself, which cannot wait for its own answer): the caller then purges
-/// on its own.
-pub(super) fn ask_room(bytes: u64, wake: fn()) -> Option<Option<(u8, u64)>> {
+/// the reclaimer thread (woken by `wake`) and waits for the answer, at most three ping
+/// intervals (when the reclaimer thread would take the coordinator for gone anyway). One
+/// request at a time: a caller that finds one in flight waits for it to end. The reclaimer
+/// thread itself never asks (it would wait for its own answer).
+pub(super) fn ask_room(bytes: u64, wake: fn()) -> Room {
     let ping_ms = LIVE_PING_MS.load(Relaxed);
-    if ping_ms == 0 || std::thread::current().name() == Some(super::THREAD_NAME) {
-        return None;
+    if !live() || std::thread::current().name() == Some(super::THREAD_NAME) {
+        return Room::NoAnswer;
+    }
+    let pid = std::process::id();
+    if ASK_PID.swap(pid, AcqRel) != pid {
+        // A fork child: the parent's request in flight is not this process's.
+        ASK_STATE.store(IDLE, Release);
     }
     let wait = Duration::from_millis(SILENT_PINGS.saturating_mul(ping_ms));
     let deadline = std::time::Instant::now() + wait;
-    set_ask(Ask::Wanted(bytes));
-    wake();
+    ASK_BYTES.store(bytes, Relaxed);
+    let mine = ask_moves(IDLE, WANTED);
+    if mine {
+        wake();
+    }
     loop {
         let seq = ASK_SEQ.load(Acquire);
-        {
-            let mut a = ask();
-            match *a {
-                Ask::Answered(cut) => {
-                    *a = Ask::Idle;
-                    return Some(cut);
-                }
-                Ask::Gone => {
-                    *a = Ask::Idle;
-                    return None;
-                }
-                _ => {}
+        let state = ASK_STATE.load(Acquire);
+        match (mine, state) {
+            (false, IDLE) => return Room::Waited,
+            (true, ANSWERED) => {
+                let cut = decode_cut(ASK_CUT.load(Acquire));
+                ask_moves(ANSWERED, IDLE);
+                return Room::Answered(cut);
             }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() || LIVE_PING_MS.load(Relaxed) == 0 {
-                // A late answer finds the request withdrawn and is ignored.
-                *a = Ask::Idle;
-                return None;
+            (true, GONE) => {
+                ask_moves(GONE, IDLE);
+                return Room::NoAnswer;
             }
+            _ => {}
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || !live() {
+            // Withdrawn, unless the answer came meanwhile (a late answer finds the request
+            // gone and is ignored).
+            if mine && !ask_moves(state, IDLE) {
+                continue;
+            }
+            return Room::NoAnswer;
+        }
         vrange_sys::futex::wait(&ASK_SEQ, seq, left);
     }
 }
@@ -219,8 +261,8 @@ impl Participant {
         self.link = None;
         stats::set_coordinated(false);
         LIVE_PING_MS.store(0, Relaxed);
-        if matches!(*ask(), Ask::Wanted(_) | Ask::Sent(_)) {
-            set_ask(Ask::Gone);
+        if !ask_moves(WANTED, GONE) {
+            ask_moves(SENT, GONE);
         }
     }
 
@@ -239,9 +281,10 @@ impl Participant {
             let coordinated = self.coordinated(now);
             stats::set_coordinated(coordinated);
             let ping_ms = self.link.as_ref().map_or(0, |l| l.ping_ms.max(1));
+            LIVE_PID.store(std::process::id(), Relaxed);
             LIVE_PING_MS.store(if coordinated { ping_ms } else { 0 }, Relaxed);
-            if !coordinated && matches!(*ask(), Ask::Wanted(_)) {
-                set_ask(Ask::Gone);
+            if !coordinated {
+                ask_moves(WANTED, GONE);
             }
         }
     }
@@ -294,23 +337,21 @@ impl Link {
 
     /// Sends the `Room` request waiting, if any. `false`: the link is broken.
     fn send_room(&mut self) -> bool {
-        let Ask::Wanted(bytes) = *ask() else {
+        if !self.welcomed
+            || ASK_STATE.load(Acquire) != WANTED
+            || ASK_PID.load(Acquire) != std::process::id()
+        {
             return true;
+        }
+        self.room_id = self.room_id.wrapping_add(1);
+        ASK_ID.store(self.room_id, Release);
+        let m = Message::Room {
+            id: self.room_id,
+            bytes: ASK_BYTES.load(Relaxed),
         };
-        if !self.welcomed {
-            return true;
-        }
-        self.room_id += 1;
-        let id = self.room_id;
-        let sent = self.send(&Message::Room { id, bytes });
+        let sent = self.send(&m);
         // Unless the asker withdrew meanwhile.
-        let mut a = ask();
-        if *a == Ask::Wanted(bytes) {
-            *a = if sent { Ask::Sent(id) } else { Ask::Gone };
-            drop(a);
-            ASK_SEQ.fetch_add(1, Release);
-            vrange_sys::futex::wake_all(&ASK_SEQ);
-        }
+        ask_moves(WANTED, if sent { SENT } else { GONE });
         sent
     }
 
@@ -356,8 +397,9 @@ impl Link {
                 }
                 Ok(Message::Roomed { id, cut }) if self.welcomed => {
                     // An answer to a request withdrawn (the asker gave up) is ignored.
-                    if *ask() == Ask::Sent(id) {
-                        set_ask(Ask::Answered(cut));
+                    if ASK_STATE.load(Acquire) == SENT && ASK_ID.load(Acquire) == id {
+                        ASK_CUT.store(encode_cut(cut), Release);
+                        ask_moves(SENT, ANSWERED);
                     }
                     None
                 }
