@@ -143,3 +143,29 @@ proptest! {
         run(actions)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Impossible sizes are refused (`None`: the shim then sends them to glibc, which fails
+    /// with ENOMEM), never wrapped into a small block: every size from the address space's
+    /// size up to `usize::MAX`, at every alignment the allocator serves; and growing a live
+    /// block in place to such a size fails and leaves it as it was.
+    #[test]
+    fn impossible_sizes_are_refused_not_wrapped(
+        size in (1usize << 47)..=usize::MAX,
+        align_shift in 0u32..=21,
+    ) {
+        use vrange_malloc::heap;
+        let align = 1usize << align_shift;
+        prop_assert!(heap::alloc(size, align).is_none(), "alloc({}, {})", size, align);
+        let live = heap::alloc(64 << 10, 16).expect("served").ptr.as_ptr();
+        // SAFETY: live is a block of this allocator, freed once below.
+        let grown = unsafe { heap::resize_in_place(live, size) };
+        prop_assert!(!grown, "grown in place to {}", size);
+        prop_assert_eq!(heap::usable_size(live), Some(64 << 10));
+        // SAFETY: as above.
+        let freed = unsafe { heap::free(live) };
+        prop_assert!(freed);
+    }
+}
