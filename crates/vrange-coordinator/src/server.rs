@@ -13,7 +13,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use vrange::coordination::{
-    bucket_of, Inventory, Message, Row, SharedHandle, Status, MAX_MESSAGE, MAX_SHARED, NAME_LEN,
+    bucket_of, Inventory, Message, Row, SharedHandle, Status, BUCKETS, CLASSES, MAX_MESSAGE,
+    MAX_SHARED, NAME_LEN,
 };
 use vrange_sys::cgroup::MemCgroup;
 use vrange_sys::sock::{self, PeerCred, Recv};
@@ -45,18 +46,24 @@ struct Conn {
     /// Its memory cgroup's directory (empty if unknown): a metrics label that survives a
     /// restart, unlike the pid.
     cgroup: String,
-    /// Its `Room` request waiting for an answer: id, bytes, and whether the round in flight
-    /// was planned for it.
+    /// Its `Room` request waiting for an answer.
     room: Option<RoomAsk>,
 }
 
 /// A participant's `Room` request: it is about to map memory and asks that the room come from
-/// the global order rather than from its own data.
-#[derive(Debug, Clone, Copy)]
+/// the global order rather than from its own data. Answered once the purge requests sent for
+/// it have freed as much, or are all answered (or left to participants that do not answer).
+#[derive(Debug, Clone)]
 struct RoomAsk {
     id: u64,
     bytes: u64,
-    planned: bool,
+    /// `None` until a round is planned for it; then the round's cut (`None` inside: nothing
+    /// was volatile).
+    planned: Option<Option<Cut>>,
+    /// The purge requests sent for it and not answered yet.
+    requests: Vec<u64>,
+    /// Bytes their answers reported freed.
+    freed: u64,
 }
 
 impl Conn {
@@ -87,8 +94,6 @@ impl Conn {
 struct Round {
     started: Instant,
     cut: Cut,
-    /// Bytes the answers so far report freed.
-    freed: u64,
 }
 
 /// Whether a process may participate: it lives in the coordinated cgroup (or below it), so
@@ -115,6 +120,8 @@ pub(crate) struct Server<'a> {
     me: u32,
     status: Status,
     refused: Refused,
+    /// Purge requests answered since the last look: (request id, bytes freed).
+    answered: Vec<(u64, u64)>,
 }
 
 /// Connections refused or dropped, by [`Refusal`].
@@ -171,6 +178,7 @@ impl<'a> Server<'a> {
             me: unsafe { libc::geteuid() },
             status: Status::default(),
             refused: Refused::default(),
+            answered: Vec::new(),
         }
     }
 
@@ -226,20 +234,16 @@ impl<'a> Server<'a> {
                 events.push(None);
             }
         }
-        // A participant waiting for room is answered once the round freed what it asked, not
-        // only when the last participant asked answered (one may be slow: stopped, swapped).
-        if let Some(r) = &self.round {
-            let (cut, freed) = (r.cut, r.freed);
-            self.answer_rooms(Some(cut), true, freed);
-        }
         // The last answer ends a round at once, not at the next tick.
         self.close_round();
+        // A participant waiting for room is answered once its requests freed what it asked,
+        // not only when the last participant asked answered (one may be slow: stopped).
+        self.answer_rooms();
         // A participant waits for room: plan at once.
-        if self.round.is_none()
-            && self
-                .conns
-                .iter()
-                .any(|c| c.room.is_some_and(|r| !r.planned))
+        if self
+            .conns
+            .iter()
+            .any(|c| c.room.as_ref().is_some_and(|r| r.planned.is_none()))
         {
             events.push(None);
         }
@@ -348,13 +352,13 @@ impl<'a> Server<'a> {
                     true
                 }
                 (Role::Participant, Ok(Message::Room { id, bytes })) => {
-                    // One at a time per participant: a new one replaces the last. One that comes
-                    // during a round joins it (answered when the round has freed as much, or is
-                    // over: the participant asks again if that was not enough).
+                    // One at a time per participant: a new one replaces the last.
                     c.room = Some(RoomAsk {
                         id,
                         bytes,
-                        planned: self.round.is_some(),
+                        planned: None,
+                        requests: Vec::new(),
+                        freed: 0,
                     });
                     self.shared.room_asked();
                     true
@@ -366,9 +370,7 @@ impl<'a> Server<'a> {
                         c.pending = None;
                         c.responsive = true;
                         self.status.freed += bytes;
-                        if let Some(r) = self.round.as_mut() {
-                            r.freed = r.freed.saturating_add(bytes);
-                        }
+                        self.answered.push((id, bytes));
                     }
                     true
                 }
@@ -457,29 +459,11 @@ impl<'a> Server<'a> {
         let asked = self
             .conns
             .iter()
-            .filter_map(|c| c.room.filter(|r| !r.planned))
+            .filter_map(|c| c.room.as_ref().filter(|r| r.planned.is_none()))
             .map(|r| r.bytes)
             .max()
             .unwrap_or(0);
-        target = target.max(asked);
-        // Each inventory aged by the time since it came, so that all share one clock.
-        let live: Vec<Inventory> = self
-            .participants()
-            .filter(|c| c.responsive)
-            .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
-            .collect();
-        // The shared regions of participants that do not answer: the coordinator purges those
-        // itself.
-        let mut orphans = Inventory::default();
-        for c in self.participants().filter(|c| !c.responsive) {
-            for (h, class) in &c.shared {
-                if let Some(idle) = h.idle() {
-                    orphans.volatile[*class as usize][bucket_of(idle.as_millis() as u64)] +=
-                        h.len() as u64;
-                }
-            }
-        }
-        let merged = plan::merge(live.iter().chain([&orphans]));
+        let merged = self.merged(false);
         let volatile: u64 = merged.iter().flatten().sum();
         for e in events.iter().flatten() {
             self.shared.event(*e);
@@ -492,13 +476,55 @@ impl<'a> Server<'a> {
         self.shared
             .publish(&self.status, self.metrics_rows(now), self.watch.oom_kills());
         self.shared.refused(self.refused.0);
-        if target == 0 || self.round.is_some() {
-            return;
+        if self.round.is_none() && target.max(asked) > 0 {
+            let (cut, ids) = self.send_round(&merged, target.max(asked), now);
+            if let (Some(cut), false) = (cut, ids.is_empty()) {
+                self.round = Some(Round { started: now, cut });
+            }
+            self.plan_rooms(cut, ids);
+        } else if asked > 0 {
+            // Room wanted during a round: a round of its own, over what those not busy with
+            // a request hold (a stopped participant's data cannot be had now).
+            let free = self.merged(true);
+            let (cut, ids) = self.send_round(&free, asked, now);
+            self.plan_rooms(cut, ids);
         }
-        let Some(cut) = plan::cut(&merged, target) else {
-            // Nothing volatile: those asking for room make it on their own.
-            self.answer_rooms(None, false, u64::MAX);
-            return;
+        self.answer_rooms();
+    }
+
+    /// Every inventory aged by the time since it came (so that all share one clock), of the
+    /// participants that answer (and, with `idle_only`, have no request open), and the shared
+    /// regions of those that do not answer (the coordinator purges those itself), merged.
+    fn merged(&self, idle_only: bool) -> [[u64; BUCKETS]; CLASSES] {
+        let live: Vec<Inventory> = self
+            .participants()
+            .filter(|c| c.responsive && !(idle_only && c.pending.is_some()))
+            .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
+            .collect();
+        let mut orphans = Inventory::default();
+        for c in self.participants().filter(|c| !c.responsive) {
+            for (h, class) in &c.shared {
+                if let Some(idle) = h.idle() {
+                    orphans.volatile[*class as usize][bucket_of(idle.as_millis() as u64)] +=
+                        h.len() as u64;
+                }
+            }
+        }
+        plan::merge(live.iter().chain([&orphans]))
+    }
+
+    /// Cuts the order where `target` bytes are reached, purges the shared regions of
+    /// participants that do not answer that come before the cut, and asks every participant
+    /// that answers and has no request open to purge what it holds before the cut. Returns
+    /// the cut (`None`: nothing volatile) and the ids of the requests sent.
+    fn send_round(
+        &mut self,
+        merged: &[[u64; BUCKETS]; CLASSES],
+        target: u64,
+        now: Instant,
+    ) -> (Option<Cut>, Vec<u64>) {
+        let Some(cut) = plan::cut(merged, target) else {
+            return (None, Vec::new());
         };
         self.status.rounds += 1;
         for c in self.conns.iter_mut().filter(|c| !c.responsive) {
@@ -513,7 +539,7 @@ impl<'a> Server<'a> {
                 }
             }
         }
-        let mut sent = 0;
+        let mut sent = Vec::new();
         for c in self.conns.iter_mut() {
             let asked = c.responsive
                 && c.pending.is_none()
@@ -533,38 +559,57 @@ impl<'a> Server<'a> {
             };
             if matches!(c.send(&m), Ok(true)) {
                 c.pending = Some((id, now));
-                sent += 1;
+                sent.push(id);
             } else {
                 c.responsive = false;
             }
         }
-        self.status.requests += sent;
-        if sent > 0 {
-            self.round = Some(Round {
-                started: now,
-                cut,
-                freed: 0,
-            });
-            for r in self.conns.iter_mut().filter_map(|c| c.room.as_mut()) {
-                r.planned = true;
+        self.status.requests += sent.len() as u64;
+        (Some(cut), sent)
+    }
+
+    /// The `Room` requests not planned yet wait for `requests`, under `cut`.
+    fn plan_rooms(&mut self, cut: Option<Cut>, requests: Vec<u64>) {
+        for r in self.conns.iter_mut().filter_map(|c| c.room.as_mut()) {
+            if r.planned.is_none() {
+                r.planned = Some(cut);
+                r.requests.clone_from(&requests);
             }
-        } else {
-            self.answer_rooms(Some(cut), false, u64::MAX);
         }
     }
 
-    /// Answers the `Room` requests waiting that asked for at most `freed` bytes: those the
-    /// round in flight was planned for (`planned`), or those not planned yet.
-    fn answer_rooms(&mut self, cut: Option<Cut>, planned: bool, freed: u64) {
+    /// Credits the answers that came to the `Room` requests they were sent for, and answers
+    /// each planned one whose requests freed what it asked, or are all answered or left to
+    /// participants that do not answer.
+    fn answer_rooms(&mut self) {
+        let answered = std::mem::take(&mut self.answered);
+        let open: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|c| c.responsive)
+            .filter_map(|c| c.pending.map(|(id, _)| id))
+            .collect();
         for c in &mut self.conns {
-            let Some(r) = c.room.filter(|r| r.planned == planned && r.bytes <= freed) else {
+            let Some(r) = c.room.as_mut() else {
                 continue;
             };
-            c.room = None;
+            for (id, bytes) in &answered {
+                if let Some(at) = r.requests.iter().position(|x| x == id) {
+                    r.requests.swap_remove(at);
+                    r.freed = r.freed.saturating_add(*bytes);
+                }
+            }
+            let Some(cut) = r.planned else {
+                continue;
+            };
+            if r.freed < r.bytes && r.requests.iter().any(|id| open.contains(id)) {
+                continue;
+            }
             let m = Message::Roomed {
                 id: r.id,
                 cut: cut.map(|k| (k.class, k.min_age_ms)),
             };
+            c.room = None;
             if !matches!(c.send(&m), Ok(true)) {
                 c.responsive = false;
             }
@@ -579,10 +624,8 @@ impl<'a> Server<'a> {
                 .iter()
                 .all(|c| c.pending.is_none() || !c.responsive)
             {
-                let cut = r.cut;
-                self.shared.round_done(r.started.elapsed(), cut);
+                self.shared.round_done(r.started.elapsed(), r.cut);
                 self.round = None;
-                self.answer_rooms(Some(cut), true, u64::MAX);
             }
         }
     }

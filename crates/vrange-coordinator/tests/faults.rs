@@ -378,7 +378,9 @@ fn a_stopped_participant_does_not_delay_the_answer_to_make_room() {
     assert_eq!(ask(&mut young, "mark").tag, "MARKED");
     await_participants(&socket, 3, Duration::from_secs(10)).expect("the young one connects");
     signal(stopped.pid(), libc::SIGSTOP);
-    assert!(young.send("fill 35"));
+    // 200 MiB: more than the other's data makes room for, so the young one's own oldest goes
+    // too (by the coordinator's request) while the stopped one's request is still open.
+    assert!(young.send("fill 50"));
     let filled = young.next(Duration::from_secs(60));
     let report = filled.as_ref().ok().map(|_| ask(&mut young, "report"));
     let other_report = ask(&mut other, "report");
