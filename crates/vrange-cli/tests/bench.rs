@@ -537,3 +537,34 @@ fn tradeoff_quick_puts_every_configuration_on_both_axes() {
         ],
     );
 }
+
+#[test]
+fn stress_quick_runs_every_scenario_without_an_oom_kill() {
+    let _s = serial();
+    if let Some(why) = needs_cgroups() {
+        return skip(&why);
+    }
+    // A kill or a failed trial makes the suite, and so `bench`, fail: that is its point.
+    let out = bench("stress", &[]);
+    if out.text.contains("skipped: stress") {
+        return skip("stress suite skipped (see its output)");
+    }
+    let (header, rows) = table(&out, "scenario");
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    };
+    let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(names, ["burst", "python-bytearrays", "tradeoff"]);
+    for r in rows.iter().filter(|r| !r[1].starts_with("skipped")) {
+        assert_eq!(r[col("trials")], "3", "quick: three trials: {r:?}");
+        assert_eq!(r[col("OOM kills")], "0", "{r:?}");
+        assert_eq!(r[col("failed trials")], "0", "{r:?}");
+    }
+    let burst = &rows[0];
+    positive(&burst[col("reaction (median)")], "time to arm the region");
+    assert!(out.md.contains("target met"), "{}", out.text);
+    files(&out, &["stress.csv", "stress-trials.csv", "tradeoff"]);
+}

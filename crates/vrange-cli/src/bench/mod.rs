@@ -1,7 +1,8 @@
 //! `vrange bench`: the classic experiments, with the peers measured in the same run.
 //!
 //! One file per suite (`cache` is a directory: `hot`, `scenario`) (`ebizzy`, `pressure`,
-//! `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`, `markcost`);
+//! `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`, `stress`,
+//! `markcost`);
 //! the shared pieces are the machine description (`machine`), CSV and number formats
 //! (`report`), the SVG plots (`plot`), the allocators compared and how they are preloaded
 //! (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
@@ -12,8 +13,8 @@
 //!
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
 //! `ebizzy --pressure`, the cache suite's service and its neighbour, the coordinate suite's
-//! participants and neighbour) are this executable again, with the hidden `bench-role`
-//! subcommand.
+//! participants and neighbour, the stress suite's load and burst holder) are this executable
+//! again, with the hidden `bench-role` subcommand.
 
 mod alloc;
 mod cache;
@@ -29,6 +30,7 @@ mod pressure;
 mod proc;
 mod refill;
 mod report;
+mod stress;
 mod tradeoff;
 
 use report::Table;
@@ -62,6 +64,10 @@ pub enum Suite {
     /// Churn throughput against memory given back to a neighbour in the same memory cgroup
     /// within 1 s, every allocator with and without huge pages.
     Tradeoff,
+    /// Memory back before anyone is OOM-killed: N trials (20; --quick 3) of each adversarial
+    /// scenario (a burst right after a mark, Python's bytearrays under the shim, the tradeoff
+    /// neighbour) on a busy machine, default settings; any OOM kill fails the suite.
+    Stress,
     /// Every suite above, in that order.
     All,
 }
@@ -69,7 +75,7 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 10] = [
+    const ALL: [Suite; 11] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
@@ -79,6 +85,7 @@ impl Suite {
         Suite::Coordinate,
         Suite::Pairs,
         Suite::Tradeoff,
+        Suite::Stress,
         Suite::Markcost,
     ];
 
@@ -94,6 +101,7 @@ impl Suite {
             Suite::Coordinate => "coordinate",
             Suite::Pairs => "pairs",
             Suite::Tradeoff => "tradeoff",
+            Suite::Stress => "stress",
             Suite::All => "all",
         }
     }
@@ -128,7 +136,8 @@ pub struct Args {
     /// ebizzy: seconds per run (default 2; --quick 0.3).
     #[arg(long)]
     pub seconds: Option<f64>,
-    /// ebizzy: runs per cell, the median is reported (default 5; --quick 1).
+    /// ebizzy, tradeoff: runs per cell, the median is reported (default 5; --quick 1);
+    /// stress: trials per scenario (default 20; --quick 3).
     #[arg(long)]
     pub reps: Option<usize>,
     /// ebizzy: ebizzy 0.3's never-advancing generator: every thread copies chunk 0.
@@ -266,6 +275,7 @@ pub fn main(args: Args) -> i32 {
             Suite::Coordinate => coordinate::run(&ctx),
             Suite::Pairs => pairs::run(&ctx),
             Suite::Tradeoff => tradeoff::run(&ctx),
+            Suite::Stress => stress::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {
@@ -304,6 +314,7 @@ pub fn role(role: &str, args: &[String]) -> i32 {
         "coordinate-participant" => coordinate::participant_role(args),
         "coordinate-neighbour" => coordinate::neighbour_role(args),
         "hog" => ebizzy::hog_role(args),
+        "stress" => stress::role(args),
         _ => {
             eprintln!("vrange bench-role: unknown role {role:?}");
             2

@@ -58,7 +58,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const SOURCE: &str = include_str!("tradeoff.c");
+pub(super) const SOURCE: &str = include_str!("tradeoff.c");
 const STEADY_MIB: u64 = 64;
 /// Room for the allocators' own overheads at the peak (page rounding, huge pages: mimalloc's
 /// large OS pages peak at 638 MiB for 512 MiB of blocks here).
@@ -73,14 +73,14 @@ const TARGET: &str = "target: ops/s of the best\nas-shipped peer, memory\n\
 /// How long the neighbour may take to get its memory or be killed.
 const NEIGHBOUR_DEADLINE: Duration = Duration::from_secs(10);
 
-struct Sizes {
-    peak_mib: u64,
-    limit_mib: u64,
+pub(super) struct Sizes {
+    pub(super) peak_mib: u64,
+    pub(super) limit_mib: u64,
     neighbour_mib: u64,
 }
 
 impl Sizes {
-    fn new(peak_mib: u64) -> Sizes {
+    pub(super) fn new(peak_mib: u64) -> Sizes {
         let limit_mib = peak_mib + HEADROOM_MIB;
         Sizes {
             peak_mib,
@@ -91,7 +91,7 @@ impl Sizes {
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Neighbour {
+pub(super) enum Neighbour {
     Got {
         ms: f64,
     },
@@ -106,7 +106,7 @@ enum Neighbour {
 }
 
 impl Neighbour {
-    fn kind(self) -> &'static str {
+    pub(super) fn kind(self) -> &'static str {
         match self {
             Neighbour::Got { .. } => "got it",
             Neighbour::GotThenKilled { .. } => "got it, then OOM-killed",
@@ -118,14 +118,14 @@ impl Neighbour {
 }
 
 /// One run; sizes in KiB.
-struct Run {
+pub(super) struct Run {
     ops_per_s: f64,
     peak_kb: u64,
     peak_huge_kb: u64,
     freed_kb: u64,
     window_kb: u64,
-    neighbour: Neighbour,
-    oom_kills: u64,
+    pub(super) neighbour: Neighbour,
+    pub(super) oom_kills: u64,
     /// The churner's iterations per second from its frees to its end (the neighbour running).
     after_ops_per_s: Option<f64>,
     /// (ms since the neighbour started, churner RSS in KiB).
@@ -155,7 +155,7 @@ fn last_line(text: &str) -> String {
     text.lines().last().unwrap_or("").trim().to_string()
 }
 
-fn run_once(
+pub(super) fn run_once(
     exe: &Path,
     c: &Config,
     threads: usize,

@@ -88,7 +88,7 @@ fn word(key: u64, i: usize) -> u64 {
 }
 
 /// Writes key `key`'s value into `buf` (the regeneration a miss costs).
-fn fill(key: u64, buf: &mut [u8]) {
+pub(super) fn fill(key: u64, buf: &mut [u8]) {
     let mut words = buf.chunks_exact_mut(8);
     for (i, w) in words.by_ref().enumerate() {
         w.copy_from_slice(&word(key, i).to_le_bytes());
@@ -99,7 +99,7 @@ fn fill(key: u64, buf: &mut [u8]) {
 }
 
 /// Whether `v` is key `key`'s value of `len` bytes (every byte read).
-fn check(key: u64, len: usize, v: &[u8]) -> bool {
+pub(super) fn check(key: u64, len: usize, v: &[u8]) -> bool {
     if v.len() != len {
         return false;
     }
