@@ -32,8 +32,14 @@
 //!   `--quick` ones with `--quick`). Reaction: the time the neighbour took to get its memory,
 //!   as the tradeoff suite measures it.
 //!
-//! The tradeoff suite's churner runs with `VRANGE_STATS_DIR=off`, as in that suite: it moves
-//! where statistics are published, not how memory is given back.
+//! - `cache`: one run of the cache suite's service-beside-a-neighbour scenario for vrange-cache
+//!   (no capacity, default settings), always in that suite's `--quick` form (a 128 MiB cgroup,
+//!   a neighbour ramping to 60 % of it over 15 s: 18 s a trial; the full form takes 75 s). No
+//!   reaction time: that suite measures hit rates (the trials CSV has the run's).
+//!
+//! The tradeoff suite's churner and the cache suite's processes run with
+//! `VRANGE_STATS_DIR=off`, as in those suites: it moves where statistics are published, not how
+//! memory is given back.
 //!
 //! Needs root and a memory cgroup; skipped otherwise.
 
@@ -451,6 +457,26 @@ fn tradeoff_once(
     })
 }
 
+fn cache_once() -> Result<Trial, String> {
+    let r = cache::vrange_cache_run(true)?;
+    Ok(Trial {
+        kills: r.oom_kills.unwrap_or(0),
+        held: None,
+        reaction_us: None,
+        wrong: match (r.oom_kills, r.wrong) {
+            (None, _) => Some("the cgroup's OOM kill count could not be read".into()),
+            (_, 0) => None,
+            (_, n) => Some(format!("{n} wrong values read from the cache")),
+        },
+        detail: format!(
+            "service killed {} times, neighbour {} times; hit rate {:.1} %",
+            r.service_kills,
+            r.neighbour_kills,
+            r.hit_rate * 100.0
+        ),
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // The suite.
 
@@ -532,6 +558,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let mut burst = Scenario::new("burst", "from the mark to the region armed");
     let mut python = Scenario::new("python-bytearrays", "none");
     let mut trade = Scenario::new("tradeoff", "neighbour's time to get its memory");
+    let mut cache = Scenario::new("cache", "none");
     if let Err(e) = &lib {
         python.skipped = Some(e.clone());
         trade.skipped = Some(e.clone());
@@ -549,7 +576,8 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
          python-bytearrays: python3 writing 100 bytearrays of 1 MiB under the vrange-malloc \
          shim in a {} MiB cgroup; it must exit 0. tradeoff: one run of the tradeoff suite's \
          vrange-malloc default configuration ({} MiB peak, {seconds} s of churn, one thread, a \
-         {} MiB cgroup) per trial. OOM kills: every kill in the scenario's cgroup (the \
+         {} MiB cgroup) per trial. cache: the cache suite's quick scenario for vrange-cache (a \
+         service beside a neighbour ramping to 60 % of a 128 MiB cgroup over 15 s). OOM kills: every kill in the scenario's cgroup (the \
          thrashing cgroup's are not counted). Any kill fails the suite.",
         THRASH_LIMIT / MIB,
         THRASH_ANON >> 20,
@@ -576,7 +604,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     for i in 0..trials {
         let seed = 1 + (i as u64) * (BURST_REGION as u64);
         let delay = Duration::from_millis(BURST_DELAYS_MS[i % BURST_DELAYS_MS.len()]);
-        for s in [&mut burst, &mut python, &mut trade] {
+        for s in [&mut burst, &mut python, &mut trade, &mut cache] {
             if s.skipped.is_some() {
                 continue;
             }
@@ -585,7 +613,8 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             let t = match s.name {
                 "burst" => burst_once(&exe, seed, delay),
                 "python-bytearrays" => python_once(lib.as_ref().map_err(Clone::clone)?),
-                _ => tradeoff_once(&exe, &ours, seconds, &sizes),
+                "tradeoff" => tradeoff_once(&exe, &ours, seconds, &sizes),
+                _ => cache_once(),
             };
             let lead = [s.name.to_string(), (i + 1).to_string()];
             match &t {
@@ -634,7 +663,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         "status",
     ]);
     let mut trouble = Vec::new();
-    for s in [&burst, &python, &trade] {
+    for s in [&burst, &python, &trade, &cache] {
         if let Some(why) = &s.skipped {
             table.row(vec![s.name.to_string(), format!("skipped: {why}")]);
             csv.note(&[s.name], &format!("skipped: {why}"));

@@ -38,6 +38,7 @@ use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use hot::{hot_path, hot_role};
+pub(super) use scenario::vrange_cache_run;
 use scenario::{hog_role, scenario, service_role};
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Barrier, Mutex, PoisonError};

@@ -212,6 +212,20 @@ struct Scenario {
 }
 
 impl Scenario {
+    /// The suite's scenario: a 512 MiB cgroup, 10 s of warm-up, a 60 s ramp and a 5 s tail;
+    /// `quick`: 128 MiB, 2 s, 15 s and 1 s.
+    fn new(quick: bool) -> Scenario {
+        let limit = if quick { 128 * MIB } else { 512 * MIB };
+        Scenario {
+            limit,
+            hog_peak: limit * HOG_PERCENT / 100,
+            warmup: Duration::from_secs(if quick { 2 } else { 10 }),
+            period: Duration::from_secs(if quick { 15 } else { 60 }),
+            tail: Duration::from_secs(if quick { 1 } else { 5 }),
+            keys: keys_for(3 * limit),
+        }
+    }
+
     fn total(&self) -> Duration {
         self.warmup + self.period + self.tail
     }
@@ -239,6 +253,18 @@ struct ScenarioPeer {
     short: String,
     /// Bytes (0: none, vrange-cache).
     capacity: u64,
+}
+
+impl ScenarioPeer {
+    /// vrange-cache with no capacity: vrange's reclaimer at default settings.
+    fn vrange_cache() -> ScenarioPeer {
+        ScenarioPeer {
+            store: "vrange-cache",
+            label: "vrange-cache, no capacity".into(),
+            short: "vrange-cache".into(),
+            capacity: 0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -436,6 +462,33 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
     Ok(run)
 }
 
+/// What one run of the scenario (the `quick` one or the suite's) did to vrange-cache's
+/// service: the stress suite's trial.
+pub(in crate::bench) struct VrangeCacheRun {
+    /// OOM kills in the scenario's cgroup (`None`: the counter could not be read).
+    pub oom_kills: Option<u64>,
+    /// Times the service and the neighbour were found killed (and started again).
+    pub service_kills: usize,
+    pub neighbour_kills: usize,
+    /// Hits over requests, the whole run.
+    pub hit_rate: f64,
+    /// Values read wrong (must be 0).
+    pub wrong: u64,
+}
+
+/// One run of the scenario for vrange-cache alone.
+pub(in crate::bench) fn vrange_cache_run(quick: bool) -> Result<VrangeCacheRun, String> {
+    let run = scenario_one(&Scenario::new(quick), &ScenarioPeer::vrange_cache())?;
+    let total = run.total();
+    Ok(VrangeCacheRun {
+        oom_kills: run.oom_kills,
+        service_kills: run.kills.len(),
+        neighbour_kills: run.hog_kills.len(),
+        hit_rate: total.rate(),
+        wrong: total.wrong,
+    })
+}
+
 fn mib(b: u64) -> String {
     format!("{} MiB", b / MIB)
 }
@@ -449,25 +502,13 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
         ctx.skipped("cache scenario", &why);
         return Ok(());
     }
-    let limit = if ctx.quick() { 128 * MIB } else { 512 * MIB };
-    let s = Scenario {
-        limit,
-        hog_peak: limit * HOG_PERCENT / 100,
-        warmup: Duration::from_secs(if ctx.quick() { 2 } else { 10 }),
-        period: Duration::from_secs(if ctx.quick() { 15 } else { 60 }),
-        tail: Duration::from_secs(if ctx.quick() { 1 } else { 5 }),
-        keys: keys_for(3 * limit),
-    };
+    let s = Scenario::new(ctx.quick());
+    let limit = s.limit;
     let slack = limit / 8;
     let full = limit - slack;
     let conservative = limit - s.hog_peak - slack;
     let peers = [
-        ScenarioPeer {
-            store: "vrange-cache",
-            label: "vrange-cache, no capacity".into(),
-            short: "vrange-cache".into(),
-            capacity: 0,
-        },
+        ScenarioPeer::vrange_cache(),
         ScenarioPeer {
             store: "quick_cache",
             label: format!("quick_cache, sized conservatively: {}", mib(conservative)),
