@@ -580,14 +580,18 @@ impl<'a> Server<'a> {
 
     /// Credits the answers that came to the `Room` requests they were sent for, and answers
     /// each planned one whose requests freed what it asked, or are all answered or left to
-    /// participants that do not answer.
+    /// participants that do not answer (or have not for two ping intervals: the participant
+    /// waiting gives up after three, and asked again, it gets a round over the others).
     fn answer_rooms(&mut self) {
         let answered = std::mem::take(&mut self.answered);
+        let patience = self.opts.ping.saturating_mul(2);
         let open: Vec<u64> = self
             .conns
             .iter()
             .filter(|c| c.responsive)
-            .filter_map(|c| c.pending.map(|(id, _)| id))
+            .filter_map(|c| c.pending)
+            .filter(|(_, sent)| sent.elapsed() < patience)
+            .map(|(id, _)| id)
             .collect();
         for c in &mut self.conns {
             let Some(r) = c.room.as_mut() else {

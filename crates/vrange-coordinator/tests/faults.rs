@@ -385,11 +385,19 @@ fn a_stopped_participant_does_not_delay_the_answer_to_make_room() {
     let report = filled.as_ref().ok().map(|_| ask(&mut young, "report"));
     let other_report = ask(&mut other, "report");
     let kills = cg.oom_kills().expect("OOM kills");
+    let status = vrange_coordinator::query(&socket);
+    let metrics = coordinator.shared.metrics();
     signal(stopped.pid(), libc::SIGCONT);
     drop((stopped, other, young, coordinator));
     drop(dir);
     cgroup::remove(child);
-    println!("{filled:?}\n{report:?}\n{other_report:?}");
+    println!("{filled:?}\n{report:?}\n{other_report:?}\n{status:?}");
+    for l in metrics
+        .lines()
+        .filter(|l| l.starts_with("vrange_coordinator_r"))
+    {
+        println!("{l}");
+    }
     assert_eq!(kills, 0, "no OOM kill");
     let report = report.expect("FILLED");
     assert!(
