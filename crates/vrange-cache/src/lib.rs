@@ -48,9 +48,9 @@
 //! # Pressure
 //! Before it maps a new slab, an insert checks the memory cgroup's headroom
 //! ([`vrange::reclaimer::make_room`], one `pread`) and purges the oldest volatile memory of
-//! the process if the new slab would leave less than the `VRANGE_HEADROOM` threshold free: a
-//! cache filling at memory speed must not pass its container's limit between two ticks of
-//! the reclaimer.
+//! the process (under a live coordinator: of the container, in its global order) if the new
+//! slab would leave less than the `VRANGE_HEADROOM` threshold free: a cache filling at memory
+//! speed must not pass its container's limit between two ticks of the reclaimer.
 //!
 //! # Hits, and when a released slab becomes volatile
 //! A hit costs a map lookup and two atomic operations on its slab: a slab stays pinned on the
