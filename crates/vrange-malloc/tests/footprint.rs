@@ -22,11 +22,7 @@ const TOTAL: usize = 150 * MIB;
 fn footprint(exe: &std::path::Path, size: usize, shim: bool) -> u64 {
     let mut cmd = Command::new(exe);
     cmd.arg(size.to_string()).arg(TOTAL.to_string());
-    let out = if shim {
-        output(with_shim(&mut cmd, &[]))
-    } else {
-        output(without_shim(&mut cmd))
-    };
+    let out = output(shim_if(&mut cmd, shim));
     assert!(
         out.status.success(),
         "footprint {size} (shim: {shim}): {}",
@@ -100,12 +96,7 @@ fn python_bytearrays_fit_a_cgroup_they_fit_without_the_shim() {
             Err(why) => return skip(why),
         };
         let mut cmd = Command::new(PYTHON);
-        cmd.args(["-c", program]);
-        if shim {
-            with_shim(&mut cmd, &[]);
-        } else {
-            without_shim(&mut cmd);
-        }
+        shim_if(cmd.args(["-c", program]), shim);
         join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join");
         let out = output(&mut cmd);
         let kills = child.cgroup().oom_kills().unwrap_or(0);

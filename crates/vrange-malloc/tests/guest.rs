@@ -204,12 +204,7 @@ fn python_raises_memory_error_in_a_small_cgroup() {
     let prog = "try:\n    b = bytearray(1 << 40)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')\n";
     for shim in [false, true] {
         let mut cmd = Command::new(PYTHON);
-        cmd.args(["-c", prog]);
-        if shim {
-            with_shim(&mut cmd, &[]);
-        } else {
-            without_shim(&mut cmd);
-        }
+        shim_if(cmd.args(["-c", prog]), shim);
         join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join");
         let out = output(&mut cmd);
         assert!(

@@ -296,11 +296,7 @@ fn git_session(dir: &Path, shim: bool) -> (String, String) {
         ] {
             cmd.env_remove(var);
         }
-        let out = if shim {
-            output(with_shim(&mut cmd, &[]))
-        } else {
-            output(without_shim(&mut cmd))
-        };
+        let out = output(shim_if(&mut cmd, shim));
         assert!(
             out.status.success(),
             "git {} ({}): {cmd:?} ended with {}\n{}",

@@ -33,6 +33,15 @@ pub fn with_shim<'a>(cmd: &'a mut Command, extra: &[&Path]) -> &'a mut Command {
         .env("VRANGE_MALLOC_STATS", "1")
 }
 
+/// [`with_shim`] or [`without_shim`], as `shim` says: for tests that run a program both ways.
+pub fn shim_if(cmd: &mut Command, shim: bool) -> &mut Command {
+    if shim {
+        with_shim(cmd, &[])
+    } else {
+        without_shim(cmd)
+    }
+}
+
 /// Compiles `source` (a file of `tests/c/`, or an absolute path) with `/usr/bin/gcc -O2 -Wall -Wextra -Werror` and
 /// `flags` into `out`, without the shim.
 pub fn compile(source: impl AsRef<Path>, out: &Path, flags: &[&str]) {
