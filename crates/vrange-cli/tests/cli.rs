@@ -302,7 +302,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
     assert!(
         err.contains(
             "ebizzy, pressure, lazyfree, pagetable, markcost, refill, cache, coordinate, pairs, \
-             tradeoff, all"
+             tradeoff, stress, all"
         ),
         "{err}"
     );
@@ -319,6 +319,7 @@ fn bench_rejects_unknown_suites_and_lists_the_suites() {
         "coordinate",
         "pairs",
         "tradeoff",
+        "stress",
         "all",
     ] {
         assert!(
