@@ -9,7 +9,10 @@ no leftover of another test is chosen instead.
 import array
 import ctypes
 import gc
+import os
 import random
+import subprocess
+import sys
 import threading
 import zlib
 
@@ -622,3 +625,70 @@ def test_threads_put_get_del_with_checksums():
     assert all(h > 0 for h in hits), hits
     s = c.stats()
     assert s["hits"] == sum(hits)
+
+
+def _child_memory_cgroup(limit):
+    """A fresh child of this process's cgroup v1 memory cgroup limited to `limit` bytes, or a
+    reason there can be none here (not root, no v1 memory hierarchy)."""
+    line = next(
+        (l for l in open("/proc/self/cgroup").read().splitlines() if ":memory:" in l), None
+    )
+    base = "/sys/fs/cgroup/memory"
+    if line is None or not os.path.isdir(base):
+        return None, "no cgroup v1 memory hierarchy"
+    parent = os.path.join(base, line.split(":", 2)[2].lstrip("/"))
+    path = os.path.join(parent, f"vrange-py-{os.getpid()}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit))
+    except OSError as e:
+        return None, f"cannot make a child memory cgroup under {parent}: {e}"
+    return path, None
+
+
+def test_keeping_one_value_in_64_fits_a_cgroup_smaller_than_the_values():
+    # Issue 19, the reproducer as a user wrote it: 384 MiB of 4 KiB values in a 128 MiB
+    # cgroup, keeping every 64th `cache[k]`. Each kept result pinned its 256 KiB slab, so
+    # 1.5 % of the values held every slab and the process was OOM-killed at ~100 MiB.
+    path, why = _child_memory_cgroup(128 << 20)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"under CI this test must run: {why}")
+        pytest.skip(why)
+    program = (
+        "import vrange\n"
+        "cache = vrange.Cache()\n"
+        "keep = []\n"
+        "value = bytes(range(256)) * 16\n"
+        "for i in range((384 << 20) // 4096):\n"
+        "    k = f'k{i}'\n"
+        "    cache[k] = value\n"
+        "    if i % 64 == 0:\n"
+        "        keep.append(cache[k])\n"
+        "assert all(v == value for v in keep)\n"
+        "print(len(keep))\n"
+    )
+    env = dict(os.environ, VRANGE_HEADROOM="auto", VRANGE_VMPRESSURE="on")
+    env.pop("VRANGE_PSI", None)
+
+    def join():
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", program],
+            env=env,
+            preexec_fn=join,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        oom = open(os.path.join(path, "memory.oom_control")).read()
+        kills = int(oom.split("oom_kill ")[1].split()[0]) if "oom_kill " in oom else 0
+    finally:
+        os.rmdir(path)
+    assert kills == 0, f"OOM-killed: {done.stderr}"
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str((384 << 20) // 4096 // 64)
