@@ -56,8 +56,11 @@ fn a_terabyte_reserves_no_memory_commit_or_page_tables() {
         before.0,
         after.0
     );
+    // The harness's other threads (a test thread starting, its stack and heap) add a page
+    // table now and then: 3 were seen under load. A terabyte with its page tables would be
+    // 4 MiB of middle-level tables alone, and 2 GiB of page tables once touched.
     assert!(
-        after.1 <= before.1 + 8,
+        after.1 <= before.1 + 256,
         "VmPTE {} kB -> {} kB",
         before.1,
         after.1
@@ -81,6 +84,7 @@ fn a_terabyte_reserves_no_memory_commit_or_page_tables() {
 
 #[test]
 fn the_classic_call_refuses_scratch_memory() {
+    let _s = serial();
     let Some(r) = scratch(4 * MIB) else { return };
     let page = vrange::page_size();
     // SAFETY: the region is ours; the calls must refuse it without touching it.
@@ -100,6 +104,7 @@ fn the_classic_call_refuses_scratch_memory() {
 
 #[test]
 fn from_raw_takes_back_only_a_live_scratch_region_exactly() {
+    let _s = serial();
     let Some(r) = scratch(3 * MIB + 1) else {
         return;
     };
