@@ -319,7 +319,7 @@ fn mark_range(idx: u32, slot: &Slot, now: u64) {
 }
 
 /// Hands a hybrid range just marked to the kernel's lazy-free path in the marking thread, while
-/// memory is tight (`reclaim::approach`). Skipped while a purge holds the purge lock (a flush
+/// memory is tight (`crate::approach`). Skipped while a purge holds the purge lock (a flush
 /// hook marking inside one): the reclaimer's next pass, at most 10 ms away, arms it.
 fn arm_now(slot: &Slot, now: u64) {
     let word = slot.state().load();
