@@ -282,10 +282,11 @@
  *
  *     vrange_cache_put() copies vlen bytes at val under the klen bytes at key (replacing any
  *     entry) with class priority: 0 or one VRANGE_DROP_* value. vrange_cache_get() returns
- *     the value under key, stores its length in *vlen (if vlen is not NULL) and pins it: it
+ *     the value under key, stores its length in *vlen (if vlen is not NULL) and holds it: it
  *     stays readable, unchanged, until vrange_cache_release(c, value), even if the key is
- *     removed or replaced meanwhile. Release every value you get, once; a value is
- *     read-only. When there is no value, vrange_cache_get() returns NULL and sets errno to
+ *     removed or replaced, or the rest of its slab purged, meanwhile. A held value keeps
+ *     only the pages it lies on from a purge, not its slab. Release every value you get,
+ *     once; a value is read-only. When there is no value, vrange_cache_get() returns NULL and sets errno to
  *     ENOENT (never inserted, removed, or already reported purged) or ESTALE (the system
  *     purged it; the entry is dropped, so the next get says ENOENT): regenerate it and put
  *     it again. Values are purged whole, in slabs: values put together, and those of one
@@ -300,8 +301,8 @@
  *     of a slab never written take no memory), and the overhead (resident bytes holding no
  *     live value: page rounding and removed values in slabs still in use). The totals
  *     mapped_bytes, the address space of those slabs (what resident_bytes counted in earlier
- *     releases), and pinned_bytes, the resident bytes of slabs that held values pin now (a
- *     held value keeps its whole slab from any purge), follow. vrange_cache_destroy() frees
+ *     releases), and pinned_bytes, the bytes no purge can take now (the pages under held
+ *     values, and whole slabs while a put writes into them), follow. vrange_cache_destroy() frees
  *     the cache; values still held stay readable and are leaked, and every later call with
  *     the handle fails with EINVAL (a destroyed handle keeps 16 bytes so that this holds; no
  *     new cache gets its address).
@@ -935,7 +936,7 @@ struct vrange_cache_stats {
     struct vrange_cache_class_stats classes[4]; /**< DROP_FIRST, DROP_LOW, normal, DROP_LAST */
     /* Appended after the first release: a smaller size leaves them out. */
     uint64_t mapped_bytes;   /**< address space of slabs not known purged (not memory use) */
-    uint64_t pinned_bytes;   /**< resident bytes of slabs held values pin now */
+    uint64_t pinned_bytes;   /**< bytes no purge can take now: pages under held values */
 };
 
 /** Makes a cache (options NULL: the defaults). Returns it, or NULL with errno set. */

@@ -67,6 +67,7 @@ pub(crate) struct Shared {
 #[derive(Debug)]
 struct RawPins {
     count: usize,
+    len: usize,
     slab: Arc<Slab>,
 }
 
@@ -154,21 +155,25 @@ impl Shared {
         self.classes[class(p)].purged_lookups.fetch_add(1, Relaxed);
     }
 
-    /// A value given out raw at `addr`, pinning `slab` (which the caller holds pinned).
-    pub fn raw_given(&self, addr: usize, slab: Arc<Slab>) {
-        let mut pins = self.raw.entry(addr).or_insert(RawPins { count: 0, slab });
+    /// A value of `len` bytes given out raw at `addr`, held in `slab`.
+    pub fn raw_given(&self, addr: usize, len: usize, slab: Arc<Slab>) {
+        let mut pins = self.raw.entry(addr).or_insert(RawPins {
+            count: 0,
+            len,
+            slab,
+        });
         // A pin each; there cannot be more pins than addressable bytes.
         pins.count = pins.count.saturating_add(1);
     }
 
-    /// Takes back one raw pin of the value at exactly `addr`, returning its slab for the
-    /// caller to unpin; `None` if no value at `addr` has a raw pin outstanding.
-    pub fn raw_taken(&self, addr: usize) -> Option<Arc<Slab>> {
+    /// Takes back one raw hold of the value at exactly `addr`, returning its slab and length
+    /// for the caller to release; `None` if no value at `addr` has a raw hold outstanding.
+    pub fn raw_taken(&self, addr: usize) -> Option<(Arc<Slab>, usize)> {
         let slab = {
             let mut pins = self.raw.get_mut(&addr)?;
             // Zero: another release took the last pin and is about to remove the record.
             pins.count = pins.count.checked_sub(1)?;
-            pins.slab.clone()
+            (pins.slab.clone(), pins.len)
         };
         // Unless a get gave the address out raw again meanwhile.
         self.raw.remove_if(&addr, |_, p| p.count == 0);
@@ -273,9 +278,10 @@ pub struct ClassStats {
     /// Address space of the slabs not known to be purged (whole slabs, written or not): what
     /// `resident_bytes` meant before it counted only written pages. Not memory use.
     pub mapped_bytes: u64,
-    /// Of `resident_bytes`, the bytes of slabs a held value (an [`crate::Entry`], a raw
-    /// value not yet released, an insert in progress) pins now: memory no purge can take
-    /// until they are let go. One held value pins its whole slab.
+    /// Bytes no purge can take now: the written pages of every slab an [`crate::Entry`] (or
+    /// an insert in progress) pins, which is the whole slab, and the pages under each value
+    /// kept as a [`crate::Held`] (or raw, or a Python view), which is only the value's own
+    /// pages. Held pages of a slab purged around them count here until released.
     pub pinned_bytes: u64,
     /// Value bytes of live entries in those slabs.
     pub value_bytes: u64,

@@ -42,8 +42,14 @@
 //! their slab until all of its entries are gone: [`Stats::overhead_bytes`] reports it with
 //! page rounding. [`Stats::resident_bytes`] counts only the pages values were written to
 //! (an upper bound of what is resident), [`Stats::mapped_bytes`] the slabs' address space,
-//! and [`Stats::pinned_bytes`] what held values keep from any purge: one held value pins its
-//! whole slab.
+//! and [`Stats::pinned_bytes`] what readers keep from any purge.
+//!
+//! # Reading now, keeping for long
+//! An [`Entry`] is the guard for reading a value now: it pins the value's whole slab with two
+//! atomic operations. A value kept for long is [`Entry::hold`]: a [`Held`] value (as are the
+//! C ABI's raw values and Python's views) keeps only the pages it lies on; the rest of its slab
+//! becomes volatile around it and may be purged (the slab's other values are then lost, the
+//! held one stays readable until dropped).
 //!
 //! # Pressure
 //! Before it maps a new slab, an insert checks the memory cgroup's headroom
@@ -72,7 +78,7 @@ mod entry;
 mod slab;
 
 pub use counters::{ClassStats, Stats};
-pub use entry::Entry;
+pub use entry::{Entry, Held};
 pub use vrange::{Error, Policy, Priority, Result};
 
 use counters::{class, Shared, CLASSES};
@@ -552,13 +558,11 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let mut pinned = [0u64; CLASSES];
         for s in self.slabs.iter() {
             if let Some(slab) = s.value().upgrade() {
+                let c = class(slab.priority);
                 if !slab.is_dead() {
-                    let c = class(slab.priority);
                     value[c] = value[c].saturating_add(slab.live_bytes() as u64);
-                    if slab.pinned_now() {
-                        pinned[c] = pinned[c].saturating_add(slab.touched() as u64);
-                    }
                 }
+                pinned[c] = pinned[c].saturating_add(slab.pinned_bytes() as u64);
             }
         }
         let classes = std::array::from_fn(|i| counters::ClassStats {
@@ -584,7 +588,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         self.slabs.retain(|_, w| match w.upgrade() {
             Some(slab) => {
                 slab.check_purged();
-                !slab.is_dead()
+                // A dead slab's held pages still count as pinned.
+                !slab.is_dead() || slab.has_holds()
             }
             None => false,
         });
@@ -636,11 +641,13 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// # Errors
     /// [`Error::NotRegion`] if no value of this cache at `ptr` has a raw pin outstanding.
     pub fn release_raw(&self, ptr: *const u8) -> Result<()> {
-        let slab = self
+        let (slab, len) = self
             .shared
             .raw_taken(ptr as usize)
             .ok_or(Error::NotRegion)?;
-        slab.unpin();
+        // The record names a value of this slab held once more than released: its hold is listed.
+        let released = slab.release_hold(ptr as usize - slab.start(), len);
+        debug_assert!(released);
         Ok(())
     }
 }

@@ -22,6 +22,15 @@
 //! While `HELD`, the slab holds a reference to itself (`Inner::me`): a pin keeps it alive,
 //! so an `Entry` needs no reference count of its own, and a hit makes two atomic operations
 //! on the slab, not four.
+//!
+//! # Holds: a value kept for long pins its own pages, not the slab
+//! A pin is the hot path's lock on the whole slab, for as long as a reader looks. A value kept
+//! longer (a [`crate::Held`], a raw value of the C ABI, a Python view) is a *hold* instead:
+//! its page-rounded extent, listed under the region's lock and counted in no pin. The flush
+//! then marks the slab volatile *around* the holds (each gap its own vrange range), so a
+//! purge can take every page but the held ones; a hold released while the slab is volatile
+//! marks its own pages. A slab purged around holds is dead (its other entries are lost) but
+//! stays mapped, the held pages intact, until its last hold goes.
 
 use crate::counters::Shared;
 use parking_lot::Mutex;
@@ -44,6 +53,55 @@ struct Inner {
     region: Option<VolatileRegion>,
     /// The slab's reference to itself while `HELD`.
     me: Option<Arc<Slab>>,
+    /// Held extents (page-rounded offsets `start..end`, one per hold: a multiset), never
+    /// marked volatile while listed.
+    holds: Vec<(usize, usize)>,
+}
+
+impl Inner {
+    /// Marks volatile the pages of `lo..hi` (page offsets in the slab) that no hold covers.
+    /// The caller holds the region's lock, and no pin is held (or can be taken without it).
+    fn mark_unheld(&self, lo: usize, hi: usize) {
+        let Some(r) = self.region.as_ref() else {
+            return;
+        };
+        let mut holds: Vec<(usize, usize)> = self
+            .holds
+            .iter()
+            .copied()
+            .filter(|&(s, e)| s < hi && e > lo)
+            .collect();
+        holds.sort_unstable();
+        let mut at = lo;
+        for (s, e) in holds.into_iter().chain([(hi, hi)]) {
+            if s > at {
+                // SAFETY: the caller holds the lock with no pin: no reader holds a reference
+                // into `at..s`, and no hold lies in it.
+                let _ = unsafe { r.mark_range(at, s - at) };
+            }
+            at = at.max(e);
+        }
+    }
+
+    /// Bytes of the pages the holds cover (overlaps once).
+    fn held_bytes(&self) -> usize {
+        match self.holds[..] {
+            [] => return 0,
+            [(s, e)] => return e - s,
+            _ => {}
+        }
+        let mut holds = self.holds.clone();
+        holds.sort_unstable();
+        let (mut total, mut end) = (0, 0);
+        for (s, e) in holds {
+            let s = s.max(end);
+            if e > s {
+                total += e - s;
+                end = e;
+            }
+        }
+        total
+    }
 }
 
 #[derive(Debug)]
@@ -60,6 +118,8 @@ pub(crate) struct Slab {
     /// Entries (in the map or being written) whose values lie here, and their bytes.
     live: AtomicUsize,
     live_bytes: AtomicUsize,
+    /// Bytes of the pages holds cover (`Inner::held_bytes`, kept for statistics).
+    held_bytes: AtomicUsize,
     pub priority: Priority,
     shared: Arc<Shared>,
     me: Weak<Slab>,
@@ -78,10 +138,12 @@ impl Slab {
             inner: Mutex::new(Inner {
                 region: Some(region),
                 me: None,
+                holds: Vec::new(),
             }),
             dead: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
+            held_bytes: AtomicUsize::new(0),
             priority: opts.priority,
             shared: shared.clone(),
             me: me.clone(),
@@ -165,11 +227,14 @@ impl Slab {
         }
         let mut inner = self.inner.lock();
         if self.state.load(Acquire) & HELD == 0 {
-            let Some(r) = inner.region.as_ref() else {
+            let Some(r) = inner.region.as_ref().filter(|_| !self.is_dead()) else {
                 return Err(Purged);
             };
-            // A slab is never split and unmark only fails for memory vrange does not own.
+            // Unmark only fails for memory vrange does not own (the ranges split around
+            // holds are all the region's own).
             if r.unmark().unwrap_or_default().was_purged() {
+                // Volatile again around the holds, for `die` to free.
+                self.mark_idle(&inner);
                 self.die(&mut inner);
                 return Err(Purged);
             }
@@ -215,11 +280,9 @@ impl Slab {
                 Err(now) => s = now,
             }
         }
-        if let Some(r) = inner.region.as_ref() {
-            // SAFETY: the count was zero and HELD is now clear, so a reader must take the
-            // slow path, which waits for this lock: no reference into the region is live.
-            let _ = unsafe { r.mark() };
-        }
+        // The count was zero and HELD is now clear, so a reader must take the slow path,
+        // which waits for this lock: no reference into the region is live but the holds'.
+        self.mark_idle(&inner);
         // Dropped after the lock: it may be the last reference.
         let me = inner.me.take();
         drop(inner);
@@ -248,7 +311,7 @@ impl Slab {
         let Some(r) = inner
             .region
             .as_ref()
-            .filter(|_| self.state.load(Acquire) == 0)
+            .filter(|_| self.state.load(Acquire) == 0 && !self.is_dead())
         else {
             return 0;
         };
@@ -260,9 +323,14 @@ impl Slab {
     }
 
     /// The content is gone: unmaps the region (no one holds a pin, and no one can take one
-    /// from now on). Called with the region's lock held.
+    /// from now on), or, while holds remain, purges what is volatile around them and unmaps
+    /// it at the last hold's release. Called with the region's lock held.
     fn die(&self, inner: &mut Inner) {
-        inner.region = None;
+        if inner.holds.is_empty() {
+            inner.region = None;
+        } else if let Some(r) = inner.region.as_ref() {
+            let _ = r.purge();
+        }
         if !self.dead.swap(true, AcqRel) {
             self.shared.slab_died(
                 self.priority,
@@ -272,6 +340,74 @@ impl Slab {
                 self.live_bytes.load(Relaxed),
             );
         }
+    }
+
+    /// Holds the pages of the value at `off..off + len` (the caller holds a pin, so the slab
+    /// is alive and not purged): they stay unpurged, and the slab mapped, until
+    /// [`Slab::release_hold`] with the same place.
+    pub fn hold(&self, off: usize, len: usize) {
+        let extent = self.extent(off, len);
+        let mut inner = self.inner.lock();
+        inner.holds.push(extent);
+        self.held_bytes.store(inner.held_bytes(), Relaxed);
+    }
+
+    /// Drops one hold of the value at `off..off + len`; its pages become volatile with the
+    /// slab (at once if the slab is volatile now), and a dead slab's last hold unmaps it.
+    /// Returns `false`, changing nothing, if no such hold is listed.
+    pub fn release_hold(&self, off: usize, len: usize) -> bool {
+        let extent = self.extent(off, len);
+        let mut inner = self.inner.lock();
+        let Some(i) = inner.holds.iter().position(|&h| h == extent) else {
+            return false;
+        };
+        inner.holds.swap_remove(i);
+        self.held_bytes.store(inner.held_bytes(), Relaxed);
+        if self.is_dead() {
+            if inner.holds.is_empty() {
+                inner.region = None;
+            }
+        } else if self.state.load(Acquire) == 0 {
+            // Volatile around the holds: no pin, and a new one waits for this lock.
+            inner.mark_unheld(extent.0, extent.1);
+        }
+        true
+    }
+
+    /// Marks the idle slab volatile (the caller holds the region's lock, and no pin is held):
+    /// all of it, or, around holds, the written pages no hold covers. Pages never written are
+    /// then left pinned: they take no memory, and a purge of them would lose nothing yet
+    /// declare the slab, and so its held values' entries, purged.
+    fn mark_idle(&self, inner: &Inner) {
+        let end = if inner.holds.is_empty() {
+            self.len
+        } else {
+            self.touched()
+        };
+        inner.mark_unheld(0, end);
+    }
+
+    /// The page-rounded extent of `off..off + len` (inside the slab: no overflow).
+    fn extent(&self, off: usize, len: usize) -> (usize, usize) {
+        let page = vrange::page_size();
+        debug_assert!(off + len <= self.len);
+        let lo = off - off % page;
+        (lo, (off + len).next_multiple_of(page).min(self.len).max(lo))
+    }
+
+    /// Bytes of this slab no purge can take now: its written pages while pinned, else the
+    /// pages its holds cover.
+    pub fn pinned_bytes(&self) -> usize {
+        if self.pinned_now() {
+            self.touched()
+        } else {
+            self.held_bytes.load(Relaxed)
+        }
+    }
+
+    /// Whether a hold keeps the slab mapped (possibly dead).
+    pub fn has_holds(&self) -> bool {
+        self.held_bytes.load(Relaxed) != 0
     }
 
     /// A value of `len` bytes was placed here.

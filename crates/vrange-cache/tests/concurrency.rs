@@ -1,5 +1,6 @@
 //! Eight threads on a two-core machine mixing lookups, inserts (copied and in place),
-//! get-or-insert, removals and held entries, while a ninth purges at random: every value read is
+//! get-or-insert, removals and held entries (guards pinning their slab, and kept values holding
+//! only their pages), while a ninth purges at random: every value read is
 //! a whole value its key was given (each carries its key and version and is checked byte for
 //! byte), held values never change, and the statistics add up. A stress test, not a benchmark.
 
@@ -45,7 +46,7 @@ fn eight_threads_mixing_operations_under_purges_read_only_whole_values() {
             let (hits, purged, torn) = (&hits, &purged, &torn);
             s.spawn(move || {
                 let mut dice = 0x9E37_79B9_7F4A_7C15 ^ (t + 1);
-                let mut held = Vec::new();
+                let mut held: Vec<Box<dyn std::ops::Deref<Target = [u8]> + Send>> = Vec::new();
                 while !stop.load(Relaxed) {
                     let key = next(&mut dice) % KEYS;
                     let class = [Priority::DropFirst, Priority::Normal][(key % 2) as usize];
@@ -56,8 +57,11 @@ fn eight_threads_mixing_operations_under_purges_read_only_whole_values() {
                                 if version_of(&e, key).is_none() {
                                     torn.fetch_add(1, Relaxed);
                                 }
-                                if held.len() < 4 && next(&mut dice) % 8 == 0 {
-                                    held.push(e);
+                                match next(&mut dice) % 16 {
+                                    _ if held.len() >= 4 => {}
+                                    0 => held.push(Box::new(e)),
+                                    1 => held.push(Box::new(e.hold())),
+                                    _ => {}
                                 }
                             }
                             Err(Miss::Purged) => {

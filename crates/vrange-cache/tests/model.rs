@@ -2,10 +2,12 @@
 //! explicit purges of everything or of a little, and clears. A value returned is always
 //! byte-for-byte the one inserted last under its key; a held entry is never purged and stays
 //! as it was; a lookup says `Purged` only after a purge, and `Absent` only when the model has
-//! no entry; the statistics count what happened. Held values are guards or raw pointers
-//! (`Entry::into_raw`, as the C ABI holds them): a raw release succeeds exactly once per raw
-//! hold, and a release of an address with no raw hold left fails and touches no pin; stats
-//! show pinned bytes while a value is held, and none when nothing is.
+//! no entry; the statistics count what happened. Held values are guards (which pin their
+//! slab: the entry stays a hit), kept values (`Entry::hold`) or raw pointers (`Entry::into_raw`,
+//! as the C ABI holds them), which keep only their bytes intact (the entry may be purged
+//! around them): a raw release succeeds exactly once per raw hold, and a release of an address
+//! with no raw hold left fails and touches no pin; stats show pinned bytes while a value is
+//! held, and none when nothing is.
 
 mod common;
 
@@ -28,6 +30,7 @@ enum Op {
     },
     Get(u8),
     Hold(u8),
+    Keep(u8),
     HoldRaw(u8),
     Release(usize),
     /// A raw release of an address released before (or never held): refused unless that
@@ -57,6 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key.clone(), len()).prop_map(|(key, len)| Op::InsertWith { key, len }),
         4 => key.clone().prop_map(Op::Get),
         1 => key.clone().prop_map(Op::Hold),
+        1 => key.clone().prop_map(Op::Keep),
         1 => key.clone().prop_map(Op::HoldRaw),
         1 => (0usize..4).prop_map(Op::Release),
         1 => (0usize..8).prop_map(Op::ReleaseStale),
@@ -82,9 +86,10 @@ struct Model {
     purge_since: bool,
 }
 
-/// A value held: through its guard, or given up raw.
+/// A value held: through its guard, kept, or given up raw.
 enum Held {
     Guard(Entry),
+    Kept(vrange_cache::Held),
     Raw(*const u8, usize),
 }
 
@@ -94,6 +99,7 @@ impl std::ops::Deref for Held {
     fn deref(&self) -> &[u8] {
         match self {
             Held::Guard(e) => e,
+            Held::Kept(k) => k,
             // SAFETY: a raw hold keeps its pin until `Run` releases it (and drops this).
             Held::Raw(p, len) => unsafe { std::slice::from_raw_parts(*p, *len) },
         }
@@ -111,14 +117,15 @@ struct Run {
 }
 
 impl Run {
-    /// Whether the model's current value under `key` is one a held entry pins.
+    /// Whether the model's current value under `key` is one a guard pins (kept and raw
+    /// values keep only their own bytes, not the entry).
     fn pinned(&self, key: u64) -> bool {
         let Some(m) = self.model.get(&key) else {
             return false;
         };
         self.held
             .iter()
-            .any(|(k, v, _)| *k == key && *v == m.version)
+            .any(|(k, v, h)| *k == key && *v == m.version && matches!(h, Held::Guard(_)))
     }
 
     fn lookup(&mut self, key: u64) -> Option<Entry> {
@@ -184,16 +191,18 @@ impl Run {
             Op::Get(key) => {
                 self.lookup(u64::from(key));
             }
-            Op::Hold(key) | Op::HoldRaw(key) => {
+            Op::Hold(key) | Op::Keep(key) | Op::HoldRaw(key) => {
                 let key = u64::from(key);
                 if self.held.len() < 4 {
                     if let Some(e) = self.lookup(key) {
                         let version = self.model[&key].version;
-                        let held = if matches!(op, Op::HoldRaw(_)) {
-                            let (p, len) = e.into_raw();
-                            Held::Raw(p, len)
-                        } else {
-                            Held::Guard(e)
+                        let held = match op {
+                            Op::HoldRaw(_) => {
+                                let (p, len) = e.into_raw();
+                                Held::Raw(p, len)
+                            }
+                            Op::Keep(_) => Held::Kept(e.hold()),
+                            _ => Held::Guard(e),
                         };
                         self.held.push((key, version, held));
                     }
@@ -245,7 +254,7 @@ impl Run {
                 for m in self.model.values_mut() {
                     m.purge_since = true;
                 }
-                // A held value is pinned: still there, unchanged, and still a hit.
+                // A held value is pinned: still there and unchanged; a guard's is still a hit.
                 for (key, version, e) in &self.held {
                     assert!(
                         check(e, *key, *version),

@@ -171,15 +171,110 @@ fn stats_show_the_bytes_held_values_pin() {
         "one held value pins its slab's written pages, not the other slab: {s:?}"
     );
     assert_eq!(s.pinned_bytes() % page, 0);
-    let (raw, _) = c.get(&19).unwrap().into_raw();
-    assert_eq!(
-        c.stats().pinned_bytes(),
-        c.stats().resident_bytes(),
-        "a value of each slab held: both pinned"
+    let slab = s.pinned_bytes();
+    let (raw, len) = c.get(&19).unwrap().into_raw();
+    let raw_pages = c.stats().pinned_bytes() - slab;
+    assert!(
+        raw_pages >= len as u64 && raw_pages <= len as u64 + 2 * page && raw_pages % page == 0,
+        "a raw value holds its own pages, not its slab: {raw_pages} bytes for {len}"
     );
     drop(held);
+    assert_eq!(
+        c.stats().pinned_bytes(),
+        raw_pages,
+        "only the raw value's pages"
+    );
     c.release_raw(raw).unwrap();
     assert_eq!(c.stats().pinned_bytes(), 0, "all let go");
+}
+
+/// Issue 19 §4: a value kept for long (`Entry::hold`, a raw value, a Python view) keeps only
+/// its own pages; the rest of its slab is purged around it.
+#[test]
+fn a_held_value_keeps_its_own_pages_and_the_rest_of_its_slab_is_purged() {
+    let _s = vrange_testkit::serial();
+    quiet_reclaimer();
+    let c: Cache<u64> = Cache::new(Options::default());
+    let page = vrange::page_size();
+    // 4 KiB values: one 256 KiB slab's worth, and the next slab opened.
+    for i in 0..64u64 {
+        c.insert(i, &value(i, 0, 4096), Priority::Normal).unwrap();
+    }
+    let kept = c.get(&10).unwrap().hold();
+    let (raw, raw_len) = c.get(&40).unwrap().into_raw();
+    let entry_only = c.get(&20).unwrap(); // pins the whole slab while it lives
+    let s = c.stats();
+    assert!(
+        s.pinned_bytes() >= 60 * 4096,
+        "an entry pins its slab: {s:?}"
+    );
+    drop(entry_only);
+    let s = c.stats();
+    let held = s.pinned_bytes() as usize;
+    assert!(
+        held >= 2 * 4096 && held <= 4 * page,
+        "two held values keep at most their own two pages each: {s:?}"
+    );
+    let before = s.resident_bytes() as usize;
+    let freed = vrange::purge(usize::MAX);
+    assert!(
+        freed >= before - held - page,
+        "the purge took the slab around the held values: freed {freed} of {before}, {held} held"
+    );
+    assert_eq!(
+        &kept[..],
+        &value(10, 0, 4096)[..],
+        "the held value is intact"
+    );
+    // SAFETY: the raw value is held until released below.
+    let raw_bytes = unsafe { std::slice::from_raw_parts(raw, raw_len) };
+    assert!(check(raw_bytes, 40, 0), "the raw value is intact");
+    for k in [0u64, 9, 11, 20, 39, 41] {
+        assert_eq!(
+            c.lookup(&k).unwrap_err(),
+            vrange_cache::Miss::Purged,
+            "key {k}: its slab was purged around the held values"
+        );
+    }
+    assert_eq!(
+        c.lookup(&10).unwrap_err(),
+        vrange_cache::Miss::Purged,
+        "the held value's entry went with its slab: the hold is the reader's, not the cache's"
+    );
+    assert_eq!(c.stats().pinned_bytes() as usize, held, "still held");
+    let mapped = c.stats().mapped_bytes();
+    drop(kept);
+    c.release_raw(raw).unwrap();
+    let s = c.stats();
+    assert_eq!(s.pinned_bytes(), 0, "{s:?}");
+    assert_eq!(s.mapped_bytes(), mapped, "the dead slab counted no longer");
+    assert!(
+        vrange::region_containing(raw).is_none(),
+        "the dead slab is unmapped with its last hold"
+    );
+}
+
+/// A hold released while its slab is volatile makes its pages volatile at once.
+#[test]
+fn a_hold_released_while_its_slab_is_volatile_gives_its_pages_back() {
+    let _s = vrange_testkit::serial();
+    quiet_reclaimer();
+    let c: Cache<u64> = Cache::new(Options::default());
+    for i in 0..70u64 {
+        c.insert(i, &value(i, 0, 4096), Priority::Normal).unwrap();
+    }
+    let kept = c.get(&5).unwrap().hold();
+    c.stats(); // a flush: the slab is volatile around the hold
+    drop(kept);
+    vrange::purge(usize::MAX);
+    assert_eq!(
+        c.lookup(&5).unwrap_err(),
+        vrange_cache::Miss::Purged,
+        "the released value's pages went with its slab"
+    );
+    let s = c.stats();
+    assert_eq!(s.pinned_bytes(), 0, "{s:?}");
+    assert_eq!(s.resident_bytes(), 0, "nothing left resident: {s:?}");
 }
 
 proptest! {

@@ -1,15 +1,16 @@
 //! `vrange.Cache`: [`vrange_cache::Cache`] for Python, with `bytes` and `str` keys, values
 //! copied out as `bytes` by `cache[key]` or handed out by `get`, `lookup` and `get_or_insert`
 //! as read-only memoryviews that keep them pinned (a pin the caller asked for by name: a held
-//! view keeps its whole slab from any purge, and `stats()["pinned_bytes"]` shows it).
+//! view keeps the pages its value lies on from any purge, not the rest of its slab, and
+//! `stats()["pinned_bytes"]` shows it).
 //!
 //! Keys: the cache's key is the Python key's bytes after one tag byte (`b` for `bytes`, `s`
 //! for `str`, whose bytes are its UTF-8 encoding), so `b"a"` and `"a"` are different keys.
 //!
-//! Views: a hit is a [`Value`] (holding the pinned [`Entry`]) wrapped in a `memoryview`. The
-//! memoryview holds the only reference to the `Value`; releasing it (`mv.release()`, leaving a
-//! `with` block, garbage collection) drops the reference, the `Value` is freed and its entry
-//! unpinned. Slices of the memoryview share its export, so they keep the value pinned too.
+//! Views: a hit is a [`Value`] (holding the value as a [`Held`]) wrapped in a `memoryview`.
+//! The memoryview holds the only reference to the `Value`; releasing it (`mv.release()`,
+//! leaving a `with` block, garbage collection) drops the reference, the `Value` is freed and
+//! its pages released. Slices of the memoryview share its export, so they keep the value pinned too.
 
 use crate::view;
 use crate::{priority_name, to_py_err, PriorityArg, PurgedError};
@@ -24,7 +25,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Mutex;
 use vrange::Priority;
-use vrange_cache::{Entry, Miss, Options};
+use vrange_cache::{Entry, Held, Miss, Options};
 
 type Key = Box<[u8]>;
 
@@ -59,7 +60,7 @@ fn make_key(key: &Bound<'_, PyAny>) -> PyResult<Key> {
 /// as the `obj` of the memoryview a lookup returns.
 #[pyclass(frozen, module = "vrange", name = "PinnedValue")]
 pub(crate) struct Value {
-    entry: Entry,
+    entry: Held,
 }
 
 #[pymethods]
@@ -72,9 +73,9 @@ impl Value {
         flags: c_int,
     ) -> PyResult<()> {
         let entry = &slf.get().entry;
-        // SAFETY: `view` is CPython's (this is its getbuffer slot). The bytes lie in a slab the
-        // entry keeps pinned (never purged, never unmapped, never written again) while this
-        // object lives, which the view's reference guarantees; exported read-only.
+        // SAFETY: `view` is CPython's (this is its getbuffer slot). The bytes lie on pages the
+        // hold keeps (never purged, never unmapped, never written again) while this object
+        // lives, which the view's reference guarantees; exported read-only.
         unsafe {
             view::export(
                 slf.as_any(),
@@ -106,9 +107,14 @@ impl Value {
     }
 }
 
-/// A read-only memoryview of `entry`, pinned until the view is released.
+/// A read-only memoryview of `entry`, held (its own pages) until the view is released.
 fn memoryview_of(py: Python<'_>, entry: Entry) -> PyResult<Bound<'_, PyMemoryView>> {
-    let value = Bound::new(py, Value { entry })?;
+    let value = Bound::new(
+        py,
+        Value {
+            entry: entry.hold(),
+        },
+    )?;
     PyMemoryView::from(value.as_any())
 }
 
@@ -210,7 +216,8 @@ impl Source {
 /// A cache of byte values under `bytes` or `str` keys that the system may purge under memory
 /// pressure. `cache[key] = value` copies any bytes-like value in; `cache[key]` returns a copy
 /// (`bytes`, pinning nothing); `get` and `lookup` return a read-only memoryview without a copy
-/// that keeps the value, and its whole slab, pinned (never purged) until it is released.
+/// that keeps the value's own pages pinned (never purged) until it is released; the rest of
+/// its slab may be purged meanwhile, and the entry with it.
 /// `b"k"` and `"k"` are different keys.
 ///
 /// `slab_bytes`: bytes per slab (default 256 KiB, at least 64 KiB): values are packed into
@@ -338,8 +345,7 @@ impl Cache {
     }
 
     /// A copy of the value under `key`, as `bytes`: it pins nothing, so keeping it costs its
-    /// own size and never holds a slab (use `get` or `lookup` for a pinned view without a
-    /// copy). Raises KeyError if there is none, and PurgedError (a KeyError) if the system
+    /// own size and holds nothing (use `get` or `lookup` for a pinned view without a copy). Raises KeyError if there is none, and PurgedError (a KeyError) if the system
     /// purged it: the entry is then dropped, so the next lookup raises a plain KeyError.
     fn __getitem__<'py>(
         &self,
@@ -474,7 +480,7 @@ impl Cache {
 
     /// Statistics: hits, misses, purged_lookups, entries, resident_bytes (the most the cache
     /// can hold in memory: written pages of slabs not known to be purged), mapped_bytes (the
-    /// slabs' address space), pinned_bytes (resident bytes of slabs that held values pin now),
+    /// slabs' address space), pinned_bytes (bytes held views keep from any purge now),
     /// value_bytes, purged_bytes, overhead_bytes, dropped_purged, and "classes": per priority
     /// name, hits, inserts, purged_lookups, purged_entries, purged_bytes, resident_bytes,
     /// mapped_bytes, pinned_bytes, value_bytes and slabs.
