@@ -50,9 +50,25 @@ pub fn child_of(parent: &MemCgroup, prefix: &str, limit: u64) -> Result<ChildCgr
     }
 }
 
-/// A fresh child of this process's memory cgroup: [`current`], then [`child_of`].
+/// Where tests make their child cgroups: the directory `VRANGE_TEST_CGROUP` names, if set, else
+/// this process's memory cgroup. On cgroup v2 a cgroup cannot both hold processes and enable
+/// the memory controller for its children, so a v2 runner (`.ci/guest-tests`) lives in one
+/// leaf and names a sibling with memory enabled here.
+pub fn parent() -> Result<MemCgroup, String> {
+    match std::env::var_os("VRANGE_TEST_CGROUP") {
+        Some(dir) => MemCgroup::at(std::path::Path::new(&dir)).ok_or_else(|| {
+            format!(
+                "VRANGE_TEST_CGROUP={} is not a memory cgroup",
+                std::path::Path::new(&dir).display()
+            )
+        }),
+        None => current(),
+    }
+}
+
+/// A fresh child for a test: [`parent`], then [`child_of`].
 pub fn child(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
-    child_of(&current()?, prefix, limit)
+    child_of(&parent()?, prefix, limit)
 }
 
 /// Removes a test's child cgroup (moving any process still in it to the parent first) and

@@ -24,7 +24,10 @@
 //! mlock, a program): [`skip`] prints `skipped: <reason>` and the test returns, except under
 //! CI (`CI` set to anything but empty, `0` or `false`), where every test must run and a skip
 //! fails the test. Each skip is also appended to the file named by `VRANGE_SKIP_LOG`, if set,
-//! so that `.ci/run` can list them at the end.
+//! so that `.ci/run` can list them at the end. The one exception is [`skip_lacking`]: a test of
+//! a kernel feature that vrange's own probe (`vrange_sys::probe::features`) finds missing is
+//! skipped under CI too, and listed as such (`kernel lacks ...`): CI runs older kernels (Linux
+//! 6.1 in a guest, `.ci/guest-tests`), and a feature the probe says is there must be tested.
 
 pub mod bench;
 pub mod build;
@@ -51,6 +54,32 @@ pub fn ci() -> bool {
 /// The caller returns after it.
 #[track_caller]
 pub fn skip(reason: impl Display) {
+    let test = log_skip(&reason);
+    assert!(
+        !ci(),
+        "{test}: {reason} (CI is set, so this test must run: fix the environment)"
+    );
+    println!("skipped: {reason}");
+}
+
+/// Skips a test of `feature` because the kernel lacks it, which `lacking` (the answer of
+/// `vrange_sys::probe::features`, the probe the library itself trusts) must confirm: then the
+/// test is skipped and listed even under CI. If the probe says the kernel has the feature, this
+/// is an ordinary [`skip`] (a failure under CI): the test must not excuse itself from a kernel
+/// the library would use the feature on. The caller returns after it.
+#[track_caller]
+pub fn skip_lacking(feature: &str, lacking: bool, reason: impl Display) {
+    if !lacking {
+        return skip(format!(
+            "{reason} (yet the feature probe finds {feature} on this kernel)"
+        ));
+    }
+    log_skip(&format_args!("kernel lacks {feature}: {reason}"));
+    println!("skipped: kernel lacks {feature}: {reason}");
+}
+
+/// Appends `<test>: <reason>` to the skip log; returns the test's name.
+fn log_skip(reason: &dyn Display) -> String {
     let test = std::thread::current()
         .name()
         .unwrap_or("(unnamed)")
@@ -64,11 +93,7 @@ pub fn skip(reason: impl Display) {
             let _ = writeln!(f, "{test}: {reason}");
         }
     }
-    assert!(
-        !ci(),
-        "{test}: {reason} (CI is set, so this test must run: fix the environment)"
-    );
-    println!("skipped: {reason}");
+    test
 }
 
 /// The programs in `paths` that do not exist, as a skip reason (`None`: all present).

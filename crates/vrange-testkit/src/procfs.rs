@@ -23,3 +23,13 @@ pub fn lazy_free_kb(ptr: *const u8) -> u64 {
         .expect("mapped")
         .lazy_free_kb
 }
+
+/// The running kernel's version, major and minor (`/proc/sys/kernel/osrelease`), for tests of a
+/// rule that changed in a known release; `(0, 0)` if unreadable.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}

@@ -103,16 +103,23 @@ fn make_room_role() {
         vrange::set_option(k, v).unwrap();
     }
     let r = region(40 * MIB, Policy::Managed);
+    // The region started the reclaimer thread. With a one-minute tick its headroom check runs
+    // every 10 ms once memory is tight (see `approach`): starved, it cannot win the race
+    // against the caller, on a slow machine or an emulated one.
+    let tid = vrange_testkit::sched::thread_named("vrange-reclaim").expect("the reclaimer");
+    let starved = vrange_testkit::sched::starve(tid).expect("starve the reclaimer thread");
     // SAFETY: no reference into the region while it is volatile.
     unsafe { r.mark().unwrap() };
     let plenty = vrange::reclaimer::make_room(0);
     let ordinary = vec![1u8; 16 * MIB];
     let freed = vrange::reclaimer::make_room(MIB);
+    drop(starved);
     let purged = r.unmark().unwrap().was_purged();
     say(format!(
-        "ROOM before={plenty} freed={freed} purged={} sum={}",
+        "ROOM before={plenty} freed={freed} purged={} sum={} headroom={}",
         u8::from(purged),
-        ordinary.iter().map(|&b| b as u64).sum::<u64>()
+        ordinary.iter().map(|&b| b as u64).sum::<u64>(),
+        vrange::stats().source(vrange::Source::Headroom).bytes,
     ));
 }
 

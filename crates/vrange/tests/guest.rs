@@ -122,7 +122,11 @@ fn the_range_check_survives_its_maps_descriptor_being_replaced() {
         .map(|(fd, _)| fd)
         .collect();
     if !vrange_sys::vma::has_procmap_query() {
-        return vrange_testkit::skip("no PROCMAP_QUERY: the range check keeps no descriptor");
+        return vrange_testkit::skip_lacking(
+            "PROCMAP_QUERY (Linux 6.11)",
+            !vrange_sys::probe::features().procmap_query,
+            "the range check keeps no descriptor",
+        );
     }
     assert_eq!(
         maps.len(),

@@ -30,7 +30,11 @@ fn huge_region(blocks: usize, seed: u64) -> Option<Region> {
     let region = Region::with_huge(blocks * HUGE_PAGE, Huge::Always).unwrap();
     fill(region.as_ptr(), region.len(), seed);
     if !pagemap::has_pagemap_scan() {
-        vrange_testkit::skip("this kernel lacks PAGEMAP_SCAN (Linux 6.7)");
+        vrange_testkit::skip_lacking(
+            "PAGEMAP_SCAN (Linux 6.7)",
+            !vrange_sys::probe::features().pagemap_scan,
+            "huge pages cannot be proved intact by their runs",
+        );
         return None;
     }
     if !all_huge(region.as_ptr(), region.len()) {

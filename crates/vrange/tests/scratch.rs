@@ -13,7 +13,7 @@ use vrange_testkit::fork::fork_linked;
 use vrange_testkit::pattern::{check_at, fill, is_zero};
 use vrange_testkit::proc::Exit;
 use vrange_testkit::role::{role, role_command, say, Role};
-use vrange_testkit::{cgroup, serial, skip};
+use vrange_testkit::{cgroup, serial, skip, skip_lacking};
 
 const MIB: usize = 1 << 20;
 const TIB: usize = 1 << 40;
@@ -23,7 +23,11 @@ fn scratch(len: usize) -> Option<ScratchRegion> {
     match ScratchRegion::new(len) {
         Ok(r) => Some(r),
         Err(Error::Os(libc::ENOTSUP)) => {
-            skip("the kernel has no MAP_DROPPABLE (Linux 6.11): scratch regions are refused");
+            skip_lacking(
+                "MAP_DROPPABLE (Linux 6.11)",
+                !vrange_sys::probe::features().map_droppable,
+                "scratch regions are refused",
+            );
             None
         }
         Err(e) => panic!("ScratchRegion::new({len}): {e}"),
@@ -231,8 +235,8 @@ fn writing_four_times_the_cgroup_limit_completes_and_drops_read_zero() {
         None => {}
     }
     let _s = serial();
-    if vrange::ScratchRegion::new(vrange::page_size()).is_err() {
-        return skip("the kernel has no MAP_DROPPABLE (Linux 6.11): scratch regions are refused");
+    if scratch(vrange::page_size()).is_none() {
+        return;
     }
     let Some((exit, reply, kills)) = run_writer(PRESSURE_TEST, SCRATCH_WRITER) else {
         return;
