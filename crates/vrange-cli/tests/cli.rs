@@ -101,7 +101,10 @@ fn features_say_what_these_privileges_allow() {
     }
     let root = vrange().arg("features").output().unwrap();
     let root = String::from_utf8_lossy(&root.stdout).to_string();
-    if feature(&root, "create memory cgroups") != Some("yes") {
+    // Root in a cgroup v2 leaf with member processes (a runner's own cgroup) may not enable
+    // memory for children there either, and is told so; nobody is refused before that rule.
+    let allowed = feature(&root, "create memory cgroups");
+    if allowed != Some("yes") && !allowed.is_some_and(|a| a.contains("has member processes")) {
         return skip(format!(
             "root cannot create a memory cgroup here: {:?}",
             feature(&root, "create memory cgroups")

@@ -189,24 +189,33 @@ pub unsafe fn usable(meta: *mut Large) -> usize {
 pub unsafe fn free(meta: *mut Large) {
     // SAFETY: the block is live until this call; the record is stable.
     let (base, len) = unsafe { ((*meta).base, (*meta).len) };
-    let range = match config::mode() {
-        Mode::Lazy => {
-            // SAFETY: the owner just gave the block up.
-            let _ = unsafe { mem::purge_lazy(base as *mut u8, len) };
-            0
-        }
-        mode => {
-            let policy = if mode == Mode::Hybrid {
-                Policy::Hybrid
-            } else {
-                Policy::Managed
-            };
-            // SAFETY: the block is given up whole; it stays mapped while in the cache and
-            // its range is taken (or retired) before the memory is reused or unmapped.
-            unsafe { OwnedRange::new(base, len, policy, Priority::Normal, Content::Dirty) }
-                .map_or(0, OwnedRange::into_raw)
-        }
-    };
+    let range =
+        match config::mode() {
+            Mode::Lazy => {
+                // SAFETY: the owner just gave the block up.
+                let _ = unsafe { mem::purge_lazy(base as *mut u8, len) };
+                0
+            }
+            mode => {
+                let policy = if mode == Mode::Hybrid {
+                    Policy::Hybrid
+                } else {
+                    Policy::Managed
+                };
+                // SAFETY: the block is given up whole; it stays mapped while in the cache and
+                // its range is taken (or retired) before the memory is reused or unmapped.
+                unsafe { OwnedRange::new(base, len, policy, Priority::Normal, Content::Dirty) }
+                    .map_or(0, |mut r| {
+                        // Without THP the whole block is advised small (see `alloc`), so a purge
+                        // may replace it, freeing its page tables on any kernel. With THP its
+                        // advice is mixed; its huge part needs no page table anyway.
+                        if config::thp() == config::Thp::Never {
+                            r.set_thp_advice(false);
+                        }
+                        r.into_raw()
+                    })
+            }
+        };
     COUNTERS.freed(len);
     // SAFETY: the record is ours until it joins the cache.
     locked(|c| c.push(unsafe { &mut *meta }, range));

@@ -41,7 +41,12 @@ impl Ranges for Volatile {
         // SAFETY: the chunk code registers only free spans of chunks the allocator maps and
         // never unmaps; it takes them back before handing their bytes out.
         let made = unsafe { OwnedRange::new(start, len, policy, Priority::Normal, content) };
-        made.map_or(0, OwnedRange::into_raw)
+        made.map_or(0, |mut r| {
+            // Chunks are mapped with this advice and nothing else (`arena.rs`): a purge may
+            // replace whole chunks, freeing their page tables on any kernel.
+            r.set_thp_advice(self.huge);
+            r.into_raw()
+        })
     }
 
     fn take(&mut self, id: u32) -> Taken {

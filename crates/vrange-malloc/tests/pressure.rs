@@ -2,7 +2,7 @@
 //! glibc: memory a process has freed must not keep the next process out.
 //!
 //! # Scenario
-//! A cgroup v1 child with a hard limit of `LIMIT_MIB` and no swap. Two processes of
+//! A child memory cgroup (v1 or v2) with a hard limit of `LIMIT_MIB` and no swap. Two processes of
 //! `peak_and_next.c` (compiled at test time; the `vrange bench pressure` suite's workload,
 //! kept in `crates/vrange-cli/src/bench/`) run in it, both under the shim or both without it:
 //!
@@ -25,7 +25,8 @@
 //! its defaults: the peak process idles until its reclaimer has armed its free chunks (handed
 //! them to the kernel's lazy-free path, `LazyFree` in smaps, after the 1 s arm delay), then the
 //! next process allocates as fast as it can; the kernel discards the armed pages as the next
-//! process's charges need them, and the reclaimer purges on the cgroup's vmpressure events.
+//! process's charges need them, and the reclaimer purges on the cgroup's pressure events
+//! (vmpressure on v1, PSI in `memory.pressure` on v2).
 //! glibc's peak process idles `GLIBC_IDLE` (idling changes nothing for glibc).
 //! `headroom_alone_makes_room_for_a_paced_next_process` pushes arming past the test
 //! (`VRANGE_MALLOC_ARM_DELAY_MS=60000`) and turns vmpressure and PSI off, so only the
@@ -37,12 +38,12 @@
 //! to vmpressure against the memory cgroup's OOM killer (which acts after a few failed reclaim
 //! passes), and sometimes loses: that case is not a test.
 //!
-//! Needs root and a cgroup v1 memory hierarchy; elsewhere the tests print "skipped: ..." and
+//! Needs root and a memory cgroup it may make children in; elsewhere the tests print "skipped: ..." and
 //! pass, unless `CI` is set.
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::{join_before_exec, MemCgroup};
@@ -218,7 +219,7 @@ fn env() -> Result<Env, String> {
     if !is_root() {
         return Err("not root: creating a memory cgroup needs root".into());
     }
-    let parent = cgroup::current_v1("vmpressure events")?;
+    let parent = cgroup::parent()?;
     if let Some(why) = missing(&["/usr/bin/gcc"]) {
         return Err(why);
     }
@@ -248,13 +249,6 @@ fn command(env: &Env, allocator: Allocator, args: &[String]) -> Command {
         }
     }
     cmd
-}
-
-fn read_u64(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or_else(|| panic!("read {}", path.display()))
 }
 
 /// Runs the scenario once in a fresh child cgroup, removed on every path (its `Drop` moves any
@@ -332,8 +326,8 @@ fn run(env: &Env, s: &Setup) -> Option<Outcome> {
         .map(|(after, before)| after.saturating_sub(before) * vrange::page_size() as u64 / 1024);
     let next_said = next.line("NEXT", Instant::now() + Duration::from_millis(100));
     let oom_kills = cg.oom_kills().expect("the cgroup's OOM kill count");
-    let failcnt = read_u64(&cg.file("memory.failcnt"));
-    let max_usage = read_u64(&cg.file("memory.max_usage_in_bytes"));
+    let failcnt = cgroup::limit_hits(&cg).expect("the cgroup's count of limit hits");
+    let max_usage = cgroup::peak(&cg).expect("the cgroup's peak usage");
     let (rss_end_kb, _) = rss_lazy_kb(pid);
 
     // End of input: the peak process reuses its memory and exits.

@@ -304,9 +304,16 @@ impl ChildCgroup {
             return;
         };
         let parent_procs = parent.join("cgroup.procs");
+        // On v2 a parent that enables controllers for its children may hold no process
+        // (EBUSY): then this process's own cgroup, which holds one already.
+        let own_procs = || Some(own_v2_dir(true)?.join("cgroup.procs"));
         for pid in procs.split_whitespace() {
             // cgroup.procs takes exactly one pid per write.
-            let _ = write_file(&parent_procs, pid);
+            if write_file(&parent_procs, pid).is_err() && self.cg.version == Version::V2 {
+                if let Some(own) = own_procs() {
+                    let _ = write_file(&own, pid);
+                }
+            }
         }
     }
 }
@@ -384,15 +391,20 @@ pub fn unique_name(prefix: &str) -> String {
 /// on hosts that keep memory on v1). `None` for the v2 root, whose file is the system-wide one
 /// (`/proc/pressure/memory`), or without a cgroup2 mount.
 pub fn v2_pressure_file() -> Option<PathBuf> {
+    let file = own_v2_dir(false)?.join("memory.pressure");
+    file.exists().then_some(file)
+}
+
+/// This process's cgroup v2 directory (the root only if `root_too`), if cgroup2 is mounted.
+fn own_v2_dir(root_too: bool) -> Option<PathBuf> {
     let proc_cgroup = crate::fd::read_file("/proc/self/cgroup").ok()?;
     let (_, v2_path) = parse_proc_cgroup(&proc_cgroup);
-    let v2_path = v2_path.filter(|p| p != "/")?;
+    let v2_path = v2_path.filter(|p| root_too || p != "/")?;
     let mounts = match fs::read("/proc/self/mountinfo") {
         Ok(bytes) => parse_mountinfo(&String::from_utf8_lossy(&bytes)),
         Err(_) => CgroupMounts::fallback(),
     };
-    let file = mounts.v2?.dir_of(&v2_path)?.join("memory.pressure");
-    file.exists().then_some(file)
+    mounts.v2?.dir_of(&v2_path)
 }
 
 /// Finds this process's memory cgroup, or says why there is none.
@@ -719,7 +731,10 @@ mod tests {
 
     #[test]
     fn child_cgroup_round_trip() {
-        let cg = match discover() {
+        // Where the test runner says children go (cgroup v2: a sibling of its own leaf).
+        let named = std::env::var_os("VRANGE_TEST_CGROUP")
+            .and_then(|d| MemCgroup::at(Path::new(&d)).ok_or(()).ok());
+        let cg = match named.map(Ok).unwrap_or_else(discover) {
             Ok(cg) => cg,
             Err(reason) => return vrange_testkit::skip(format_args!("no memory cgroup: {reason}")),
         };

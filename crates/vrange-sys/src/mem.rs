@@ -224,6 +224,51 @@ pub unsafe fn purge_forced(ptr: *mut u8, len: usize) -> io::Result<()> {
     advise(ptr, len, libc::MADV_DONTNEED)
 }
 
+/// Drops the pages of `[ptr, ptr + len)` (whole 2 MiB blocks of one private anonymous mapping
+/// made by [`map_anon`]) and their page tables, on any kernel: the blocks are replaced with a
+/// fresh private anonymous mapping (mmap MAP_FIXED) given THP advice `huge`, and munmap frees
+/// the page tables of whole blocks, which MADV_DONTNEED frees only with PT_RECLAIM. The fresh
+/// mapping has the flags of the old one (as [`map_anon`] and [`advise_huge`] made it), so it
+/// merges with its neighbours again: the mapping count does not grow. Anything else the
+/// caller had set on the range with madvise or mlock is gone with it.
+///
+/// # Errors
+/// mmap's errno. MAP_FIXED unmaps before it maps, so after a failure (ENOMEM: the mapping
+/// count or commit limit reached) the range may be unmapped; one retry is made first.
+///
+/// # Safety
+/// As [`purge_forced`]; the range must not be registered with userfaultfd (the registration
+/// would be lost).
+///
+/// # References
+/// mmap(2) MAP_FIXED; mm/mmap.c `free_pgtables` (page tables of unmapped whole PMDs).
+pub unsafe fn purge_remap(ptr: *mut u8, len: usize, huge: bool) -> io::Result<()> {
+    debug_assert!(ptr as usize % HUGE_PAGE == 0 && len % HUGE_PAGE == 0);
+    let map = || {
+        // SAFETY: the caller owns the range and gives up its content; MAP_FIXED replaces
+        // exactly it.
+        let p = unsafe {
+            libc::mmap(
+                ptr.cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    map().or_else(|_| map())?;
+    // Advice failure only costs performance, as when the mapping was made.
+    let _ = advise_huge(ptr, len, huge);
+    Ok(())
+}
+
 /// Asks the kernel to reclaim the range now (MADV_PAGEOUT). Clean lazy (purge_lazy) pages are
 /// discarded at once; dirty anonymous pages stay resident on a machine without swap. Pinned
 /// content is never lost.
@@ -304,4 +349,63 @@ pub fn resident_pages(ptr: *mut u8, len: usize) -> io::Result<usize> {
         off += chunk;
     }
     Ok(resident)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs;
+
+    /// On any kernel, with or without PT_RECLAIM: 64 blocks with a page touched in each hold
+    /// 64 page tables (256 KiB of VmPTE on x86-64); replacing the blocks frees them, the
+    /// content reads zero, and the mapping is whole again (one mapping, not 64 pieces).
+    #[test]
+    fn purge_remap_frees_the_page_tables_of_whole_blocks_on_any_kernel() {
+        const BLOCKS: usize = 64;
+        let len = BLOCKS * HUGE_PAGE;
+        let map = map_anon(len, HUGE_PAGE).unwrap();
+        let base = map.as_ptr();
+        advise_huge(base, len, false).unwrap();
+        let pte = || procfs::status(None).unwrap().vm_pte_kb;
+        // VmPTE is the whole process's: another test of this binary mapping meanwhile blurs
+        // one round, so up to three are made.
+        let mut rounds = Vec::new();
+        for _ in 0..3 {
+            let before = pte();
+            for i in 0..BLOCKS {
+                // SAFETY: inside the test's own mapping.
+                unsafe { base.add(i * HUGE_PAGE + 4096).write(7) };
+            }
+            let touched = pte();
+            // SAFETY: the mapping is the test's; its content is not needed; no userfaultfd.
+            unsafe { purge_remap(base, len, false).unwrap() };
+            let after = pte();
+            rounds.push((before, touched, after));
+            if touched >= before + 200 && after + 200 <= touched {
+                break;
+            }
+        }
+        let &(before, touched, after) = rounds.last().unwrap();
+        assert!(
+            touched >= before + 200 && after + 200 <= touched,
+            "VmPTE (before, touched, after the remap) in kB: {rounds:?}"
+        );
+        for i in 0..BLOCKS {
+            // SAFETY: as above; the range is mapped again.
+            assert_eq!(unsafe { base.add(i * HUGE_PAGE + 4096).read() }, 0);
+        }
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let (lo, hi) = (base as usize, base as usize + len);
+        let holding = maps.lines().find_map(|l| {
+            let mut ends = l.split([' ', '-']).map(|x| usize::from_str_radix(x, 16));
+            let (Some(Ok(s)), Some(Ok(e))) = (ends.next(), ends.next()) else {
+                return None;
+            };
+            (s <= lo && lo < e).then_some((s, e, l))
+        });
+        let (_, end, line) = holding.expect("the range is mapped");
+        assert!(end >= hi, "the fresh mapping merged back into one: {line}");
+        // SAFETY: the test's mapping, no longer used.
+        unsafe { unmap(map, len) };
+    }
 }

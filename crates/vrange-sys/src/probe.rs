@@ -206,6 +206,15 @@ fn mthp_sizes() -> Vec<usize> {
     sizes
 }
 
+/// Whether MADV_DONTNEED over a whole 2 MiB block frees its page table on this kernel
+/// (PT_RECLAIM), measured once per process (the first call maps 128 MiB of address space,
+/// touches 64 pages and unmaps them); an inconclusive measurement counts as yes, so that the
+/// fallback (`mem::purge_remap`) is used only where the kernel plainly keeps the tables.
+pub fn frees_page_tables() -> bool {
+    static FREES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FREES.get_or_init(|| pt_reclaim().unwrap_or(true))
+}
+
 /// Touches one page in each of 64 2 MiB blocks (64 page tables, 256 KiB of VmPTE on x86-64),
 /// drops them with MADV_DONTNEED and sees whether VmPTE falls back.
 fn pt_reclaim() -> Option<bool> {

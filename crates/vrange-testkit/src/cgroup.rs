@@ -36,6 +36,13 @@ pub fn current_v1(why: &str) -> Result<MemCgroup, String> {
     Ok(cg)
 }
 
+/// Whether this machine has no cgroup v1 memory controller for this process (its memory cgroup,
+/// as the library's probe finds it, is v2): the answer [`crate::skip_lacking`] wants for tests
+/// of v1-only mechanisms (vmpressure).
+pub fn v1_lacking() -> bool {
+    matches!(vrange_sys::probe::features().cgroup, Some((Version::V2, _)))
+}
+
 /// A fresh child of `parent`, named after `prefix` and unique in this process, with a hard
 /// limit of `limit` bytes and no swap; removed when dropped. `Err` (a skip reason) where this
 /// environment does not allow it ([`not_allowed`]); panics on any other failure.
@@ -83,6 +90,25 @@ pub fn remove(child: ChildCgroup) {
         "{} left behind: removing its ChildCgroup did not remove it",
         dir.display()
     );
+}
+
+/// Times the cgroup's usage hit its limit: v1's `memory.failcnt`, v2's `max` event count in
+/// `memory.events`.
+pub fn limit_hits(cg: &MemCgroup) -> Option<u64> {
+    match cg.version() {
+        Version::V1 => std::fs::read_to_string(cg.file("memory.failcnt"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok(),
+        Version::V2 => std::fs::read_to_string(cg.file("memory.events"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("max "))?
+            .trim()
+            .parse()
+            .ok(),
+    }
 }
 
 /// The cgroup's peak usage in bytes, where the hierarchy records it.

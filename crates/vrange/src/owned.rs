@@ -91,6 +91,18 @@ impl OwnedRange {
         Ok(OwnedRange(idx))
     }
 
+    /// Tells the reclaimer the THP advice the caller gave this memory (`madvise`
+    /// MADV_HUGEPAGE if `huge`, else MADV_NOHUGEPAGE, over all of it). On kernels whose
+    /// MADV_DONTNEED keeps page tables (before PT_RECLAIM), a purge then replaces the range's
+    /// whole 2 MiB blocks with a fresh mapping of the same advice, which frees their page
+    /// tables; without it, a purge keeps them (about 2 KiB per MiB ever touched). Say it only
+    /// for memory mapped private and anonymous with no other `madvise` or `mlock` setting that
+    /// must survive a purge, and not registered with userfaultfd. Kept by ranges split off or
+    /// grown from this one.
+    pub fn set_thp_advice(&mut self, huge: bool) {
+        registry::slot(self.0).set_thp_advice(huge);
+    }
+
     /// The registry index, for a client that stores ranges in packed tables.
     pub fn into_raw(self) -> u32 {
         let idx = self.0;

@@ -62,6 +62,10 @@ const POLICY_SHIFT: u32 = 1;
 const PRIORITY_SHIFT: u32 = 4;
 /// The range belongs to a SIGBUS-mode region (see `sigbus`).
 const SIGBUS: u32 = 1 << 3;
+/// The THP advice its owner gave the memory (0: not known; else `THP_HUGE` or `THP_SMALL`).
+const THP_SHIFT: u32 = 6;
+const THP_HUGE: u32 = 1;
+const THP_SMALL: u32 = 2;
 
 /// One managed range. Its extent changes only while its owner has claimed it (`BUSY`).
 /// Cache-line aligned: threads marking and unmarking different ranges (an allocator's arenas)
@@ -151,6 +155,23 @@ impl Slot {
     /// Makes the (unpublished) range's region SIGBUS-mode.
     pub fn set_sigbus(&self) {
         self.info.fetch_or(SIGBUS, Relaxed);
+    }
+
+    /// The THP advice of the range's memory (MADV_HUGEPAGE: `Some(true)`), if its owner said.
+    pub fn thp_advice(&self) -> Option<bool> {
+        match (self.info.load(Relaxed) >> THP_SHIFT) & 3 {
+            THP_HUGE => Some(true),
+            THP_SMALL => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Records the THP advice the range's memory was given (copied into ranges split off it).
+    pub fn set_thp_advice(&self, huge: bool) {
+        let bits = if huge { THP_HUGE } else { THP_SMALL };
+        let _ = self.info.fetch_update(Release, Relaxed, |i| {
+            Some((i & !(3 << THP_SHIFT)) | (bits << THP_SHIFT))
+        });
     }
 
     pub fn priority(&self) -> Priority {

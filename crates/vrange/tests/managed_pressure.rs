@@ -491,7 +491,7 @@ impl Outcome {
 /// stalls anywhere on the machine (other tests, other users), and a purge before the pressure
 /// would leave less volatile memory than the scenario needs. Such retries are printed.
 fn run(s: Setup) -> Option<Outcome> {
-    let parent = match cgroup::current() {
+    let parent = match cgroup::parent() {
         Ok(parent) => parent,
         Err(why) => {
             vrange_testkit::skip(why);

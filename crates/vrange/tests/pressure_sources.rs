@@ -384,8 +384,11 @@ fn vmpressure_fires_under_cgroup_pressure() {
     if cgroup.cgroup().version() != Version::V1 {
         let e = VmPressure::register(cgroup.cgroup(), Level::Medium).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
-        vrange_testkit::skip("vmpressure needs cgroup v1; this is v2");
-        return;
+        return vrange_testkit::skip_lacking(
+            "a cgroup v1 memory controller",
+            vrange_testkit::cgroup::v1_lacking(),
+            "vmpressure needs cgroup v1; this is v2",
+        );
     }
     let cg = cgroup.cgroup().clone();
     let medium = VmPressure::register(&cg, Level::Medium).expect("register medium");
@@ -483,14 +486,19 @@ fn vmpressure_fires_under_cgroup_pressure() {
 #[test]
 fn own_vmpressure_ignores_a_child_cgroups_pressure() {
     let _serial = serial();
-    let (parent, cgroup) = match vrange_testkit::cgroup::current_v1("vmpressure propagation")
-        .and_then(|p| Ok((p, thrasher_cgroup()?)))
-    {
-        Ok(c) => c,
+    let parent = match vrange_testkit::cgroup::current_v1("vmpressure propagation") {
+        Ok(p) => p,
         Err(why) => {
-            vrange_testkit::skip(format_args!("{why}"));
-            return;
+            return vrange_testkit::skip_lacking(
+                "a cgroup v1 memory controller",
+                vrange_testkit::cgroup::v1_lacking(),
+                why,
+            )
         }
+    };
+    let cgroup = match thrasher_cgroup() {
+        Ok(c) => c,
+        Err(why) => return vrange_testkit::skip(why),
     };
     // Low: every event, so the propagated count is large where there is any.
     let own = VmPressure::register_own(&parent, Level::Low).expect("register own");
@@ -746,7 +754,10 @@ fn a_neighbour_cgroup_thrashing_at_its_limit_purges_nothing_here() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let v2 = V2Cgroup::create().ok();
+    // On a hybrid host, a v2 cgroup of its own as well; on pure v2 its memory cgroup is one.
+    let v2 = (cgroup.cgroup().version() == Version::V1)
+        .then(|| V2Cgroup::create().ok())
+        .flatten();
     let thrasher = start_thrasher(cgroup, v2.as_ref().map(|c| c.dir.as_path()));
     let mut fired = 0;
     while fired == 0 && thrasher.started.elapsed() < PSI_DEADLINE {
