@@ -440,11 +440,20 @@ fn stat_watch_ends_when_the_process_exits() {
 fn stat_watch_stops_on_sigint_with_a_last_line() {
     let mut child = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = child.id().to_string();
-    let mut watcher = vrange()
+    let mut watcher = vrange();
+    watcher
         .args(["stat", &pid, "--watch", "--interval", "100ms"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::piped());
+    // SIGINT as a terminal's user has it: a harness started in the background (a
+    // non-interactive shell's `&`) passes it on ignored, and then the watcher rightly lives on.
+    // SAFETY: signal() is async-signal-safe; the child only resets one disposition.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut watcher, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    };
+    let mut watcher = watcher.spawn().unwrap();
     let mut stdout = std::io::BufReader::new(watcher.stdout.take().unwrap());
     let mut text = String::new();
     while !text.lines().any(timestamped) {
