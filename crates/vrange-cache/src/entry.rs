@@ -5,6 +5,48 @@ use crate::slab::Slab;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+/// What a value in a reader's hands offers, the same for both kinds: `$t` has fields `ptr` and
+/// `len` (bytes inside its slab) and a `priority()`, and keeps those bytes mapped and unpurged
+/// while it lives (an `Entry` by its pin on the slab, a `Held` by its hold on their pages).
+macro_rules! reader_value {
+    ($t:ident) => {
+        // SAFETY: a pin or hold on a slab (whose operations are thread-safe, and which the
+        // value keeps alive) and a pointer to bytes no one writes again while it lasts.
+        unsafe impl Send for $t {}
+        // SAFETY: as above; `&$t` only reads.
+        unsafe impl Sync for $t {}
+
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($t))
+                    .field("len", &self.len)
+                    .field("priority", &self.priority())
+                    .finish()
+            }
+        }
+
+        impl std::ops::Deref for $t {
+            type Target = [u8];
+
+            fn deref(&self) -> &[u8] {
+                // SAFETY: `ptr..ptr+len` lies inside the slab, and the value keeps those bytes
+                // mapped and unpurged while it lives; slabs never reuse space, so no one
+                // writes them meanwhile.
+                unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+            }
+        }
+
+        impl AsRef<[u8]> for $t {
+            fn as_ref(&self) -> &[u8] {
+                self
+            }
+        }
+    };
+}
+
+reader_value!(Entry);
+reader_value!(Held);
+
 /// A cached value, pinned: it derefs to the bytes, which cannot be purged while the entry
 /// lives, and stays readable even if the key is removed or replaced meanwhile. Dropping it lets
 /// the system take the value's slab back again (once no other entry of the slab is held).
@@ -17,21 +59,6 @@ pub struct Entry {
     slab: NonNull<Slab>,
     ptr: *const u8,
     len: usize,
-}
-
-// SAFETY: the entry is a pin on a slab (whose operations are thread-safe, and which the pin
-// keeps alive) and a pointer to bytes no one writes again while the slab lives.
-unsafe impl Send for Entry {}
-// SAFETY: as above; `&Entry` only reads.
-unsafe impl Sync for Entry {}
-
-impl std::fmt::Debug for Entry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Entry")
-            .field("len", &self.len)
-            .field("priority", &self.slab().priority)
-            .finish()
-    }
 }
 
 impl Entry {
@@ -102,21 +129,6 @@ pub struct Held {
     len: usize,
 }
 
-// SAFETY: a hold on a slab (whose operations are thread-safe, and which the `Arc` keeps
-// alive) and a pointer to bytes no one writes again while the hold lasts.
-unsafe impl Send for Held {}
-// SAFETY: as above; `&Held` only reads.
-unsafe impl Sync for Held {}
-
-impl std::fmt::Debug for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
-            .field("len", &self.len)
-            .field("priority", &self.slab.priority)
-            .finish()
-    }
-}
-
 impl Held {
     /// The value's class.
     pub fn priority(&self) -> vrange::Priority {
@@ -124,42 +136,10 @@ impl Held {
     }
 }
 
-impl std::ops::Deref for Held {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` lies inside the slab, whose pages under it this hold keeps
-        // mapped and never marked volatile; slabs never reuse space, so no one writes them.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
 impl Drop for Held {
     fn drop(&mut self) {
         let off = self.ptr as usize - self.slab.start();
         self.slab.release_hold(off, self.len);
-    }
-}
-
-impl std::ops::Deref for Entry {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` lies inside the slab, which this entry holds (mapped) and pins
-        // (not purged); slabs never reuse space, so no one writes these bytes meanwhile.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl AsRef<[u8]> for Entry {
-    fn as_ref(&self) -> &[u8] {
-        self
     }
 }
 
