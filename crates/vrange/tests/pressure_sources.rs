@@ -18,6 +18,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
@@ -114,11 +115,31 @@ fn thrasher_cgroup() -> Result<ChildCgroup, String> {
 /// Forks a thrasher, moves it into `cgroup` (and into `also`, a v2 cgroup's directory, if
 /// given), and lets it go once it is there; returns when it has filled its anonymous memory
 /// and opened its file.
+/// Where the thrasher's file goes: a file system with O_TMPFILE whose pages the kernel can
+/// write back and drop. Cargo's target directory (a disk, usually) unless it lacks O_TMPFILE
+/// (9p or virtiofs in a test guest), then the system's temporary directory (the guest's is a
+/// disk). Not tmpfs where avoidable: without swap its pages stay.
+fn thrash_dir() -> CString {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let _ = fs::create_dir_all(target);
+    let has_tmpfile = |dir: &Path| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir)
+            .is_ok()
+    };
+    let dir = if has_tmpfile(target) {
+        target.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    CString::new(dir.as_os_str().as_encoded_bytes()).unwrap()
+}
+
 fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
-    // The system's temporary directory (TMPDIR): a file system with O_TMPFILE whose pages
-    // the kernel can write back and drop (not tmpfs: without swap its pages stay).
-    let tmp = std::env::temp_dir();
-    let dir = CString::new(tmp.as_os_str().as_encoded_bytes()).unwrap();
+    let dir = thrash_dir();
     let (proc, link) = fork_linked(|l| thrash(l, &dir));
     cgroup
         .add_pid(proc.pid())
