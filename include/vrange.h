@@ -381,8 +381,9 @@
  *     vrange_purge() returns the bytes it freed: the sum of the lengths of the ranges it
  *     purged (0 if nothing was volatile, or with errno ENOTRECOVERABLE on an internal error).
  *     A range whose memory could not be freed (a shared region whose hole the kernel refused
- *     to punch, or whose descriptor the program closed) is not counted: it stays volatile
- *     and intact, and its next unmark reports it intact.
+ *     to punch through its mapping) is not counted: it stays volatile and intact, and its next
+ *     unmark reports it intact. A shared region is punched through its mapping, so a program
+ *     that closed the region's descriptor does not stop its purges.
  *
  *     vrange_source_name() returns a static string, or NULL with errno EINVAL when source is
  *     not a VRANGE_SOURCE_* value.

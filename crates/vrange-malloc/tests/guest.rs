@@ -4,6 +4,9 @@
 //!
 //! - a program that closed 3..63, opened files and kept allocating had vrange's eventfd writes
 //!   land in its first file, and its fork child closed the program's file by number;
+//! - a program that closed 1 and restored it with `dup2` while the reclaimer opened files had
+//!   its `dup2` fail with EBUSY, or its restored stdout closed by vrange's check-then-close
+//!   (the reclaimer now works in a descriptor table of its own);
 //! - a process started with 0 and 1 closed had vrange's descriptors become 0 and 1, so its
 //!   `write(1)` got EBUSY instead of EBADF;
 //! - one 64 KiB allocation opened six descriptors, none of them needed yet;
@@ -70,11 +73,15 @@ fn closed_and_reused_descriptors_are_never_written_or_closed() {
         "the reclaimer never purged, so its descriptors were never exercised\n{}",
         show(&out)
     );
-    // The program closed vrange's sources twice (closefrom, close_range): it must have noticed
-    // and said so in the summary.
-    assert!(
+    // The program closed everything from 3 twice (closefrom, close_range). The reclaimer keeps
+    // its descriptors in a table of its own, which those calls cannot reach: nothing of
+    // vrange's was lost. Where the kernel refuses it such a table they are in the program's,
+    // and vrange must have noticed their loss and said so in the summary.
+    let own_table = vrange_sys::probe::features().own_table.is_ok();
+    assert_eq!(
         stderr.contains("descriptors closed under vrange by the program"),
-        "vrange did not notice its descriptors being closed\n{}",
+        !own_table,
+        "own descriptor table: {own_table}\n{}",
         show(&out)
     );
     let mut plain = Command::new(guest());

@@ -130,8 +130,9 @@ impl Ident {
         self.fd
     }
 
-    /// Whether the descriptor still refers to the object recorded. Async-signal-safe: one
-    /// fstat(2), and for an eventfd an open/read/close of its fdinfo.
+    /// Whether the descriptor still refers to the object recorded, in the calling thread's
+    /// table. Async-signal-safe: one fstat(2), and for an eventfd an open/read/close of its
+    /// fdinfo.
     pub fn verify(&self) -> bool {
         if self.fd < 0 {
             return false;
@@ -206,9 +207,10 @@ impl GuestFd {
             unsafe { libc::close(high) };
             return Err(e);
         };
+        // A fork child never has a copy of an own table's descriptors.
         let slot = match inherit {
-            Inherit::Private => track(&ident),
-            Inherit::Keep => usize::MAX,
+            Inherit::Private if !crate::own_table::active() => track(&ident),
+            Inherit::Private | Inherit::Keep => usize::MAX,
         };
         Ok(GuestFd { ident, slot })
     }
@@ -240,6 +242,27 @@ impl GuestFd {
         self.ident.verify()
     }
 
+    /// The descriptor as the calling thread can use it: the verified one, or in a thread with
+    /// a table of its own ([`crate::own_table`]) a new descriptor of the same file, opened
+    /// read-write through `/proc/self/fd/<n>` (the program's table, as the thread-group leader
+    /// holds it) and checked to be the same device and inode. Only for files that can be
+    /// opened again that way (a memfd; not an eventfd). `None` if the program closed or
+    /// replaced it, or (own table) its leader thread has exited.
+    pub fn for_this_thread(&self) -> Option<ThisThread<'_>> {
+        if !crate::own_table::active() {
+            return self.get().map(ThisThread::Program);
+        }
+        let mut path = [0u8; 32];
+        let prefix = b"/proc/self/fd/";
+        path[..prefix.len()].copy_from_slice(prefix);
+        write_decimal(&mut path[prefix.len()..], self.ident.fd as u32 as u64);
+        let cpath = std::ffi::CStr::from_bytes_until_nul(&path).ok()?;
+        let fd = open_path(cpath, libc::O_RDWR).ok()?;
+        let same = stat(fd.as_raw_fd())
+            .is_some_and(|(dev, ino, _)| (dev, ino) == (self.ident.dev, self.ident.ino));
+        same.then_some(ThisThread::Own(fd))
+    }
+
     /// Gives up ownership to a caller that keeps the identity in atomics (async-signal-safe
     /// code cannot hold a value with a destructor in a static); it closes the descriptor with
     /// [`Ident::close`]. Only for [`Inherit::Keep`] descriptors.
@@ -248,6 +271,24 @@ impl GuestFd {
         let ident = self.ident;
         std::mem::forget(self);
         ident
+    }
+}
+
+/// A [`GuestFd`] as one thread can use it (see [`GuestFd::for_this_thread`]).
+#[derive(Debug)]
+pub enum ThisThread<'a> {
+    /// The descriptor itself, verified.
+    Program(BorrowedFd<'a>),
+    /// A descriptor of the same file in the thread's own table, closed on drop.
+    Own(OwnedFd),
+}
+
+impl AsFd for ThisThread<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            ThisThread::Program(fd) => *fd,
+            ThisThread::Own(fd) => fd.as_fd(),
+        }
     }
 }
 
@@ -273,10 +314,11 @@ fn close_ident(ident: &Ident) {
 /// for a moment, takes its number, and a program that is about to restore it with `dup2`
 /// (CPython's subprocess tests close their standard descriptors around a spawn) would have
 /// its restored descriptor closed by vrange's close. vrange defers its own file work until
-/// they are open again. Three fcntl(2) calls; async-signal-safe.
+/// they are open again. Three fcntl(2) calls; async-signal-safe. Always true in a thread with a
+/// table of its own ([`crate::own_table`]): nothing it opens can take the program's numbers.
 pub fn std_fds_open() -> bool {
     // SAFETY: F_GETFD has no memory effects; a closed descriptor is EBADF.
-    (0..3).all(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0)
+    crate::own_table::active() || (0..3).all(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0)
 }
 
 // ---- Opening without ever touching the program's standard descriptors ----
@@ -321,7 +363,7 @@ pub fn open_path(path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<OwnedF
 /// # Errors
 /// EAGAIN as above; EMFILE if no number above 2 is free.
 pub fn settle(fd: RawFd, expected: impl Fn() -> Option<(u64, u64)>) -> io::Result<OwnedFd> {
-    if fd > 2 {
+    if fd > 2 || crate::own_table::active() {
         // SAFETY: just opened by the caller, owned by nobody else.
         return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
     }
@@ -373,12 +415,30 @@ pub fn create_guarded(create: impl FnOnce() -> RawFd) -> io::Result<OwnedFd> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    if fd <= 2 {
+    if fd <= 2 && !crate::own_table::active() {
         LOST.fetch_add(1, Relaxed);
         return Err(io::Error::from_raw_os_error(libc::EAGAIN));
     }
     // SAFETY: just created, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Writes `bytes` (one line of vrange's) to the program's standard error, in one write(2),
+/// ignoring failure (a closed or full stderr must never disturb the program). From a thread
+/// with a table of its own ([`crate::own_table`]), whose 2 is not the program's, it writes
+/// through `/proc/self/fd/2` opened for the moment (appending, non-blocking: a pipe with no
+/// reader or no room loses the line; a socket cannot be opened that way). Async-signal-safe.
+pub fn write_stderr(bytes: &[u8]) {
+    if !crate::own_table::active() {
+        // SAFETY: writes initialised bytes to fd 2; failures are ignored.
+        let _ = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        return;
+    }
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOCTTY;
+    if let Ok(fd) = open_path(c"/proc/self/fd/2", flags) {
+        // SAFETY: writes initialised bytes to a descriptor of this thread's own table.
+        let _ = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    }
 }
 
 // ---- Descriptors for one short operation ----
@@ -506,21 +566,41 @@ pub fn count_lost() {
 /// [`SelfFile::get`] is async-signal-safe. The pid guards against a descriptor inherited
 /// across fork, which names the parent: the child opens its own and closes the inherited copy
 /// if it still is that file. A descriptor the program closed or replaced is forgotten (never
-/// closed, counted as lost) and opened again.
+/// closed, counted as lost) and opened again. A thread with a table of its own (the
+/// reclaimer's, see [`crate::own_table`]) keeps a second copy there.
 pub struct SelfFile {
+    program: Cached,
+    own: Cached,
+    path: &'static std::ffi::CStr,
+}
+
+/// One table's descriptor of a [`SelfFile`].
+struct Cached {
     packed: AtomicU64,
     dev: AtomicU64,
     ino: AtomicU64,
-    path: &'static std::ffi::CStr,
+}
+
+impl Cached {
+    const fn new() -> Cached {
+        Cached {
+            packed: AtomicU64::new(0),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+        }
+    }
+
+    fn ident(packed: u64, dev: u64, ino: u64) -> Ident {
+        Ident::from_parts(packed as u32 as i32, dev, ino)
+    }
 }
 
 impl SelfFile {
     /// A descriptor of `path` (a `/proc/self/...` file), not opened yet.
     pub const fn new(path: &'static std::ffi::CStr) -> SelfFile {
         SelfFile {
-            packed: AtomicU64::new(0),
-            dev: AtomicU64::new(0),
-            ino: AtomicU64::new(0),
+            program: Cached::new(),
+            own: Cached::new(),
             path,
         }
     }
@@ -530,23 +610,24 @@ impl SelfFile {
         self.path
     }
 
-    fn ident(&self, packed: u64, dev: u64, ino: u64) -> Ident {
-        Ident::from_parts(packed as u32 as i32, dev, ino)
-    }
-
     /// The verified descriptor for this process, opening it on first use, first use after
     /// fork, or after the program closed it. Async-signal-safe.
     ///
     /// # Errors
     /// The errno of opening the file; `EAGAIN` when another thread of a fork child raced.
     pub fn get(&self) -> io::Result<RawFd> {
+        let c = if crate::own_table::active() {
+            &self.own
+        } else {
+            &self.program
+        };
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        let cached = self.packed.load(Acquire);
-        let (dev, ino) = (self.dev.load(Acquire), self.ino.load(Acquire));
+        let cached = c.packed.load(Acquire);
+        let (dev, ino) = (c.dev.load(Acquire), c.ino.load(Acquire));
         let mine = cached != 0 && (cached >> 32) as u32 == pid;
         if mine {
-            let ident = self.ident(cached, dev, ino);
+            let ident = Cached::ident(cached, dev, ino);
             if ident.verify() {
                 return Ok(ident.fd());
             }
@@ -554,18 +635,15 @@ impl SelfFile {
             count_lost();
         }
         let fresh = GuestFd::adopt(open_path(self.path, libc::O_RDONLY)?, Inherit::Keep)?.leak();
-        self.dev.store(fresh.dev(), Release);
-        self.ino.store(fresh.ino(), Release);
+        c.dev.store(fresh.dev(), Release);
+        c.ino.store(fresh.ino(), Release);
         let packed = (u64::from(pid) << 32) | u64::from(fresh.fd() as u32);
-        match self
-            .packed
-            .compare_exchange(cached, packed, AcqRel, Acquire)
-        {
+        match c.packed.compare_exchange(cached, packed, AcqRel, Acquire) {
             Ok(_) => {
                 // Inherited from the parent (it names the parent's file, whose identity was
                 // recorded before this child existed): the child's copy is closed if still it.
                 if cached != 0 && !mine {
-                    self.ident(cached, dev, ino).close();
+                    Cached::ident(cached, dev, ino).close();
                 }
                 Ok(fresh.fd())
             }
@@ -645,12 +723,12 @@ fn stat(fd: RawFd) -> Option<(u64, u64, bool)> {
     Some((st.st_dev, st.st_ino, anon))
 }
 
-/// `eventfd-id` + 1 from `/proc/self/fdinfo/<fd>`, or 0 when absent (not an eventfd, a kernel
-/// before 5.16, no /proc, or no descriptor free for the read). Async-signal-safe: the path and
-/// the text live on the stack.
+/// `eventfd-id` + 1 from `/proc/thread-self/fdinfo/<fd>` (this thread's table, which may be
+/// its own), or 0 when absent (not an eventfd, a kernel before 5.16, no /proc, or no
+/// descriptor free for the read). Async-signal-safe: the path and the text live on the stack.
 fn eventfd_id(fd: RawFd) -> u64 {
-    let mut path = [0u8; 40];
-    let prefix = b"/proc/self/fdinfo/";
+    let mut path = [0u8; 48];
+    let prefix = b"/proc/thread-self/fdinfo/";
     path[..prefix.len()].copy_from_slice(prefix);
     let n = write_decimal(&mut path[prefix.len()..], fd as u32 as u64);
     // path ends with the NUL left by the zeroed buffer.

@@ -37,6 +37,7 @@ pub mod clock;
 pub mod fd;
 pub mod futex;
 pub mod mem;
+pub mod own_table;
 pub mod pagemap;
 pub mod pressure;
 pub mod probe;

@@ -79,6 +79,9 @@ pub struct Features {
     /// These credentials may create a child memory cgroup of that cgroup (see
     /// [`MemCgroup::may_create_child`]); otherwise why not.
     pub cgroup_create: Result<(), String>,
+    /// A thread may have a descriptor table of its own ([`crate::own_table`]: close_range with
+    /// CLOSE_RANGE_UNSHARE, Linux 5.9, or unshare(CLONE_FILES)); otherwise why not.
+    pub own_table: Result<(), String>,
 }
 
 /// The features of this kernel, probed on first call and cached for the process.
@@ -119,6 +122,7 @@ fn probe() -> Features {
             None => Err("this process has no memory cgroup".into()),
         },
         cgroup: cg.map(|c| (c.version(), c.path().to_path_buf())),
+        own_table: crate::own_table::apart(|| ()).map_err(|e| denied(&e)),
     }
 }
 
@@ -398,7 +402,14 @@ impl fmt::Display for Features {
             ),
             None => "none".into(),
         };
-        let rows: [(&str, String); 18] = [
+        let own_table = match &self.own_table {
+            Ok(()) => "yes (the reclaimer's descriptors are never in the program's)".to_string(),
+            Err(why) => format!(
+                "no ({why}); without it the reclaimer opens files in the program's table, \
+                 only while 0, 1 and 2 are open"
+            ),
+        };
+        let rows: [(&str, String); 19] = [
             ("page size", format!("{} bytes", self.page_size)),
             ("MADV_FREE", yes(self.madv_free, "marking keeps every page")),
             (
@@ -443,6 +454,7 @@ impl fmt::Display for Features {
             ("PSI triggers", psi_trigger),
             ("memory cgroup", cgroup),
             ("create memory cgroups", allowed(&self.cgroup_create)),
+            ("own descriptor table", own_table),
         ];
         let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
         for (name, value) in rows {

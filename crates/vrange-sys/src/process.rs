@@ -54,6 +54,12 @@ pub fn spawn_without_signals<F>(name: &str, f: F) -> std::io::Result<std::thread
 where
     F: FnOnce() + Send + 'static,
 {
+    with_signals_blocked(|| std::thread::Builder::new().name(name.into()).spawn(f))
+}
+
+/// Runs `f` (which spawns threads) with every signal blocked in the calling thread, then
+/// restores the caller's mask: threads created meanwhile start with every signal blocked.
+pub fn with_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: sigset_t is plain data; sigfillset initialises it.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -63,10 +69,10 @@ where
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
     }
-    let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+    let r = f();
     // SAFETY: restores the caller's own mask, saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    spawned
+    r
 }
 
 /// Raises SIGBUS in thread `tid` of this process for a fault at `addr`: `si_addr` is `addr`,

@@ -200,9 +200,9 @@ pub fn var(name: &str) -> Option<&'static [u8]> {
 pub fn warn(name: &str, value: &[u8], accepted: &str, used: &dyn fmt::Display) {
     let line = warning(name, value, accepted, used);
     let out = line.bytes();
-    // SAFETY: writes initialised bytes of a local buffer to fd 2. A failure (fd 2 closed, a
-    // reader gone) is ignored: a warning must never disturb the program.
-    let _ = unsafe { libc::write(2, out.as_ptr().cast(), out.len()) };
+    // A failure (fd 2 closed, a reader gone) is ignored: a warning must never disturb the
+    // program.
+    crate::fd::write_stderr(out);
 }
 
 /// The line [`warn`] writes (at most 512 bytes).

@@ -1,7 +1,7 @@
 //! Shared memory for shared volatile regions: memfd creation, shared mappings of it, and hole
 //! punching, the purge that frees a shared page for every process that maps it.
 //!
-//! Owns `memfd_create`, `ftruncate`, `fstat`, shared `mmap` and `fallocate`. Never decides
+//! Owns `memfd_create`, `ftruncate`, `fstat`, shared `mmap`, `fallocate` and MADV_REMOVE. Never decides
 //! policy.
 
 use std::io;
@@ -91,6 +91,30 @@ pub unsafe fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> io::R
         )
     };
     if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Punches a hole under `len` bytes of a shared mapping of a memfd at `ptr` (MADV_REMOVE): the
+/// same as [`punch_hole`] over the file range the mapping shows, for every process mapping
+/// the file, without the file's descriptor (a thread whose descriptor table is its own holds
+/// none of the program's).
+///
+/// # Safety
+/// As [`punch_hole`]; `ptr..ptr + len` must lie in a shared, writable mapping of the file.
+///
+/// # Errors
+/// The errno of madvise(2) (EACCES for a private or read-only mapping, EINVAL for bad
+/// alignment).
+///
+/// # References
+/// madvise(2) MADV_REMOVE.
+pub unsafe fn punch_mapped(ptr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: the caller passes a range of a shared mapping it may discard; the kernel checks
+    // the mapping's kind and the alignment.
+    if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_REMOVE) } == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())

@@ -580,9 +580,8 @@ pub(crate) fn pause() -> Paused {
 }
 
 /// Purges one range if it is still exactly as the reclaimer saw it (`seen`). Returns the bytes
-/// purged; `None` if the range changed, or if a shared range's hole could not be punched (its
-/// descriptor was closed by the program, say): it then stays volatile and intact, and is not
-/// counted as freed.
+/// purged; `None` if the range changed, or if a shared range's hole could not be punched: it
+/// then stays volatile and intact, and is not counted as freed.
 pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     if !slot.state().begin_purge(seen) {
         return None;
@@ -591,11 +590,9 @@ pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     let (start, len) = slot.extent();
     match slot.header() {
         Some(h) => {
-            // SAFETY: the slot owns the descriptor while the region lives, and the region cannot
-            // be freed while the range is PURGING.
-            let fd = unsafe { slot.fd.load(Relaxed).as_ref() };
-            // SAFETY: the range is PURGING.
-            let punched = fd.is_some_and(|fd| unsafe { shared::punch(fd, len) }.is_ok());
+            // SAFETY: the range is PURGING, and the region stays mapped (freeing claims the
+            // range first).
+            let punched = unsafe { shared::punch(start, len) }.is_ok();
             if !punched {
                 slot.state().abort_purge(seen);
                 return None;

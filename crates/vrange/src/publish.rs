@@ -308,11 +308,12 @@ fn is_current(dir: &PrivateDir, name: &str, pid: u32) -> bool {
 fn say_refusal(loc: &Location, why: &Refusal) {
     let worth_saying = loc.explicit || !matches!(why, Refusal::Io(_) | Refusal::Missing);
     if worth_saying && !REFUSAL_SAID.swap(true, Relaxed) {
-        let _ = writeln!(
-            io::stderr(),
-            "vrange: {} is not a private directory ({why}); not publishing",
+        // The reclaimer's table is its own: its 2 is not the program's stderr.
+        let line = format!(
+            "vrange: {} is not a private directory ({why}); not publishing\n",
             loc.label()
         );
+        vrange_sys::fd::write_stderr(line.as_bytes());
     }
 }
 

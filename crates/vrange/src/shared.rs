@@ -121,19 +121,20 @@ fn map(fd: &GuestFd, total: usize) -> Result<NonNull<u8>, Error> {
     shm::map(fd, total).map_err(Error::from)
 }
 
-/// Frees the data of a region being purged, for every process.
+/// Frees the data of a region being purged, for every process: a hole punched through this
+/// process's mapping (so that it works from a thread whose descriptor table holds none of the
+/// program's, and even after the program closed the region's descriptor).
 ///
 /// # Errors
-/// `Os(EBADF)` when the program closed or replaced the region's descriptor (nothing is
-/// punched then: the number may be the program's file now); the errno of fallocate(2).
+/// The errno of madvise(2) MADV_REMOVE.
 ///
 /// # Safety
-/// The caller must have moved the range to `PURGING`.
-pub(crate) unsafe fn punch(fd: &GuestFd, len: usize) -> Result<(), Error> {
-    let fd = fd.get().ok_or(Error::Os(libc::EBADF))?;
+/// The caller must have moved the range to `PURGING`; `data..data + len` is the region's data
+/// in this process's mapping.
+pub(crate) unsafe fn punch(data: usize, len: usize) -> Result<(), Error> {
     // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until the
-    // purge finishes.
-    unsafe { shm::punch_hole(fd, mem::page_size(), len) }.map_err(Error::from)
+    // purge finishes; the mapping is shared and writable (see `map`).
+    unsafe { shm::punch_mapped(data as *mut u8, len) }.map_err(Error::from)
 }
 
 /// The header page of a shared region's file, mapped alone (a coordinator purging regions

@@ -17,20 +17,22 @@
 //! their ranges themselves.
 //!
 //! # Descriptors
-//! The thread opens its sources (and its wake-up eventfd) only once the process has had
-//! volatile memory to purge for a whole tick; until then it sleeps on a futex, and the process
-//! holds no descriptor of vrange's (a short-lived process, or one that frees memory only
-//! briefly, never does). Every source is a `sys::fd::GuestFd`: above the descriptor floor, close-on-exec,
-//! verified before each use. A program that closes them (`closefrom`, `close_range`) is noticed
-//! at the next wake-up or within a second: the sources are reopened and the loss is counted in
-//! `sys::fd::counts`.
+//! The thread works in an empty descriptor table of its own (see `waker`): the program's
+//! table never holds a descriptor of the reclaimer's, so nothing the program closes, restores
+//! or reuses can meet one. It opens its sources (and the eventfd its bell rings) only once the
+//! process has had volatile memory to purge for a whole tick; until then it sleeps on a futex
+//! (a short-lived process, or one that frees memory only briefly, never has the thread open a
+//! source). Where an own table is refused, every source is a `sys::fd::GuestFd` in the
+//! program's table: above the descriptor floor, close-on-exec, verified before each use; a
+//! program that closes them (`closefrom`, `close_range`) is noticed at the next wake-up or
+//! within a second, the sources are reopened and the loss is counted in `sys::fd::counts`.
 //!
 //! # Fork
 //! A fork child has no reclaimer (threads do not survive fork). It starts its own on its next
 //! mark of a managed range, new region or [`purge`]. `pthread_atfork` handlers hold the
-//! registry's locks across the fork, so the child never inherits one locked, and close the
-//! child's copies of the sources (verified first), which would otherwise keep the parent's
-//! triggers alive and wake the parent's thread. The child's inherited mappings of shared
+//! registry's locks across the fork, so the child never inherits one locked, and (where the
+//! sources are in the program's table) close the child's copies of them (verified first),
+//! which would otherwise keep the parent's triggers alive and wake the parent's thread. The child's inherited mappings of shared
 //! regions hold no pin (the pins were the parent's): it unmarks them before use, like a fresh
 //! mapping.
 
@@ -38,6 +40,9 @@ pub(crate) mod config;
 mod flush;
 mod participant;
 mod victims;
+mod waker;
+
+use waker::wake;
 
 pub use flush::{on_flush, FlushHook};
 
@@ -47,7 +52,7 @@ use crate::approach;
 use crate::managed::{pause, PURGES};
 use crate::stats::{self, Source};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::Mutex;
 use std::time::Duration;
 use vrange_sys::cgroup;
@@ -56,7 +61,7 @@ use vrange_sys::clock::now_ns;
 use vrange_sys::fd::{self, Ident};
 use vrange_sys::futex;
 use vrange_sys::pressure::{
-    Headroom as HeadroomFile, Level, Poller, PsiTrigger, Ready, Signal, VmPressure, Waker,
+    Headroom as HeadroomFile, Level, Poller, PsiTrigger, Ready, Signal, VmPressure,
 };
 use vrange_sys::sync::SpinLock;
 
@@ -75,10 +80,6 @@ const THREAD_NAME: &str = "vrange-reclaim";
 static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
 static BUDGET_SINCE: AtomicU64 = AtomicU64::new(0);
-/// The wake-up eventfd, created by the thread with its sources; null until then.
-static WAKER: AtomicPtr<Waker> = AtomicPtr::new(std::ptr::null_mut());
-/// Bumped by every wake-up; the thread sleeps on it while it has no sources.
-static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// Serialises start and stop; held across fork.
 static START: SpinLock = SpinLock::new();
 static THREAD: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
@@ -150,47 +151,7 @@ pub fn stop() {
     if STATE.load(Acquire) != DISABLED {
         set_state(IDLE);
     }
-    drop_waker();
-}
-
-fn drop_waker() {
-    let w = WAKER.swap(std::ptr::null_mut(), AcqRel);
-    if !w.is_null() {
-        // SAFETY: the pointer came from Box::into_raw in start and was just unpublished; the
-        // thread that used it has been joined (or never existed).
-        drop(unsafe { Box::from_raw(w) });
-    }
-}
-
-/// Wakes the thread, whether it sleeps on the futex (no sources yet) or in poll(2).
-/// Async-signal-safe.
-fn wake() {
-    WAKE_SEQ.fetch_add(1, Release);
-    futex::wake_all(&WAKE_SEQ);
-    let w = WAKER.load(Acquire);
-    // SAFETY: a published waker is freed only by stop under START after the thread is joined,
-    // and a replaced one is never freed (see `waker_ident`).
-    if let Some(w) = unsafe { w.as_ref() } {
-        w.wake();
-    }
-}
-
-/// The wake-up eventfd for the thread's poll set: the published one if it is intact, else a
-/// new one. A replaced waker (its eventfd closed by the program) is leaked, not freed: another
-/// thread may be inside `wake` with it, and its descriptor is not ours to close any more.
-fn waker_ident() -> Option<Ident> {
-    let w = WAKER.load(Acquire);
-    // SAFETY: as in `wake`; only this thread replaces the waker.
-    if let Some(w) = unsafe { w.as_ref() } {
-        if w.is_intact() {
-            return Some(w.ident());
-        }
-    }
-    let fresh = Waker::new().ok()?;
-    let ident = fresh.ident();
-    // The old pointer, if any, is deliberately leaked (see above).
-    WAKER.swap(Box::into_raw(Box::new(fresh)), AcqRel);
-    Some(ident)
+    waker::drop_waker();
 }
 
 /// Called by the mark path after a private range became volatile: starts the reclaimer in a
@@ -438,12 +399,12 @@ struct Watch {
 }
 
 impl Watch {
-    fn open() -> Watch {
+    fn open(waker: Option<Ident>) -> Watch {
         let cfg = config::get();
         let version = cfg.version.load(Acquire);
         let mut poller = Poller::new();
         let mut active = sources_without_descriptors();
-        if let Some(w) = waker_ident() {
+        if let Some(w) = waker {
             let _ = poller.add(w, Signal::Wake);
         }
         let cgroup = MemCgroup::current();
@@ -554,16 +515,21 @@ fn sources_without_descriptors() -> u8 {
 }
 
 /// Waits one tick: in poll(2) on the sources, or on the futex before there are any.
-fn wait(watch: &mut Option<Watch>, since: &mut Option<u64>, poll: Duration) -> Ready {
-    let seq = WAKE_SEQ.load(Acquire);
-    if watch.is_none() && needs_sources(since, now_ns(), poll) && fd::std_fds_open() {
-        *watch = Some(Watch::open());
+fn wait(
+    watch: &mut Option<Watch>,
+    bell: &mut Option<waker::Bell>,
+    since: &mut Option<u64>,
+    poll: Duration,
+) -> Ready {
+    let seq = waker::WAKE_SEQ.load(Acquire);
+    if watch.is_none() && needs_sources(since, now_ns(), poll) && waker::files_ok() {
+        *watch = Some(Watch::open(waker::poll_ident(bell)));
     }
     match watch {
         Some(w) => w.poller.wait(Some(poll)).unwrap_or_default(),
         None => {
             if STATE.load(Acquire) == RUNNING && WAKE_REASONS.load(Acquire) == 0 {
-                futex::wait(&WAKE_SEQ, seq, poll);
+                futex::wait(&waker::WAKE_SEQ, seq, poll);
             }
             Ready::default()
         }
@@ -572,7 +538,9 @@ fn wait(watch: &mut Option<Watch>, since: &mut Option<u64>, poll: Duration) -> R
 
 fn run() {
     let cfg = config::get();
+    waker::enter_table();
     let mut watch: Option<Watch> = None;
+    let mut bell = None;
     let mut volatile_since = None;
     ACTIVE.store(sources_without_descriptors(), Relaxed);
     let mut last_check = now_ns();
@@ -595,7 +563,7 @@ fn run() {
         } else {
             configured
         };
-        let ready = wait(&mut watch, &mut volatile_since, poll);
+        let ready = wait(&mut watch, &mut bell, &mut volatile_since, poll);
         let t = now_ns();
         if STATE.load(Acquire) != RUNNING {
             break;
@@ -641,9 +609,9 @@ fn run() {
                 }
             }
         }
-        // Opening files (sources, /proc, the statistics file) waits while the program has a
-        // standard descriptor closed: see `fd::std_fds_open`.
-        let files_ok = fd::std_fds_open();
+        // Opening files (sources, /proc, the statistics file) waits for the thread's own table
+        // (see `waker`).
+        let files_ok = waker::files_ok();
         if let Some(w) = watch.as_mut().filter(|_| files_ok) {
             let mut reopen = ready.broken().iter().any(|s| s != Signal::Coordinator)
                 || reasons & WAKE_CONFIG != 0;
@@ -657,7 +625,7 @@ fn run() {
             if reopen {
                 // Close the old sources before opening new ones.
                 drop(watch.take());
-                let mut fresh = Watch::open();
+                let mut fresh = Watch::open(waker::poll_ident(&mut bell));
                 if let Some(id) = coordinator.ident() {
                     let _ = fresh.poller.add(id, Signal::Coordinator);
                 }
@@ -696,16 +664,18 @@ fn run() {
         }
     }
     coordinator.disconnect();
+    drop(watch);
+    drop(bell);
     ACTIVE.store(0, Relaxed);
     approach::reset();
+    waker::thread_ended();
 }
 
 /// Whether a stall on the system's PSI file comes with the machine short of memory (see
-/// [`victims::system_short`]). Reads /proc/meminfo only while the program's standard
-/// descriptors are open (`fd::std_fds_open`); otherwise it cannot tell, and takes the stall at
-/// its word.
+/// [`victims::system_short`]). Reads /proc/meminfo only where the thread may open files
+/// (`waker::files_ok`); otherwise it cannot tell, and takes the stall at its word.
 fn machine_short() -> bool {
-    let meminfo = if fd::std_fds_open() {
+    let meminfo = if waker::files_ok() {
         vrange_sys::procfs::mem_available_kb().ok().flatten()
     } else {
         None
@@ -716,9 +686,9 @@ fn machine_short() -> bool {
 /// Measures headroom (the watch's open source; else short-lived reads of the cgroup's files,
 /// or of MemAvailable without a limit) and updates the approach state; while the process has
 /// volatile memory (or `first`: the reclaimer just started, its process about to have some)
-/// and the standard descriptors are open; otherwise the state stays as it is.
+/// and the thread may open files (`waker::files_ok`); otherwise the state stays as it is.
 fn approach_check(watch: Option<&Watch>, t: u64, poll: Duration, first: bool) {
-    if (!first && stats::volatile_resident() == 0) || !fd::std_fds_open() {
+    if (!first && stats::volatile_resident() == 0) || !waker::files_ok() {
         return;
     }
     let headroom = match watch {
@@ -825,7 +795,7 @@ extern "C" fn after_fork_child() {
     if let Ok(mut t) = THREAD.try_lock() {
         std::mem::forget(t.take());
     }
-    WAKER.store(std::ptr::null_mut(), Release);
+    waker::after_fork_child();
     fd::close_private_after_fork();
     crate::sigbus::UFFD.after_fork_child();
     crate::refill::after_fork_child();

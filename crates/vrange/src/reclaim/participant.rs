@@ -40,6 +40,7 @@ use crate::coordination::{
 use crate::managed::{self, pause};
 use crate::registry;
 use crate::stats;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -445,8 +446,9 @@ impl Link {
                 ino,
             };
             let len = m.encode(&mut buf);
-            if let (Some(sock), Some(fd)) = (self.sock.get(), guest.get()) {
-                if matches!(sock::send_fd(sock, &buf[..len], fd), Ok(true)) {
+            // The thread's own table holds no copy of the region's memfd: it opens one.
+            if let (Some(sock), Some(fd)) = (self.sock.get(), guest.for_this_thread()) {
+                if matches!(sock::send_fd(sock, &buf[..len], fd.as_fd()), Ok(true)) {
                     self.passed.push(ino);
                 }
             }
