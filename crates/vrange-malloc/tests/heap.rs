@@ -73,17 +73,20 @@ fn freed_block_is_reused_intact_without_a_fault() {
 fn a_cached_block_is_freed_for_real_within_a_tick() {
     let _serial = serial();
     vrange_sys::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
+    // The reclaimer's tick must not come between the free and the check that the block is
+    // still cached (a slow machine lets it): one tick of a minute, woken by the setting.
+    vrange::set_option("VRANGE_POLL_MS", "60000").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
     // An odd size that no other test of this file allocates.
     let len = 372 * KIB;
     let a = heap::alloc(len, 16).expect("served").ptr.as_ptr();
     // SAFETY: a is live, freed once.
     assert!(unsafe { heap::free(a) });
     // In this CPU's cache: still a block of its chunk, not yet a volatile free span.
-    assert_eq!(
-        heap::usable_size(a),
-        Some(len),
-        "cached, not freed for real"
-    );
+    let cached = heap::usable_size(a);
+    // Back to the default tick (the change wakes the thread, which flushes the caches).
+    vrange::set_option("VRANGE_POLL_MS", "100").unwrap();
+    assert_eq!(cached, Some(len), "cached, not freed for real");
     // A second free of a cached block is caught like any double free (double_free_aborts
     // checks the abort); the reclaimer's tick (VRANGE_POLL_MS, 100 ms) frees it for real.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -29,7 +29,7 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 use vrange::{page_size, Options, Policy, Priority, VolatileRegion};
 use vrange_sys::procfs;
-use vrange_testkit::pattern::{check, check_at, fill, is_zero};
+use vrange_testkit::pattern::{check_at, fill, is_zero};
 use vrange_testkit::proc::{inherit_fd, Exit};
 use vrange_testkit::role::{command, role, role_command, say, Reply, Role};
 use vrange_testkit::serial;

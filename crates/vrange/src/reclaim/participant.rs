@@ -259,9 +259,10 @@ impl Participant {
     /// Drops the link (its descriptor is closed only if it verifies); a `Room` request waiting
     /// for it is answered `Gone`.
     pub fn disconnect(&mut self) {
-        self.link = None;
+        // Uncoordinated before the socket closes: whoever sees the close sees the state after.
         stats::set_coordinated(false);
         LIVE_PING_MS.store(0, Relaxed);
+        self.link = None;
         if !ask_moves(WANTED, GONE) {
             ask_moves(SENT, GONE);
         }
