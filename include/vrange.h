@@ -424,7 +424,11 @@
  *     range newly volatile, and a failed unmark changes nothing.
  *
  *   vrange() in SIGBUS mode, vrange_alloc() with VRANGE_SIGBUS, vrange_alloc_refill()
- *     ENOTSUP userfaultfd(2) or its SIGBUS feature is absent, or not allowed to this process.
+ *     ENOTSUP userfaultfd(2) or its SIGBUS feature is absent, or not allowed to this process:
+ *             Docker's default seccomp profile refuses the system call and a container has
+ *             no /dev/userfaultfd. `vrange features` says which; allow userfaultfd in the
+ *             container's seccomp profile (or give it /dev/userfaultfd), or use a region
+ *             without VRANGE_SIGBUS (its purges read as zero and are reported at unmark).
  *     EAGAIN  The process's userfaultfd is opened at the first such call, and 0, 1 or 2 was
  *             closed at that moment (libvrange opens nothing that could take their place:
  *             see NOTES); call again once they are open.

@@ -14,7 +14,8 @@ use vrange_testkit::proc::without_vrange_env;
 use vrange_testkit::{is_root, skip};
 
 /// The uid the unprivileged runs use (nobody).
-const NOBODY: u32 = 65534;
+use vrange_testkit::confine::{Confinement, NOBODY};
+use vrange_testkit::scratch::Scratch;
 
 /// A copy of the vrange executable that any user can run (the build directory may be private
 /// to its owner), in a directory removed when the guard drops.
@@ -33,18 +34,42 @@ fn public_vrange() -> (tempfile::TempDir, std::path::PathBuf) {
 
 /// `exe ARGS` run as uid and gid [`NOBODY`] with no supplementary groups.
 fn as_nobody(exe: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let id = NOBODY.to_string();
-    let mut c = Command::new("setpriv");
-    c.args([
-        &format!("--reuid={id}"),
-        &format!("--regid={id}"),
-        "--clear-groups",
-        "--",
-    ])
-    .arg(exe)
-    .args(args);
+    let scratch = Scratch::new("cli-nobody");
+    let mut c = Command::new(exe);
+    c.args(args);
     without_vrange_env(&mut c);
-    c.output().expect("run setpriv")
+    Confinement::Unprivileged
+        .apply(&mut c, &scratch)
+        .output()
+        .expect("run as nobody")
+}
+
+/// Under Docker's default seccomp profile and capabilities (`vrange_testkit::confine`),
+/// `vrange features` says in one line each what is refused and what follows from it.
+#[test]
+fn features_say_what_dockers_default_profile_refuses() {
+    if !is_root() {
+        return skip("needs root to confine a child as Docker does");
+    }
+    let scratch = Scratch::new("cli-docker");
+    let mut c = vrange();
+    c.arg("features");
+    let out = Confinement::Docker
+        .apply(&mut c, &scratch)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let row = |name| feature(&text, name).unwrap_or_else(|| panic!("no {name} row:\n{text}"));
+    assert!(
+        row("userfaultfd").starts_with("no (refused") && row("userfaultfd").contains("ENOTSUP"),
+        "{text}"
+    );
+    assert_eq!(row("/dev/userfaultfd"), "no (not present)", "{text}");
+    assert!(row("process_madvise").starts_with("no;"), "{text}");
+    assert!(row("own descriptor table").starts_with("yes"), "{text}");
+    assert!(row("create memory cgroups").starts_with("no"), "{text}");
+    assert!(row("PSI triggers").contains("windows of 2, 4"), "{text}");
 }
 
 /// The value of row `name` of a `vrange features` report ("name:   value").

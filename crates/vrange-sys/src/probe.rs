@@ -402,6 +402,15 @@ impl fmt::Display for Features {
             ),
             None => "none".into(),
         };
+        // SIGBUS mode and refill regions need a userfaultfd, from the system call or the device.
+        let userfaultfd = match (self.userfaultfd, &self.userfaultfd_dev) {
+            (true, _) => "yes".to_string(),
+            (false, Ok(())) => "no; /dev/userfaultfd serves instead".to_string(),
+            (false, Err(_)) => "no (refused, or not built); SIGBUS mode and refill regions fail \
+                 with ENOTSUP: allow the userfaultfd system call (a container's seccomp profile) \
+                 or give access to /dev/userfaultfd"
+                .to_string(),
+        };
         let own_table = match &self.own_table {
             Ok(()) => "yes (the reclaimer's descriptors are never in the program's)".to_string(),
             Err(why) => format!(
@@ -439,7 +448,7 @@ impl fmt::Display for Features {
                 "PAGEMAP_SCAN",
                 yes(self.pagemap_scan, "huge pages are proven page by page"),
             ),
-            ("userfaultfd", yes(self.userfaultfd, "")),
+            ("userfaultfd", userfaultfd),
             (
                 "userfaultfd, kernel faults",
                 allowed(&self.userfaultfd_kernel),

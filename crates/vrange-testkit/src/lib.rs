@@ -32,6 +32,7 @@
 pub mod bench;
 pub mod build;
 pub mod cgroup;
+pub mod confine;
 pub mod fork;
 pub mod hog;
 pub mod pattern;

@@ -26,7 +26,15 @@ pub fn role() -> Option<String> {
 /// A command that re-executes this test binary to run only `test` as `role`, with piped stdio
 /// and no `VRANGE_*` setting inherited from the test's environment.
 pub fn role_command(test: &str, role: &str) -> Command {
-    let exe = std::env::current_exe().expect("the test binary's path");
+    role_command_at(
+        &std::env::current_exe().expect("the test binary's path"),
+        test,
+        role,
+    )
+}
+
+/// [`role_command`] for a copy of this test binary at `exe`.
+pub fn role_command_at(exe: &std::path::Path, test: &str, role: &str) -> Command {
     let mut cmd = Command::new(exe);
     without_vrange_env(&mut cmd)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
