@@ -188,7 +188,8 @@ impl Confinement {
 /// A command that re-executes this test binary confined, to run only `test` as `role` (see
 /// [`crate::role`]). For [`Confinement::Unprivileged`] the binary is first copied into a
 /// scratch directory that user can read (the build directory may not be), and the child starts
-/// in `/`.
+/// in `/`; callers hold [`crate::serial`] meanwhile (a child another test forks while the copy
+/// is open for writing makes the exec fail with ETXTBSY).
 pub fn role_command(
     confinement: Confinement,
     scratch: &crate::scratch::Scratch,
