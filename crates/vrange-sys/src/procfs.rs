@@ -354,6 +354,10 @@ VmFlags: rd wr mr mw me ac
         assert!(before.rss_kb >= 4096, "{before:?}");
         assert!(smaps_range(addr, LEN).unwrap().rss_kb >= 4096);
 
+        // MADV_FREE queues the pages on the per-CPU batch of the CPU the thread runs on: a
+        // thread that migrates in the middle (a busy machine) leaves two partial batches
+        // pending, not one.
+        crate::mem::pin_thread_to_current_cpu().expect("pin to a CPU");
         // SAFETY: the range is exactly the mapping made above; MADV_FREE only lets the kernel
         // drop its contents, which this test never reads again.
         let rc = unsafe { libc::madvise(ptr, LEN, libc::MADV_FREE) };
