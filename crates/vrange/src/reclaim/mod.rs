@@ -32,9 +32,9 @@
 //! mark of a managed range, new region or [`purge`]. `pthread_atfork` handlers hold the
 //! registry's locks across the fork, so the child never inherits one locked, and (where the
 //! sources are in the program's table) close the child's copies of them (verified first),
-//! which would otherwise keep the parent's triggers alive and wake the parent's thread. The child's inherited mappings of shared
-//! regions hold no pin (the pins were the parent's): it unmarks them before use, like a fresh
-//! mapping.
+//! which would otherwise keep the parent's triggers alive and wake the parent's thread. The
+//! child's inherited mappings of shared regions hold no pin (the pins were the parent's): it
+//! unmarks them before use, like a fresh mapping.
 
 pub(crate) mod config;
 mod flush;
