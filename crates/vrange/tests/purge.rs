@@ -6,9 +6,13 @@ use common::{force_purge, pin_cpu, Mapping};
 use vrange::{mark_volatile, page_size, unmark, Region};
 use vrange_testkit::pattern::{check, check_at, fill, is_zero};
 use vrange_testkit::procfs::lazy_free_kb;
+use vrange_testkit::serial;
 
 #[test]
 fn forced_purge_is_reported_exactly() {
+    // One at a time: the kernel merges neighbouring test mappings into one VMA, whose smaps
+    // counters (LazyFree) would then include another test's pages.
+    let _serial = serial();
     let page = page_size();
     let m = Mapping::new(64 * page);
     fill(m.ptr, m.len, 1);
@@ -37,6 +41,9 @@ fn forced_purge_is_reported_exactly() {
 
 #[test]
 fn without_pressure_nothing_is_lost_or_refaulted() {
+    // One at a time: the kernel merges neighbouring test mappings into one VMA, whose smaps
+    // counters (LazyFree) would then include another test's pages.
+    let _serial = serial();
     let m = Mapping::new(256 * page_size());
     fill(m.ptr, m.len, 2);
     let faults = || {
@@ -67,6 +74,9 @@ fn without_pressure_nothing_is_lost_or_refaulted() {
 
 #[test]
 fn unmark_pins_pages_against_forced_reclaim() {
+    // One at a time: the kernel merges neighbouring test mappings into one VMA, whose smaps
+    // counters (LazyFree) would then include another test's pages.
+    let _serial = serial();
     let m = Mapping::new(128 * page_size());
     fill(m.ptr, m.len, 3);
     // SAFETY: test-owned memory; ours.
@@ -91,6 +101,9 @@ fn unmark_pins_pages_against_forced_reclaim() {
 
 #[test]
 fn region_thp_purge_and_pin() {
+    // One at a time: the kernel merges neighbouring test mappings into one VMA, whose smaps
+    // counters (LazyFree) would then include another test's pages.
+    let _serial = serial();
     pin_cpu();
     let region = Region::new(8 << 20).unwrap();
     fill(region.as_ptr(), region.len(), 4);
