@@ -78,6 +78,29 @@ pub fn child(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
     child_of(&parent()?, prefix, limit)
 }
 
+/// A fresh child for a test of cgroup v2's `memory.high`: throttled above `high` bytes, with a
+/// hard limit of `limit` far above it. `Err` (a skip reason) where no child can be made, or
+/// where the test cgroups are v1 (which has no `memory.high`): [`v2_lacking`] says which.
+pub fn child_high(prefix: &str, high: u64, limit: u64) -> Result<ChildCgroup, String> {
+    let parent = parent()?;
+    if parent.version() != Version::V2 {
+        return Err(format!(
+            "the memory cgroup {} is v1, which has no memory.high",
+            parent.path().display()
+        ));
+    }
+    let child = child_of(&parent, prefix, limit)?;
+    std::fs::write(child.cgroup().file("memory.high"), high.to_string())
+        .map_err(|e| format!("cannot set memory.high: {e}"))?;
+    Ok(child)
+}
+
+/// Whether this process's memory controller, as the library's probe finds it, is cgroup v1:
+/// the answer [`crate::skip_lacking`] wants for tests of v2-only limits (`memory.high`).
+pub fn v2_lacking() -> bool {
+    matches!(vrange_sys::probe::features().cgroup, Some((Version::V1, _)))
+}
+
 /// Removes a test's child cgroup (moving any process still in it to the parent first) and
 /// asserts that its directory is gone: a test must never leave one behind. Reap the processes
 /// that ran in it first.
