@@ -5,8 +5,15 @@
 //! fills memory, marks every other chunk volatile, and lets a second process allocate past the
 //! limit: the kernel must reclaim the volatile pages (there is no swap to fall back on).
 //! Without one, it forces the purge with MADV_PAGEOUT instead and says so.
+//!
+//! The child is made under the demo's own memory cgroup, or under `--cgroup DIR`. On cgroup v2
+//! a process's own cgroup usually holds processes (a login session, a service), and a cgroup
+//! with processes cannot enable the memory controller for children: there `--cgroup` names a
+//! cgroup that can (one delegated to the user, or any cgroup without processes, as root).
 
 use crate::out::count;
+use clap::Args;
+use std::path::PathBuf;
 use std::time::Instant;
 use vrange::{features, page_size, Region};
 use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup};
@@ -22,8 +29,26 @@ fn word(chunk: usize, i: usize) -> u64 {
     ((chunk as u64) << 40 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-/// Runs the tour; 0 when every check held.
-pub fn main() -> i32 {
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Make the demo's memory cgroup under DIR instead of under its own (cgroup v2: a cgroup
+    /// whose memory controller can be enabled for children, i.e. one without processes).
+    #[arg(long, value_name = "DIR")]
+    cgroup: Option<PathBuf>,
+}
+
+/// Runs the tour; 0 when every check held, 2 when `--cgroup` is not a memory cgroup.
+pub fn main(args: &DemoArgs) -> i32 {
+    let parent = match &args.cgroup {
+        None => MemCgroup::current(),
+        Some(dir) => match MemCgroup::at(dir) {
+            Some(cg) => Some(cg),
+            None => {
+                eprintln!("vrange demo: {} is not a memory cgroup", dir.display());
+                return 2;
+            }
+        },
+    };
     let f = features();
     println!(
         "vrange demo: volatile ranges on Linux {} (MADV_FREE {}, THP {})",
@@ -32,7 +57,10 @@ pub fn main() -> i32 {
         f.thp,
     );
     // Charges stay with the cgroup that faulted a page in, so join the child cgroup first.
-    let cgroup = enter_child_cgroup();
+    // Where this process goes back to before its cgroup is removed: with `--cgroup` that is
+    // not the child's parent (on cgroup v2 that one may hold no process).
+    let home = MemCgroup::current();
+    let cgroup = parent.and_then(|p| enter_child_cgroup(&p));
     // Forced purges (the fallback below) are deterministic only on the CPU that marked.
     let _ = mem::pin_thread_to_current_cpu();
 
@@ -109,6 +137,9 @@ pub fn main() -> i32 {
     );
     drop(region);
     let allocator_ok = allocator_tour(cgroup.as_ref());
+    if let (Some(_), Some(home)) = (&cgroup, &home) {
+        let _ = std::fs::write(home.file("cgroup.procs"), std::process::id().to_string());
+    }
     drop(cgroup);
     if purged_pages != zero_pages || intact_pinned != CHUNKS - volatile.len() || !allocator_ok {
         return 1;
@@ -203,9 +234,8 @@ fn kernel_release() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn enter_child_cgroup() -> Option<ChildCgroup> {
-    let current = MemCgroup::current()?;
-    match current.create_child(&unique_name("vrange-demo"), LIMIT as u64) {
+fn enter_child_cgroup(parent: &MemCgroup) -> Option<ChildCgroup> {
+    match parent.create_child(&unique_name("vrange-demo"), LIMIT as u64) {
         Ok(child) => match child.add_pid(std::process::id() as i32) {
             Ok(()) => Some(child),
             Err(e) => {
@@ -214,7 +244,15 @@ fn enter_child_cgroup() -> Option<ChildCgroup> {
             }
         },
         Err(e) => {
-            println!("(could not create a memory cgroup: {e})");
+            let hint = if parent.version() == vrange_sys::cgroup::Version::V2 {
+                "; on cgroup v2, `--cgroup DIR` names one that can have memory-limited children"
+            } else {
+                ""
+            };
+            println!(
+                "(could not create a memory cgroup under {}: {e}{hint})",
+                parent.path().display()
+            );
             None
         }
     }

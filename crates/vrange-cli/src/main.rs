@@ -135,7 +135,7 @@ enum Command {
     /// A live view of a coordinator's participants: volatile, pinned, purged, requests obeyed.
     Top(coord::TopArgs),
     /// A short tour: mark data volatile, create real pressure, show what was purged and saved.
-    Demo,
+    Demo(demo::DemoArgs),
     /// What this kernel and these privileges allow, and what falls back.
     Features,
     /// Write the manual pages (vrange.1, vrange-run.1, ...) into DIR (for `make install`).
@@ -169,7 +169,7 @@ fn main() {
         Command::BenchRole { role, args } => bench::role(&role, &args),
         Command::Daemon(args) => coord::daemon(args),
         Command::Top(args) => coord::top(args),
-        Command::Demo => demo::main(),
+        Command::Demo(args) => demo::main(&args),
         Command::Features => {
             print!("{}", vrange::features());
             0

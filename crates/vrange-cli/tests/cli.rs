@@ -306,9 +306,18 @@ fn stat_reads_a_live_process() {
     assert!(!gone.status.success(), "a dead process is an error");
 }
 
+/// The demo under real pressure wherever the tests may create memory cgroups: in its own
+/// cgroup, or (cgroup v2, where the tests' own cgroup holds processes) under the one the tests
+/// make theirs in, given with `--cgroup`. Elsewhere it forces reclaim and says so.
 #[test]
 fn demo_runs_and_checks_itself() {
-    let out = vrange().arg("demo").output().unwrap();
+    let parent = vrange_testkit::cgroup::parent();
+    let mut cmd = vrange();
+    cmd.arg("demo");
+    if let Some(dir) = std::env::var_os("VRANGE_TEST_CGROUP") {
+        cmd.arg("--cgroup").arg(dir);
+    }
+    let out = cmd.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -320,6 +329,40 @@ fn demo_runs_and_checks_itself() {
         "{text}"
     );
     assert!(text.contains("vrange-malloc:"), "{text}");
+    match parent.and_then(|p| p.may_create_child().map(|()| p)) {
+        Ok(p) => {
+            assert!(
+                text.contains("this process runs in a memory cgroup limited to"),
+                "real pressure under {}: {text}",
+                p.path().display()
+            );
+            let left: Vec<_> = std::fs::read_dir(p.path())
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("vrange-demo"))
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "the demo's cgroup is removed: {left:?}");
+        }
+        Err(why) => {
+            assert!(text.contains("forcing reclaim with MADV_PAGEOUT"), "{text}");
+            skip(format!("the demo could not make a memory cgroup: {why}"));
+        }
+    }
+}
+
+#[test]
+fn demo_refuses_a_cgroup_that_is_not_one() {
+    let out = vrange()
+        .args(["demo", "--cgroup", "/nonexistent/vrange-cgroup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "vrange demo: /nonexistent/vrange-cgroup is not a memory cgroup\n"
+    );
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
