@@ -30,6 +30,22 @@ fn patient(socket: &std::path::Path, cg: &std::path::Path) -> vrange_coordinator
     }
 }
 
+/// A coordinator of `cg` on `socket` with the headroom threshold `vrange daemon` uses by
+/// default (a sixteenth of the ceiling), and the environment that makes a participant use it.
+fn as_the_daemon_runs(
+    socket: &std::path::Path,
+    cg: &std::path::Path,
+) -> (InProcess, [(&'static str, String); 1]) {
+    let coordinator = InProcess::start(vrange_coordinator::Options {
+        headroom: None,
+        ..patient(socket, cg)
+    });
+    (
+        coordinator,
+        [("VRANGE_COORDINATOR", socket.display().to_string())],
+    )
+}
+
 fn roles() -> bool {
     match role().as_deref() {
         Some("participant") => participant(),
@@ -45,6 +61,28 @@ struct Outcome {
     chunks: Vec<(usize, usize, bool)>,
     kills: u64,
     reports: Vec<vrange_testkit::role::Reply>,
+}
+
+impl Outcome {
+    /// From the participants' reports, the oldest participant's first: when each marked all
+    /// its chunks before the next one started, their chunks in marking order.
+    fn in_turn(reports: Vec<vrange_testkit::role::Reply>, kills: u64) -> Outcome {
+        let chunks = reports
+            .iter()
+            .enumerate()
+            .flat_map(|(p, r)| {
+                purged_bits(r)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, purged)| (p, i, purged))
+            })
+            .collect();
+        Outcome {
+            chunks,
+            kills,
+            reports,
+        }
+    }
 }
 
 fn scenario(test: &str, coordinated: bool) -> Option<Outcome> {
@@ -226,13 +264,9 @@ fn make_room_of_a_young_filler_follows_the_global_order() {
     let cg = child.cgroup().clone();
     let dir = socket_dir("room");
     let socket = dir.join("coordinator.sock");
-    // As `vrange daemon` runs by default: the coordinator's threshold is the participants' own
-    // (the limit / 16), so the filler's guard sees the headroom short before the coordinator.
-    let coordinator = InProcess::start(vrange_coordinator::Options {
-        headroom: None,
-        ..patient(&socket, cg.path())
-    });
-    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    // The coordinator's threshold is the participants' own (the limit / 16), so the filler's
+    // guard sees the headroom short before the coordinator.
+    let (coordinator, env) = as_the_daemon_runs(&socket, cg.path());
     let mut old = spawn(TEST, "participant", &cg, &env);
     for _ in 0..OLD_CHUNKS {
         assert!(old.send("mark"));
@@ -260,21 +294,7 @@ fn make_room_of_a_young_filler_follows_the_global_order() {
     drop(dir);
     cgroup::remove(child);
     // Marking order: the old one's chunks, then the young one's.
-    let chunks: Vec<(usize, usize, bool)> = reports
-        .iter()
-        .enumerate()
-        .flat_map(|(p, r)| {
-            purged_bits(r)
-                .into_iter()
-                .enumerate()
-                .map(move |(i, purged)| (p, i, purged))
-        })
-        .collect();
-    let o = Outcome {
-        chunks,
-        kills,
-        reports,
-    };
+    let o = Outcome::in_turn(reports, kills);
     let show = || {
         let mut s = String::from("purged in marking order (oldest first): ");
         for &(p, i, purged) in &o.chunks {
@@ -322,25 +342,13 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
         return;
     }
     let _s = serial();
-    let child = match cgroup::child_high("vrange-coord-high-", HIGH, 1 << 30) {
-        Ok(c) => c,
-        Err(why) => {
-            return vrange_testkit::skip_lacking(
-                "a cgroup v2 memory controller",
-                cgroup::v2_lacking(),
-                why,
-            )
-        }
+    let Some(child) = cgroup::child_high("vrange-coord-high-", HIGH, 1 << 30) else {
+        return;
     };
     let cg = child.cgroup().clone();
     let dir = socket_dir("high");
     let socket = dir.join("coordinator.sock");
-    // As `vrange daemon` runs by default (the threshold a sixteenth of the ceiling).
-    let coordinator = InProcess::start(vrange_coordinator::Options {
-        headroom: None,
-        ..patient(&socket, cg.path())
-    });
-    let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
+    let (coordinator, env) = as_the_daemon_runs(&socket, cg.path());
     let mut ps = Vec::new();
     for n in 1..=2 {
         let mut p = spawn(TEST, "participant", &cg, &env);
@@ -371,20 +379,7 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
     drop(coordinator);
     drop(dir);
     cgroup::remove(child);
-    let o = Outcome {
-        chunks: reports
-            .iter()
-            .enumerate()
-            .flat_map(|(p, r)| {
-                purged_bits(r)
-                    .into_iter()
-                    .enumerate()
-                    .map(move |(i, purged)| (p, i, purged))
-            })
-            .collect(),
-        kills,
-        reports,
-    };
+    let o = Outcome::in_turn(reports, kills);
     let line = format!(
         "usage {} MiB (memory.high {} MiB), rounds {rounds:?}: {}",
         usage >> 20,
