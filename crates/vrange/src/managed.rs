@@ -46,26 +46,19 @@ pub struct Options {
 /// start and rounded length.
 pub(crate) fn create(len: usize, opts: Options) -> Result<(usize, usize), Error> {
     let len = crate::span::region_len(len)?;
-    let (idx, slot) = registry::alloc_slot()?;
-    let made = if opts.shared {
+    let new = registry::alloc_slot()?;
+    let slot = new.slot();
+    let start = if opts.shared {
         create_shared(slot, len, opts)
     } else {
         create_private(slot, len, opts)
-    };
-    let start = match made {
-        Ok(start) => start,
-        Err(e) => {
-            registry::free_slot(idx);
-            return Err(e);
-        }
-    };
-    if let Err(e) = registry::set_owner(start, start + len, idx) {
+    }?;
+    if let Err(e) = registry::set_owner(start, start + len, new.idx()) {
         // SAFETY: the region was just created and never handed out.
         unsafe { release_mapping(slot, start, len) };
-        registry::free_slot(idx);
         return Err(e);
     }
-    slot.publish();
+    new.publish();
     Ok((start, len))
 }
 
@@ -133,7 +126,7 @@ pub(crate) fn open_shared(
     let m = shared::open(fd)?;
     let len = m.len;
     let epoch = m.header().epoch.load(Acquire);
-    let (idx, slot) = match registry::alloc_slot() {
+    let new = match registry::alloc_slot() {
         Ok(s) => s,
         Err(e) => {
             // SAFETY: the mapping was just created and never handed out.
@@ -141,6 +134,7 @@ pub(crate) fn open_shared(
             return Err(e);
         }
     };
+    let slot = new.slot();
     let (header, data, fd) = m.into_parts();
     let start = data as usize;
     slot.init(Policy::Managed, priority, start, len);
@@ -157,17 +151,15 @@ pub(crate) fn open_shared(
         if let Err(e) = registered {
             // SAFETY: just mapped, never handed out.
             unsafe { release_mapping(slot, start, len) };
-            registry::free_slot(idx);
             return Err(e);
         }
     }
-    if let Err(e) = registry::set_owner(start, start + len, idx) {
+    if let Err(e) = registry::set_owner(start, start + len, new.idx()) {
         // SAFETY: the region was just mapped and never handed out.
         unsafe { release_mapping(slot, start, len) };
-        registry::free_slot(idx);
         return Err(e);
     }
-    slot.publish();
+    new.publish();
     Ok((start, len))
 }
 
@@ -250,19 +242,20 @@ fn split(idx: u32, slot: &'static Slot, at: usize) -> Result<(), Error> {
         slot.state().release(word);
         return Ok(());
     }
-    let (nidx, piece) = match registry::alloc_slot() {
+    let new = match registry::alloc_slot() {
         Ok(s) => s,
         Err(e) => {
             slot.state().release(word);
             return Err(e);
         }
     };
+    let (nidx, piece) = (new.idx(), new.slot());
     let head = at - start;
     let tail = len - head;
     let armed = slot.armed.load(Relaxed);
     piece.init_split(slot, word, at, tail, armed.saturating_sub(head));
     if let Err(e) = registry::set_owner(at, start + len, nidx) {
-        registry::free_slot(nidx);
+        drop(new);
         slot.state().release(word);
         return Err(e);
     }
@@ -272,7 +265,7 @@ fn split(idx: u32, slot: &'static Slot, at: usize) -> Result<(), Error> {
         stats::volatile_sub(idx, tail);
         stats::volatile_add(nidx, tail);
     }
-    piece.publish();
+    new.publish();
     slot.state().release(word);
     Ok(())
 }

@@ -71,7 +71,8 @@ impl OwnedRange {
         if span.is_empty() {
             return Err(Error::NotRegion);
         }
-        let (idx, slot) = registry::alloc_slot()?;
+        let new = registry::alloc_slot()?;
+        let (idx, slot) = (new.idx(), new.slot());
         slot.init(policy, priority, span.start, span.len());
         match content {
             Content::Dirty => {
@@ -81,7 +82,7 @@ impl OwnedRange {
             }
             Content::Zero => slot.state().reset_to(state::PURGED),
         }
-        slot.publish();
+        new.publish();
         if policy != Policy::Lazy {
             reclaim::ensure_running();
             if content == Content::Dirty {

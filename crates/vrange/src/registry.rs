@@ -224,7 +224,7 @@ impl Slot {
     }
 
     /// Makes an initialised slot visible to the reclaimer.
-    pub fn publish(&self) {
+    fn publish(&self) {
         self.info.fetch_or(LIVE, Release);
     }
 
@@ -256,9 +256,43 @@ pub(crate) fn slot(idx: u32) -> &'static Slot {
     unsafe { &*chunk.add(idx as usize & (CHUNK_SLOTS - 1)) }
 }
 
-/// Takes a free slot (not yet live: fill it, then [`Slot::publish`]).
-pub(crate) fn alloc_slot() -> Result<(u32, &'static Slot), Error> {
-    LOCK.with(alloc_locked).map(|idx| (idx, slot(idx)))
+/// Takes a free slot, not yet live: fill it, then [`NewSlot::publish`]. Dropped unpublished
+/// (an error on the way), it goes back to the free list.
+pub(crate) fn alloc_slot() -> Result<NewSlot, Error> {
+    LOCK.with(alloc_locked).map(|idx| NewSlot {
+        idx,
+        slot: slot(idx),
+    })
+}
+
+/// A slot taken by [`alloc_slot`] and not yet published (see there).
+pub(crate) struct NewSlot {
+    idx: u32,
+    slot: &'static Slot,
+}
+
+impl NewSlot {
+    pub(crate) fn idx(&self) -> u32 {
+        self.idx
+    }
+
+    pub(crate) fn slot(&self) -> &'static Slot {
+        self.slot
+    }
+
+    /// Makes the slot live ([`Slot::publish`]) and keeps it; returns its index.
+    pub(crate) fn publish(self) -> u32 {
+        self.slot.publish();
+        let idx = self.idx;
+        std::mem::forget(self);
+        idx
+    }
+}
+
+impl Drop for NewSlot {
+    fn drop(&mut self) {
+        free_slot(self.idx);
+    }
 }
 
 fn alloc_locked() -> Result<u32, Error> {
