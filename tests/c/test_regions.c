@@ -867,8 +867,11 @@ static void test_hybrid_arming(void)
 	s = snapshot();
 	check(armed && s.armed_total_bytes >= s0.armed_total_bytes + n * page &&
 		      s.volatile_ranges == s0.volatile_ranges + 1,
-	      "hybrid: after the arm delay the reclaimer arms the whole range (armed %llu bytes)",
-	      (unsigned long long)(s.armed_bytes - s0.armed_bytes));
+	      "hybrid: after the arm delay the reclaimer arms the whole range (armed %llu bytes; "
+	      "armed in all %llu more, volatile ranges %llu then %llu)",
+	      (unsigned long long)(s.armed_bytes - s0.armed_bytes),
+	      (unsigned long long)(s.armed_total_bytes - s0.armed_total_bytes),
+	      (unsigned long long)s0.volatile_ranges, (unsigned long long)s.volatile_ranges);
 	vrange_set_option("VRANGE_ARM_DELAY_MS", "3600000");
 	vrange_set_option("VRANGE_POLL_MS", "100");
 	if (armed && can_purge) {
@@ -900,11 +903,14 @@ static void test_hybrid_arming(void)
 			sleep_ms(10);
 	}
 	vrange_set_option("VRANGE_ARM_DELAY_MS", "3600000");
+	s = snapshot();
 	size_t freed = vrange_purge(1);
 	r = vrange_unmark(p, n * page, &count);
 	check(armed && freed == n * page && count == n && is_zero(p, n * page),
-	      "hybrid: vrange_purge purges an armed range whole (freed %zu, %zu pages reported)",
-	      freed, count);
+	      "hybrid: vrange_purge purges an armed range whole (freed %zu, %zu pages reported; "
+	      "armed seen %d, then %llu ranges volatile, %llu armed)",
+	      freed, count, armed, (unsigned long long)s.volatile_ranges,
+	      (unsigned long long)s.armed_ranges);
 	check(release(p, n), "hybrid: vrange_free");
 }
 

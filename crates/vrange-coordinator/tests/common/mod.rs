@@ -52,7 +52,7 @@ pub fn participant() {
                 let threads = args.next().unwrap_or(1).max(1);
                 let first = volatile.len();
                 let room = std::sync::atomic::AtomicUsize::new(0);
-                let filled: Vec<Vec<VolatileRegion>> = std::thread::scope(|s| {
+                let filled: Vec<Vec<(Option<Instant>, VolatileRegion)>> = std::thread::scope(|s| {
                     let workers: Vec<_> = (0..threads)
                         .map(|t| {
                             let room = &room;
@@ -70,7 +70,11 @@ pub fn participant() {
                                             seed(first + i),
                                         );
                                     }
-                                    mine.push(r);
+                                    // When it became volatile, by the library's own clock
+                                    // (the age the purge order goes by).
+                                    let idle = r.idle().unwrap_or_default();
+                                    let marked = Instant::now().checked_sub(idle);
+                                    mine.push((marked, r));
                                 }
                                 mine
                             })
@@ -81,12 +85,13 @@ pub fn participant() {
                         .map(|w| w.join().expect("filler"))
                         .collect()
                 });
-                // Back in index order (each chunk's seed is its index).
-                let mut by_thread: Vec<std::vec::IntoIter<VolatileRegion>> =
-                    filled.into_iter().map(Vec::into_iter).collect();
-                for i in 0..n {
-                    volatile.extend(by_thread[i % threads].next());
-                }
+                // In the order they became volatile: with several threads that is not their
+                // index order. One purged before its age was read has none: it sorts first,
+                // as the oldest.
+                let mut all: Vec<(Option<Instant>, VolatileRegion)> =
+                    filled.into_iter().flatten().collect();
+                all.sort_by_key(|(marked, _)| *marked);
+                volatile.extend(all.into_iter().map(|(_, r)| r));
                 say(format!(
                     "FILLED n={} room_bytes={}",
                     volatile.len(),

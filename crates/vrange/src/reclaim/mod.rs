@@ -347,11 +347,33 @@ pub(crate) fn config_changed() {
 /// used first, whole ranges at a time (so it may free more than asked). Returns the bytes
 /// freed: the lengths of the ranges purged. Runs in the caller's thread.
 pub fn purge(bytes: usize) -> usize {
+    /// Passes over fresh candidates at most (see below).
+    const PASSES: usize = 3;
     let t0 = now_ns();
-    let victims = candidates(bytes as u64);
-    let p = pause();
-    let (ranges, freed) = victims::purge_oldest(&victims, bytes as u64);
-    drop(p);
+    let target = bytes as u64;
+    let (mut ranges, mut freed) = (0, 0);
+    // The reclaimer arms hybrid ranges under the purge lock, so between this thread's
+    // snapshot of the candidates and its taking that lock a range may be mid-arming (no
+    // candidate) or armed since (its snapshot word stale): a pass skips either. An explicit
+    // purge does not leave them behind: once it has held the lock, the arming it raced is
+    // over, and a fresh snapshot has them.
+    for _ in 0..PASSES {
+        let victims = candidates(target - freed);
+        // Read before the lock: a range mid-arming now is no candidate, and is armed by the
+        // time the lock is held.
+        let raced = victims::arming_now();
+        let p = pause();
+        let (r, f) = victims::purge_oldest(&victims, target - freed);
+        drop(p);
+        ranges += r;
+        freed += f;
+        // Short of the target, every candidate was tried: some that were not purged changed
+        // under the snapshot.
+        let missed = victims.len() as u64 > r;
+        if freed >= target || !(missed || raced) {
+            break;
+        }
+    }
     stats::record(Source::Explicit, ranges, freed, now_ns() - t0);
     ensure_running();
     freed as usize
