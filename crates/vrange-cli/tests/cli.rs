@@ -483,18 +483,26 @@ fn stat_watch_prints_a_time_series() {
 
 #[test]
 fn stat_watch_ends_when_the_process_exits() {
-    let mut child = Command::new("sleep").arg("0.5").spawn().unwrap();
+    use std::io::BufRead as _;
+    let mut child = Command::new("sleep").arg("60").spawn().unwrap();
     let pid = child.id().to_string();
-    let watcher = vrange()
+    let mut watcher = vrange()
         .args(["stat", &pid, "--watch", "--interval", "100ms"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // The first sample (however late a busy machine starts the watcher), then the exit.
+    let mut out = std::io::BufReader::new(watcher.stdout.take().unwrap());
+    let mut text = String::new();
+    while !text.lines().any(timestamped) {
+        assert!(out.read_line(&mut text).unwrap() > 0, "{text}");
+    }
+    child.kill().unwrap();
     // Reap the child so that its pid goes away.
     let _ = child.wait();
-    let out = watcher.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
+    std::io::Read::read_to_string(&mut out, &mut text).unwrap();
+    let status = watcher.wait().unwrap();
+    assert!(status.success(), "{status:?}: {text}");
     let lines = watch_lines(&text);
     let last = lines.last().copied().unwrap_or("");
     assert!(
