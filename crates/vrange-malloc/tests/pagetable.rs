@@ -1,6 +1,7 @@
 //! The classic page-table experiment through the allocator: reserve a huge range (25,600
 //! blocks of 2 MiB, 50 GiB of address space), then touch each block (every page faulted in
-//! writable) and free it. Freed blocks
+//! writable; with `VRANGE_PT_SPARSE=1`, as in the CI's emulated guests, one page per block,
+//! which makes the same page tables) and free it. Freed blocks
 //! are whole chunks; when the reclaimer purges one it uses a single MADV_DONTNEED over the whole
 //! PMD, and the kernel frees the page table with it, so VmPTE stays small. The control run frees
 //! with MADV_FREE alone (lazy mode): the kernel takes the pages back under the cgroup's limit
@@ -38,6 +39,7 @@ fn pagetable_role() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(BLOCKS);
+    let sparse = std::env::var_os("VRANGE_PT_SPARSE").is_some_and(|v| v == "1");
     let t0 = Instant::now();
     let blocks: Vec<*mut u8> = (0..n)
         .map(|_| heap::alloc(BLOCK, 16).expect("2 MiB block").ptr.as_ptr())
@@ -45,9 +47,10 @@ fn pagetable_role() {
     let mut max_pte = 0;
     for (i, &b) in blocks.iter().enumerate() {
         // Every page faulted in writable: in one call where the kernel has
-        // MADV_POPULATE_WRITE (5.14), since a fault per page taken from user space costs
-        // minutes under emulation (the CI's guests); else page by page.
-        if vrange_sys::mem::populate_write(b, BLOCK).is_err() {
+        // MADV_POPULATE_WRITE (5.14), else page by page. Sparse (the CI's guests, where the
+        // kernel's work per page costs minutes under emulation): one page per block, which
+        // makes the same page tables (one per block).
+        if !sparse && vrange_sys::mem::populate_write(b, BLOCK).is_err() {
             for off in (0..BLOCK).step_by(page) {
                 // SAFETY: b is a live 2 MiB block.
                 unsafe { b.add(off).write_volatile(1) };

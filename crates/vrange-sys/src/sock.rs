@@ -90,7 +90,10 @@ pub fn connect(path: &Path) -> io::Result<GuestFd> {
 }
 
 /// A listening socket at `path` (which must not exist), for a coordinator: non-blocking,
-/// close-on-exec, file mode `mode` (set while the umask hides it from others, then chmod).
+/// close-on-exec, file mode `mode`. The file is created owner-only and then given `mode`, so
+/// nobody else can connect before: Linux creates it with the socket's own inode mode (set
+/// here with fchmod) less the umask. The process's umask is left alone (changing it, even
+/// briefly, changes the mode of every file another thread creates meanwhile).
 ///
 /// # Errors
 /// The errno of socket(2), bind(2), chmod(2) or listen(2).
@@ -103,18 +106,14 @@ pub fn listen(path: &Path, mode: u32) -> io::Result<OwnedFd> {
     }
     // SAFETY: just created, owned by nobody else.
     let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: umask(2) only swaps the process's mask; restored below.
-    let old = unsafe { libc::umask(0o177) };
+    // SAFETY: fchmod(2) on our own socket's inode.
+    if unsafe { libc::fchmod(raw, 0o600) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes that lives across the call.
-    let rc = unsafe { libc::bind(raw, (&addr as *const libc::sockaddr_un).cast(), len) };
-    let bound = if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    };
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    bound?;
+    if unsafe { libc::bind(raw, (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     // SAFETY: listen(2) on our own socket.
     if unsafe { libc::listen(raw, 128) } != 0 {
