@@ -38,10 +38,8 @@ fn as_nobody(exe: &std::path::Path, args: &[&str]) -> std::process::Output {
     let mut c = Command::new(exe);
     c.args(args);
     without_vrange_env(&mut c);
-    Confinement::Unprivileged
-        .apply(&mut c, &scratch)
-        .output()
-        .expect("run as nobody")
+    Confinement::Unprivileged.apply(&mut c, &scratch);
+    vrange_testkit::confine::output_of_copy(&mut c).expect("run as nobody")
 }
 
 /// Under Docker's default seccomp profile and capabilities (`vrange_testkit::confine`),

@@ -215,6 +215,24 @@ pub fn role_command(
     cmd
 }
 
+/// `cmd`'s output, for a program copied just before (a public copy of a binary): while another
+/// thread's fork still holds the copy's write descriptor (until that child execs), exec fails
+/// with ETXTBSY; then it is tried again, for up to 5 s.
+pub fn output_of_copy(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match cmd.output() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The paths of a container's `/dev`, prepared before the fork.
 struct ContainerDev {
     /// Where the host's `/dev` stays reachable while the container's is made.
