@@ -135,14 +135,19 @@ pub fn limit_hits(cg: &MemCgroup) -> Option<u64> {
             .trim()
             .parse()
             .ok(),
-        Version::V2 => std::fs::read_to_string(cg.file("memory.events"))
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("max "))?
-            .trim()
-            .parse()
-            .ok(),
+        Version::V2 => v2_event(cg, "max"),
     }
+}
+
+/// The count of event `name` (`max`, `high`, `oom_kill`, ...) in a v2 cgroup's `memory.events`.
+pub fn v2_event(cg: &MemCgroup, name: &str) -> Option<u64> {
+    std::fs::read_to_string(cg.file("memory.events"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The cgroup's peak usage in bytes, where the hierarchy records it.

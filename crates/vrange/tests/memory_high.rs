@@ -94,17 +94,6 @@ fn holder() {
     ));
 }
 
-fn high_events(cg: &vrange_sys::cgroup::MemCgroup) -> u64 {
-    std::fs::read_to_string(cg.file("memory.events"))
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("high "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_group_over_memory_high_gets_its_volatile_memory_back() {
     match role().as_deref() {
@@ -129,7 +118,7 @@ fn a_group_over_memory_high_gets_its_volatile_memory_back() {
     }
     let settled = t.elapsed();
     let peak = cgroup::peak(&cg);
-    let events = high_events(&cg);
+    let events = cgroup::v2_event(&cg, "high").unwrap_or(0);
     assert!(
         holder.send("check"),
         "holder gone: {}",
