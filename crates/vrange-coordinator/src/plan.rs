@@ -13,6 +13,14 @@ pub struct Cut {
     pub bytes: u64,
 }
 
+impl Cut {
+    /// Whether everything before `other` is before `self` too (`self` reaches as far).
+    pub fn covers(&self, other: &Cut) -> bool {
+        self.class > other.class
+            || (self.class == other.class && self.min_age_ms <= other.min_age_ms)
+    }
+}
+
 /// The bytes of every inventory, summed by class and bucket.
 pub fn merge<'a>(
     inventories: impl IntoIterator<Item = &'a Inventory>,
@@ -136,6 +144,12 @@ mod tests {
         assert_eq!(before(&b, &c), 15);
         assert_eq!(before(&a, &c), 10);
         assert!(c.min_age_ms <= 30_000 && c.min_age_ms > 1_000);
+        // A later cut reaches as far as an earlier one, not the other way round.
+        let (early, late) = (cut(&m, 5).unwrap(), cut(&m, 25).unwrap());
+        assert!(late.covers(&early) && late.covers(&late));
+        assert!(!early.covers(&late));
+        assert!(cut(&m, 25).unwrap().covers(&cut(&m, 15).unwrap()));
+        assert!(!cut(&m, 15).unwrap().covers(&cut(&m, 25).unwrap()));
         // More than everything: the last cut, everything.
         assert_eq!(cut(&m, 1000).unwrap().bytes, 35);
         assert_eq!(cut(&merge([&Inventory::default()]), 1), None);

@@ -35,8 +35,11 @@ struct Conn {
     /// When the inventory came.
     received: Instant,
     heard: Instant,
-    /// The request waiting for an answer, and when it was sent.
-    pending: Option<(u64, Instant)>,
+    /// The purge request waiting for an answer.
+    pending: Option<Request>,
+    /// A purge to ask for as soon as `pending` is answered (one request at a time per
+    /// participant): a round planned while this one was busy reached further into its data.
+    next: Option<Request>,
     responsive: bool,
     ping_seq: u64,
     /// Shared regions it passed, with their class.
@@ -73,6 +76,20 @@ impl Conn {
         sock::send(self.fd.as_fd(), &buf[..n])
     }
 
+    /// Sends purge request `r`; `false` if the participant cannot be told.
+    fn ask(&mut self, r: Request) -> bool {
+        let m = Message::Purge {
+            id: r.id,
+            class: r.cut.class,
+            min_age_ms: r.cut.min_age_ms,
+        };
+        let told = matches!(self.send(&m), Ok(true));
+        if told {
+            self.pending = Some(r);
+        }
+        told
+    }
+
     fn row(&self, now: Instant) -> Row {
         let inv = self.inventory.as_deref();
         Row {
@@ -88,6 +105,14 @@ impl Conn {
             responsive: u8::from(self.responsive),
         }
     }
+}
+
+/// A purge request: its id, when it was sent (or planned), and how far it reaches.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    id: u64,
+    sent: Instant,
+    cut: Cut,
 }
 
 /// A purge round in flight: from the pressure seen to the last answer.
@@ -271,6 +296,7 @@ impl<'a> Server<'a> {
                 received: Instant::now(),
                 heard: Instant::now(),
                 pending: None,
+                next: None,
                 responsive: true,
                 ping_seq: 0,
                 shared: Vec::new(),
@@ -366,11 +392,20 @@ impl<'a> Server<'a> {
                 (Role::Participant, Ok(Message::Purged { id, bytes, .. })) => {
                     // A late answer (after the timeout) still counts; an id never sent is
                     // ignored: it asks nothing of the coordinator.
-                    if c.pending.is_some_and(|(want, _)| want == id) {
+                    if c.pending.is_some_and(|r| r.id == id) {
                         c.pending = None;
                         c.responsive = true;
                         self.status.freed += bytes;
                         self.answered.push((id, bytes));
+                        // A further purge planned while this one ran goes now.
+                        if let Some(mut r) = c.next.take() {
+                            r.sent = Instant::now();
+                            if c.ask(r) {
+                                self.status.requests += 1;
+                            } else {
+                                c.responsive = false;
+                            }
+                        }
                     }
                     true
                 }
@@ -433,7 +468,7 @@ impl<'a> Server<'a> {
         for c in &mut self.conns {
             let late = c
                 .pending
-                .is_some_and(|(_, sent)| now.duration_since(sent) > self.opts.request_timeout);
+                .is_some_and(|r| now.duration_since(r.sent) > self.opts.request_timeout);
             // Pings unanswered as long: stopped or hung.
             let silent = now.duration_since(c.heard) > self.opts.request_timeout + self.opts.ping;
             if late || (silent && matches!(c.role, Role::Participant)) {
@@ -463,7 +498,7 @@ impl<'a> Server<'a> {
             .map(|r| r.bytes)
             .max()
             .unwrap_or(0);
-        let merged = self.merged(false);
+        let merged = self.merged();
         let volatile: u64 = merged.iter().flatten().sum();
         for e in events.iter().flatten() {
             self.shared.event(*e);
@@ -483,22 +518,22 @@ impl<'a> Server<'a> {
             }
             self.plan_rooms(cut, ids);
         } else if asked > 0 {
-            // Room wanted during a round: a round of its own, over what those not busy with
-            // a request hold (a stopped participant's data cannot be had now).
-            let free = self.merged(true);
-            let (cut, ids) = self.send_round(&free, asked, now);
+            // Room wanted during a round: a round of its own over the same order. Those busy
+            // with the round's request keep their place in it: what they hold before the new
+            // cut is asked of them as soon as they answer.
+            let (cut, ids) = self.send_round(&merged, asked, now);
             self.plan_rooms(cut, ids);
         }
         self.answer_rooms();
     }
 
     /// Every inventory aged by the time since it came (so that all share one clock), of the
-    /// participants that answer (and, with `idle_only`, have no request open), and the shared
-    /// regions of those that do not answer (the coordinator purges those itself), merged.
-    fn merged(&self, idle_only: bool) -> [[u64; BUCKETS]; CLASSES] {
+    /// participants that answer, and the shared regions of those that do not (the coordinator
+    /// purges those itself), merged.
+    fn merged(&self) -> [[u64; BUCKETS]; CLASSES] {
         let live: Vec<Inventory> = self
             .participants()
-            .filter(|c| c.responsive && !(idle_only && c.pending.is_some()))
+            .filter(|c| c.responsive)
             .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
             .collect();
         let mut orphans = Inventory::default();
@@ -515,8 +550,9 @@ impl<'a> Server<'a> {
 
     /// Cuts the order where `target` bytes are reached, purges the shared regions of
     /// participants that do not answer that come before the cut, and asks every participant
-    /// that answers and has no request open to purge what it holds before the cut. Returns
-    /// the cut (`None`: nothing volatile) and the ids of the requests sent.
+    /// that answers to purge what it holds before the cut: at once if it has no request open,
+    /// else when it answers (unless the open one reaches as far). Returns the cut (`None`:
+    /// nothing volatile) and the ids of the requests that will free that data.
     fn send_round(
         &mut self,
         merged: &[[u64; BUCKETS]; CLASSES],
@@ -541,30 +577,39 @@ impl<'a> Server<'a> {
         }
         let mut sent = Vec::new();
         for c in self.conns.iter_mut() {
-            let asked = c.responsive
-                && c.pending.is_none()
+            let holds = c.responsive
                 && matches!(c.role, Role::Participant)
                 && c.inventory
                     .as_deref()
                     .is_some_and(|i| plan::before(&plan::aged(i, c.received.elapsed()), &cut) > 0);
-            if !asked {
+            if !holds {
                 continue;
             }
-            let id = self.next_id;
-            self.next_id += 1;
-            let m = Message::Purge {
-                id,
-                class: cut.class,
-                min_age_ms: cut.min_age_ms,
+            // A request open or queued that reaches this far frees it already.
+            if let Some(r) = [c.next, c.pending]
+                .into_iter()
+                .flatten()
+                .find(|r| r.cut.covers(&cut))
+            {
+                sent.push(r.id);
+                continue;
+            }
+            let r = Request {
+                id: self.next_id,
+                sent: now,
+                cut,
             };
-            if matches!(c.send(&m), Ok(true)) {
-                c.pending = Some((id, now));
-                sent.push(id);
+            self.next_id += 1;
+            sent.push(r.id);
+            if c.pending.is_some() {
+                c.next = Some(r);
+            } else if c.ask(r) {
+                self.status.requests += 1;
             } else {
                 c.responsive = false;
+                sent.pop();
             }
         }
-        self.status.requests += sent.len() as u64;
         (Some(cut), sent)
     }
 
@@ -589,9 +634,10 @@ impl<'a> Server<'a> {
             .conns
             .iter()
             .filter(|c| c.responsive)
-            .filter_map(|c| c.pending)
-            .filter(|(_, sent)| sent.elapsed() < patience)
-            .map(|(id, _)| id)
+            .flat_map(|c| [c.pending, c.next])
+            .flatten()
+            .filter(|r| r.sent.elapsed() < patience)
+            .map(|r| r.id)
             .collect();
         for c in &mut self.conns {
             let Some(r) = c.room.as_mut() else {
