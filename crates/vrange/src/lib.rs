@@ -62,9 +62,11 @@ macro_rules! mapping_accessors {
 mod approach;
 pub mod coordination;
 mod error;
+mod fork;
 mod handle;
 mod huge_proof;
 mod lazy;
+mod lock;
 mod managed;
 mod owned;
 mod pagemap;
@@ -85,11 +87,12 @@ mod userfault;
 mod witness;
 
 pub use error::{Error, OptionError, Result};
+pub use fork::register as register_fork_handlers;
 pub use handle::{region_containing, Pinned, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
 pub use managed::Options;
 pub use owned::{Content, OwnedRange, Taken};
-pub use reclaim::{purge, register_fork_handlers, set_option, OPTIONS};
+pub use reclaim::{set_option, OPTIONS};
 pub use reclaim::{Config, Headroom, Psi};
 pub use refill::RefillRegion;
 pub use region::{Huge, Region};
@@ -254,7 +257,7 @@ pub unsafe fn mark_volatile_sigbus(ptr: *mut u8, len: usize) -> Result<usize> {
         // SAFETY: forwarded contract.
         return unsafe { mark_volatile(ptr, len) };
     }
-    reclaim::register_fork_handlers();
+    fork::register();
     // SAFETY: forwarded contract.
     unsafe { lazy::mark_volatile_sigbus(span) }
 }
@@ -296,9 +299,17 @@ impl RefillRegion {
         fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
     ) -> Result<RefillRegion> {
         // The refill thread's table is held across fork, before vrange's other locks.
-        reclaim::register_fork_handlers();
+        fork::register();
         RefillRegion::create(len, block, fill)
     }
+}
+
+/// Purges up to `bytes` bytes of volatile managed ranges now, lowest class and least recently
+/// used first, whole ranges at a time (so it may free more than asked). Returns the bytes
+/// freed: the lengths of the ranges purged. Runs in the caller's thread.
+pub fn purge(bytes: usize) -> usize {
+    fork::register();
+    reclaim::purge(bytes)
 }
 
 /// The classic call: marks or unmarks, returning the bytes processed and, for

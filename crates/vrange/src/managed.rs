@@ -8,6 +8,7 @@
 //! map); later calls on the pieces are O(1) again.
 
 use crate::lazy;
+use crate::lock::{Guard, Lock, Rank};
 use crate::registry::{self, Policy, Priority, Slot};
 use crate::shared;
 use crate::span::Span;
@@ -16,7 +17,6 @@ use crate::stats;
 use crate::{Error, Huge, Unmarked};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use vrange_sys::sync::{SpinGuard, SpinLock};
 use vrange_sys::{clock, mem};
 
 /// How a new region is made.
@@ -320,7 +320,7 @@ fn arm_now(slot: &Slot, now: u64) {
     if !due_for_arming(slot, word, now, 0) {
         return;
     }
-    // Held so that a fork never copies a range half armed (see `reclaim`'s fork handlers).
+    // Held so that a fork never copies a range half armed (`crate::fork`).
     if let Some(_p) = PURGES.try_lock() {
         stats::count_armed(arm(slot, word));
     }
@@ -561,11 +561,11 @@ pub(crate) fn maps_shared() -> bool {
 }
 
 /// Held while purging, so that purges do not overlap and a shared region is not unmapped
-/// under one; held across fork (see `reclaim`'s fork handlers).
-pub(crate) static PURGES: SpinLock = SpinLock::new();
+/// under one; held across fork (`crate::fork`).
+pub(crate) static PURGES: Lock = Lock::new(Rank::Purges);
 
 /// Holds off purging (by the reclaimer or an explicit purge) while alive.
-pub(crate) type Paused = SpinGuard<'static>;
+pub(crate) type Paused = Guard<'static>;
 
 /// Holds off purging until the guard drops.
 pub(crate) fn pause() -> Paused {

@@ -71,6 +71,8 @@ impl OwnedRange {
         if span.is_empty() {
             return Err(Error::NotRegion);
         }
+        // One atomic load once installed.
+        crate::fork::register();
         let new = registry::alloc_slot()?;
         let (idx, slot) = (new.idx(), new.slot());
         slot.init(policy, priority, span.start, span.len());

@@ -27,6 +27,7 @@
 //! must not touch a refill region itself (it would wait for its own fill) nor free the region
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
 
+use crate::lock::{Lock, Rank};
 use crate::userfault::Held;
 use crate::Error;
 use std::cell::UnsafeCell;
@@ -34,11 +35,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use vrange_sys::sync::SpinLock;
 use vrange_sys::{mem, uffd};
 
 /// The process's handled userfaultfd (faults wait for the refill thread).
-pub(crate) static UFFD: Held = Held::new();
+pub(crate) static UFFD: Held = Held::new(Rank::RefillOpen);
 
 /// Fills the block at `offset` (bytes from the region's start) into `buf` (the whole block);
 /// returns whether it succeeded.
@@ -53,10 +53,10 @@ struct Entry {
 }
 
 /// The live refill regions, with their fill functions. A spin lock (with guards) rather than a
-/// mutex so that fork can hold it (`reclaim`'s atfork handlers): the refill thread holds it
+/// mutex so that fork can hold it (`crate::fork`): the refill thread holds it
 /// while a fill runs, and a fork child must not inherit it held.
 pub(crate) struct Table {
-    pub lock: SpinLock,
+    pub lock: Lock,
     entries: UnsafeCell<Vec<Entry>>,
 }
 
@@ -73,7 +73,7 @@ impl Table {
 }
 
 pub(crate) static TABLE: Table = Table {
-    lock: SpinLock::new(),
+    lock: Lock::new(Rank::RefillTable),
     entries: UnsafeCell::new(Vec::new()),
 };
 /// Whether this process has a refill thread (not a fork child's inheritance).
@@ -294,11 +294,13 @@ pub(crate) fn current() -> Option<i32> {
     UFFD.current()
 }
 
-/// In a fork child: no refill thread, no registration; the descriptor goes as the SIGBUS one.
-/// The table's lock was taken by the parent's prepare handler.
+/// In a fork child (under the table's lock): no refill thread.
 pub(crate) fn after_fork_child() {
-    UFFD.after_fork_child();
     THREAD.store(false, Relaxed);
-    // SAFETY: taken by the prepare handler; no guard of it is live in this thread.
-    unsafe { TABLE.lock.force_unlock() };
+}
+
+/// In a fork child (under the descriptor's lock): no registration; the descriptor goes as the
+/// SIGBUS one.
+pub(crate) fn uffd_after_fork_child() {
+    UFFD.after_fork_child();
 }

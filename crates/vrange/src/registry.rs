@@ -6,6 +6,7 @@
 //! are recycled but never unmapped, so a reclaimer holding a stale index reads a valid slot; the
 //! state word's generation keeps it from acting on a recycled one.
 
+use crate::lock::{Lock, Rank};
 use crate::pagemap::PageMap;
 use crate::shared::Header;
 use crate::state::RangeState;
@@ -15,7 +16,6 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use vrange_sys::fd::GuestFd;
 use vrange_sys::mem;
-use vrange_sys::sync::SpinLock;
 
 /// How a region's volatile ranges are purged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -243,7 +243,7 @@ static CHUNKS: [AtomicPtr<Slot>; MAX_CHUNKS] = [const { AtomicPtr::new(null_mut(
 /// Slot indices start at 1 so that 0 can mean "none"; `HIGH` is one past the highest used.
 static HIGH: AtomicU32 = AtomicU32::new(1);
 static FREE_HEAD: AtomicU32 = AtomicU32::new(NONE);
-pub(crate) static LOCK: SpinLock = SpinLock::new();
+pub(crate) static LOCK: Lock = Lock::new(Rank::Registry);
 /// Page → slot index of the range holding it (0: not a managed page).
 static OWNERS: PageMap<AtomicU32> = PageMap::new();
 
@@ -323,6 +323,16 @@ pub(crate) fn free_slot(idx: u32) {
     LOCK.with(|| {
         s.next_free.store(FREE_HEAD.load(Relaxed), Relaxed);
         FREE_HEAD.store(idx, Relaxed);
+    });
+}
+
+/// In a fork child (under the lock): the parent's pins on shared regions are the parent's; the
+/// child's inherited mappings hold none, like fresh mappings, until the child unmarks them.
+pub(crate) fn after_fork_child() {
+    for_each_live(|_, slot| {
+        if slot.header().is_some() {
+            slot.holding.store(false, Relaxed);
+        }
     });
 }
 

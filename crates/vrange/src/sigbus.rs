@@ -41,7 +41,12 @@ use std::os::fd::RawFd;
 use vrange_sys::{mem, uffd};
 
 /// The process's SIGBUS-mode userfaultfd.
-pub(crate) static UFFD: Held = Held::new();
+pub(crate) static UFFD: Held = Held::new(crate::lock::Rank::SigbusOpen);
+
+/// In a fork child (under the descriptor's lock): no registration came along.
+pub(crate) fn after_fork_child() {
+    UFFD.after_fork_child();
+}
 
 /// The descriptor, opened now if there is none (or the program closed it: then the live
 /// SIGBUS regions are registered on the new one).

@@ -3,13 +3,13 @@
 //! copied into atomics so that async-signal-safe code (`vrange::fill` in a SIGBUS handler) can
 //! verify and use it without a lock. SIGBUS mode and refill regions each hold one.
 
+use crate::lock::{Lock, Rank, RankedMutex};
 use crate::Error;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicI32, AtomicU64};
 use vrange_sys::fd::{GuestFd, Ident, Inherit};
-use vrange_sys::sync::SpinLock;
 use vrange_sys::uffd::Reach;
 
 pub(crate) struct Held {
@@ -19,9 +19,9 @@ pub(crate) struct Held {
     dev: AtomicU64,
     ino: AtomicU64,
     /// Serialises opening; held across fork.
-    pub open: SpinLock,
+    pub open: Lock,
     /// The owner of the open descriptor (dropped only when replaced).
-    owner: std::sync::Mutex<Option<GuestFd>>,
+    owner: RankedMutex<Option<GuestFd>>,
 }
 
 /// What [`Held::ensure`] found.
@@ -33,14 +33,15 @@ pub(crate) struct Opened {
 }
 
 impl Held {
-    pub const fn new() -> Held {
+    /// `open` is the rank of its opening lock.
+    pub const fn new(open: Rank) -> Held {
         Held {
             generation: AtomicU64::new(0),
             fd: AtomicI32::new(-1),
             dev: AtomicU64::new(0),
             ino: AtomicU64::new(0),
-            open: SpinLock::new(),
-            owner: std::sync::Mutex::new(None),
+            open: Lock::new(open),
+            owner: RankedMutex::new(Rank::UffdOwner, None),
         }
     }
 
@@ -98,22 +99,20 @@ impl Held {
         self.generation.fetch_add(1, Release);
         // The old owner, if any, is dropped: closed only if it still verifies (it does not:
         // that is why a new one was opened), else counted lost.
-        *self.owner.lock().unwrap_or_else(|e| e.into_inner()) = Some(guest);
+        *self.owner.lock() = Some(guest);
         Ok(Opened {
             fd: ident.fd(),
             replaced,
         })
     }
 
-    /// In a fork child: the parent's descriptor (whose registrations did not come along) was
-    /// closed by `fd::close_private_after_fork`; forget it without running destructors.
-    /// Async-signal-safe.
+    /// In a fork child (under `open`, held by the fork handlers): the parent's descriptor
+    /// (whose registrations did not come along) was closed by `fd::close_private_after_fork`;
+    /// forget it without running destructors. Async-signal-safe.
     pub fn after_fork_child(&self) {
         self.fd.store(-1, Relaxed);
-        if let Ok(mut owner) = self.owner.try_lock() {
+        if let Some(mut owner) = self.owner.try_lock() {
             std::mem::forget(owner.take());
         }
-        // SAFETY: taken by the parent's prepare handler; no guard of it is live here.
-        unsafe { self.open.force_unlock() };
     }
 }

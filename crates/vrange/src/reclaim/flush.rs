@@ -3,14 +3,15 @@
 //! that marks what it deferred. The reclaimer thread calls every hook at each tick, and every
 //! purge calls them first, so deferred memory is volatile by the time victims are chosen.
 
+use crate::lock::{Rank, RankedMutex};
 use std::cell::Cell;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 type Hook = Arc<dyn Fn() + Send + Sync>;
 
-static HOOKS: Mutex<Vec<(usize, Hook)>> = Mutex::new(Vec::new());
+static HOOKS: RankedMutex<Vec<(usize, Hook)>> = RankedMutex::new(Rank::FlushHooks, Vec::new());
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
@@ -29,7 +30,7 @@ pub struct FlushHook {
 /// not wait for a thread that could be purging.
 pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
     let id = NEXT_ID.fetch_add(1, Relaxed);
-    let mut hooks = HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut hooks = HOOKS.lock();
     hooks.push((id, Arc::new(f)));
     LIVE.store(hooks.len(), Relaxed);
     FlushHook { id }
@@ -37,7 +38,7 @@ pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
 
 impl Drop for FlushHook {
     fn drop(&mut self) {
-        let mut hooks = HOOKS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hooks = HOOKS.lock();
         hooks.retain(|(id, _)| *id != self.id);
         LIVE.store(hooks.len(), Relaxed);
     }
@@ -50,8 +51,8 @@ pub(crate) fn run() {
         return;
     }
     let hooks: Vec<Hook> = match HOOKS.try_lock() {
-        Ok(h) => h.iter().map(|(_, f)| f.clone()).collect(),
-        Err(_) => return,
+        Some(h) => h.iter().map(|(_, f)| f.clone()).collect(),
+        None => return,
     };
     RUNNING.with(|r| r.set(true));
     for f in hooks {

@@ -489,7 +489,7 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
 /// volatile range of a lower class, and those of `class` volatile for at least `min_age_ms`.
 /// Returns (ranges, bytes, age in ms of the youngest range purged).
 fn obey(class: u8, min_age_ms: u64) -> (u64, u64, u64) {
-    let victims = super::candidates(u64::MAX);
+    let victims = super::purge::candidates(u64::MAX);
     let now = now_ns();
     let cutoff = now.saturating_sub(min_age_ms.saturating_mul(1_000_000));
     let chosen: Vec<victims::Candidate> = victims

@@ -1,0 +1,140 @@
+//! [`make_room`]: room made in the caller's thread before it maps memory, from the global
+//! order when a coordinator is live.
+
+use super::config;
+use super::flush;
+use super::participant;
+use super::purge::candidates;
+use super::victims;
+use super::waker::wake;
+use super::DISABLED;
+use super::STATE;
+use crate::lock::Rank;
+use crate::lock::RankedMutex;
+use crate::managed::pause;
+use crate::stats;
+use crate::stats::Source;
+use std::sync::atomic::Ordering::Relaxed;
+use vrange_sys::cgroup::MemCgroup;
+use vrange_sys::clock::now_ns;
+use vrange_sys::pressure::Headroom as HeadroomFile;
+
+/// The headroom file of [`make_room`]'s callers (the thread keeps its own), and when to try
+/// opening it again if this process's cgroup has none.
+struct Room {
+    file: Option<HeadroomFile>,
+    retry_at: u64,
+}
+
+static ROOM: RankedMutex<Room> = RankedMutex::new(
+    Rank::Room,
+    Room {
+        file: None,
+        retry_at: 0,
+    },
+);
+
+/// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
+/// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
+/// volatile memory is purged until twice the threshold is free again, as the thread would do
+/// at its next tick. Returns the bytes this process purged on its own (counted under
+/// [`Source::Headroom`]).
+///
+/// For clients that fill volatile memory faster than the thread's tick (a cache filling at
+/// memory speed can pass a container's limit between two ticks, and volatile memory that is
+/// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
+/// ([`on_flush`](super::on_flush)) first, then costs one `pread` of the cgroup's usage on a verified
+/// descriptor; one caller at a time (others return 0 at once, or, coordinated, wait for the
+/// answer the first is waiting for).
+///
+/// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
+/// of this process's own: the caller asks the coordinator for the room and waits for the
+/// round it runs (the oldest volatile data of any process in the container goes first, this
+/// process's own only in its turn, by the coordinator's request), at most three ping
+/// intervals. It purges on its own only for what the coordinator could not free (it saw
+/// nothing volatile, or this process's cgroup is short where others' purges do not help) and
+/// when the coordinator does not answer or is gone, as without one.
+/// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
+/// reclaimer is disabled.
+pub fn make_room(bytes: usize) -> usize {
+    /// Rounds asked of a coordinator for one call before the rest is purged here.
+    const ASKS: usize = 3;
+    let setting = config::get().headroom.load(Relaxed);
+    if setting == 0 || STATE.load(Relaxed) == DISABLED {
+        return 0;
+    }
+    flush::run();
+    // Coordinated, the room may come from other processes' data.
+    let coordinated = participant::live();
+    if stats::volatile_resident() == 0 && !coordinated {
+        return 0;
+    }
+    let t0 = now_ns();
+    // The headroom file is read by one caller at a time. Uncoordinated, the others return at
+    // once (a purge takes microseconds); coordinated, they wait for the read and then for the
+    // coordinator's answer with the first (one request at a time), rather than map past the
+    // limit meanwhile. The lock is never held while waiting for the coordinator, so that a
+    // fork cannot leave it held for long.
+    let deficit_now = || {
+        let room = if coordinated {
+            Some(ROOM.lock())
+        } else {
+            ROOM.try_lock()
+        };
+        let mut room = room?;
+        room_deficit(&mut room, bytes as u64, setting, t0)
+    };
+    let Some(mut deficit) = deficit_now() else {
+        return 0;
+    };
+    for _ in 0..ASKS {
+        if deficit == 0 {
+            return 0;
+        }
+        match participant::ask_room(deficit, wake) {
+            participant::Room::Answered(Some(_)) | participant::Room::Waited => {}
+            // Nothing volatile in the coordinator's eyes, or no answer: on our own.
+            participant::Room::Answered(None) | participant::Room::NoAnswer => break,
+        }
+        let Some(left) = deficit_now() else {
+            return 0;
+        };
+        deficit = left;
+    }
+    if deficit == 0 {
+        return 0;
+    }
+    let victims = candidates(deficit);
+    let p = pause();
+    let (ranges, freed) = victims::purge_oldest(&victims, deficit);
+    drop(p);
+    stats::record(Source::Headroom, ranges, freed, now_ns() - t0);
+    freed as usize
+}
+
+/// Bytes [`make_room`] must free before `bytes` more are allocated: twice the threshold less
+/// the headroom that would be left. `None` where there is no limit to keep under (or its file
+/// cannot be read).
+fn room_deficit(room: &mut Room, bytes: u64, setting: u64, now: u64) -> Option<u64> {
+    if room.file.as_ref().is_some_and(|h| !h.is_intact()) {
+        room.file = None;
+    }
+    if room.file.is_none() {
+        if now < room.retry_at {
+            return None;
+        }
+        room.file = MemCgroup::current().and_then(|cg| HeadroomFile::new(&cg).ok().flatten());
+        room.retry_at = now + 1_000_000_000;
+    }
+    let h = room.file.as_ref()?;
+    let headroom = h.bytes().ok()?;
+    let threshold = if setting == config::HEADROOM_AUTO {
+        victims::auto_headroom(h.ceiling())
+    } else {
+        setting
+    };
+    Some(victims::headroom_deficit(
+        headroom.saturating_sub(bytes),
+        threshold,
+    ))
+}

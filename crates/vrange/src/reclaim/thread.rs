@@ -1,0 +1,249 @@
+//! The reclaimer thread's loop: wait for a source or the tick, answer what fired, keep the
+//! headroom and the budget, arm hybrid ranges, publish statistics.
+
+use super::budget::check_budget;
+use super::config;
+use super::flush;
+use super::participant;
+use super::purge::respond;
+use super::sources::needs_sources;
+use super::sources::sources_without_descriptors;
+use super::sources::Watch;
+use super::victims;
+use super::waker;
+use super::ACTIVE;
+use super::RUNNING;
+use super::STATE;
+use super::WAKE_BUDGET;
+use super::WAKE_CONFIG;
+use super::WAKE_REASONS;
+use crate::approach;
+use crate::managed::pause;
+use crate::stats;
+use crate::stats::Source;
+use std::sync::atomic::Ordering::AcqRel;
+use std::sync::atomic::Ordering::Acquire;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+use vrange_sys::cgroup::MemCgroup;
+use vrange_sys::clock::now_ns;
+use vrange_sys::futex;
+use vrange_sys::pressure::Ready;
+use vrange_sys::pressure::Signal;
+
+/// Waits one tick: in poll(2) on the sources, or on the futex before there are any.
+fn wait(
+    watch: &mut Option<Watch>,
+    bell: &mut Option<waker::Bell>,
+    since: &mut Option<u64>,
+    poll: Duration,
+) -> Ready {
+    let seq = waker::WAKE_SEQ.load(Acquire);
+    if watch.is_none() && needs_sources(since, now_ns(), poll) && waker::files_ok() {
+        *watch = Some(Watch::open(waker::poll_ident(bell)));
+    }
+    match watch {
+        Some(w) => w.poller.wait(Some(poll)).unwrap_or_default(),
+        None => {
+            if STATE.load(Acquire) == RUNNING && WAKE_REASONS.load(Acquire) == 0 {
+                futex::wait(&waker::WAKE_SEQ, seq, poll);
+            }
+            Ready::default()
+        }
+    }
+}
+
+pub(super) fn run() {
+    let cfg = config::get();
+    waker::enter_table();
+    let mut watch: Option<Watch> = None;
+    let mut bell = None;
+    let mut volatile_since = None;
+    ACTIVE.store(sources_without_descriptors(), Relaxed);
+    let mut last_check = now_ns();
+    // Under thrashing vmpressure fires hundreds of times a second: answer each source at most
+    // once per poll interval.
+    let mut answered = [0u64; 4];
+    let mut coordinator = participant::Participant::default();
+    // Before the first tick: a process that starts close to its limit arms at once.
+    let mut measured = now_ns();
+    approach_check(
+        None,
+        measured,
+        Duration::from_millis(cfg.poll_ms.load(Relaxed)),
+        true,
+    );
+    while STATE.load(Acquire) == RUNNING {
+        let configured = Duration::from_millis(cfg.poll_ms.load(Relaxed));
+        let poll = if approach::is_tight() {
+            configured.min(approach::TIGHT_POLL)
+        } else {
+            configured
+        };
+        let ready = wait(&mut watch, &mut bell, &mut volatile_since, poll);
+        let t = now_ns();
+        if STATE.load(Acquire) != RUNNING {
+            break;
+        }
+        flush::run();
+        if ready.broken().contains(Signal::Coordinator) {
+            coordinator.disconnect();
+        }
+        coordinator.serve(t);
+        // While a live coordinator orders purges across processes, pressure is its to answer.
+        let coordinated = coordinator.coordinated(t);
+        let reasons = WAKE_REASONS.swap(0, AcqRel);
+        if reasons & WAKE_CONFIG != 0 && watch.is_none() {
+            ACTIVE.store(sources_without_descriptors(), Relaxed);
+        }
+        let volatile = stats::volatile_resident();
+        let share = cfg.pressure_share.load(Relaxed);
+        let gap = cfg.poll_ms.load(Relaxed).saturating_mul(1_000_000);
+        for (i, (signal, source)) in [
+            (Signal::VmpressureCritical, Source::VmpressureCritical),
+            (Signal::VmpressureMedium, Source::VmpressureMedium),
+            (Signal::PsiCgroup, Source::PsiCgroup),
+            (Signal::PsiSystem, Source::Psi),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
+                answered[i] = t;
+                let short = source != Source::Psi || machine_short();
+                if short {
+                    // Arming is this process's own safety: even while a coordinator orders
+                    // the purges.
+                    approach::pressure_event(t);
+                }
+                if !short {
+                    // Some cgroup stalled at its own limit, not the machine: counted, no purge.
+                    stats::record(source, 0, 0, 0);
+                } else if coordinated {
+                    stats::count_deferred();
+                } else {
+                    respond(source, t, victims::amount(source, volatile, share));
+                }
+            }
+        }
+        // Opening files (sources, /proc, the statistics file) waits for the thread's own table
+        // (see `waker`).
+        let files_ok = waker::files_ok();
+        if let Some(w) = watch.as_mut().filter(|_| files_ok) {
+            let mut reopen = ready.broken().iter().any(|s| s != Signal::Coordinator)
+                || reasons & WAKE_CONFIG != 0;
+            if !reopen && t.saturating_sub(last_check) >= 1_000_000_000 {
+                last_check = t;
+                reopen = w.stale();
+                if !reopen {
+                    w.refresh_limits();
+                }
+            }
+            if reopen {
+                // Close the old sources before opening new ones.
+                drop(watch.take());
+                let mut fresh = Watch::open(waker::poll_ident(&mut bell));
+                if let Some(id) = coordinator.ident() {
+                    let _ = fresh.poller.add(id, Signal::Coordinator);
+                }
+                watch = Some(fresh);
+            }
+            if let Some(w) = watch.as_mut() {
+                if coordinator.connect(t) {
+                    match coordinator.ident() {
+                        Some(id) if w.poller.add(id, Signal::Coordinator).is_ok() => {}
+                        _ => coordinator.disconnect(),
+                    }
+                }
+            }
+        }
+        if let Some(w) = &watch {
+            check_headroom(w, t, coordinated);
+        }
+        check_budget(reasons & WAKE_BUDGET != 0, t);
+        // Headroom from the open source each tick; by short-lived reads once a second, or each
+        // tick while tight (no limit: the machine's MemAvailable).
+        let open = watch.as_ref().and_then(|w| w.headroom.as_ref());
+        if open.is_some() || approach::is_tight() || t.saturating_sub(measured) >= 1_000_000_000 {
+            measured = t;
+            approach_check(watch.as_ref(), t, configured, false);
+        }
+        let delay_ns = if approach::is_tight() {
+            0
+        } else {
+            cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000)
+        };
+        let p = pause();
+        stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
+        drop(p);
+        if files_ok {
+            crate::publish::tick(now_ns());
+        }
+    }
+    coordinator.disconnect();
+    drop(watch);
+    drop(bell);
+    ACTIVE.store(0, Relaxed);
+    approach::reset();
+    waker::thread_ended();
+}
+
+/// Whether a stall on the system's PSI file comes with the machine short of memory (see
+/// [`victims::system_short`]). Reads /proc/meminfo only where the thread may open files
+/// (`waker::files_ok`); otherwise it cannot tell, and takes the stall at its word.
+fn machine_short() -> bool {
+    let meminfo = if waker::files_ok() {
+        vrange_sys::procfs::mem_available_kb().ok().flatten()
+    } else {
+        None
+    };
+    victims::system_short(meminfo)
+}
+
+/// Measures headroom (the watch's open source; else short-lived reads of the cgroup's files,
+/// or of MemAvailable without a limit) and updates the approach state; while the process has
+/// volatile memory (or `first`: the reclaimer just started, its process about to have some)
+/// and the thread may open files (`waker::files_ok`); otherwise the state stays as it is.
+fn approach_check(watch: Option<&Watch>, t: u64, poll: Duration, first: bool) {
+    if (!first && stats::volatile_resident() == 0) || !waker::files_ok() {
+        return;
+    }
+    let headroom = match watch {
+        Some(Watch {
+            headroom: Some(h), ..
+        }) => h.bytes().ok(),
+        Some(Watch { cgroup, .. }) => cgroup.as_ref().and_then(MemCgroup::headroom),
+        None => MemCgroup::current().and_then(|cg| cg.headroom()),
+    }
+    .or_else(approach::machine_headroom);
+    if approach::update(headroom, poll, t) {
+        let p = pause();
+        stats::count_armed(victims::arm_due(now_ns(), 0) as usize);
+        drop(p);
+    }
+}
+
+fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
+    let setting = config::get().headroom.load(Relaxed);
+    let Some(h) = watch.headroom.as_ref() else {
+        return;
+    };
+    if setting == 0 || stats::volatile_resident() == 0 {
+        return;
+    }
+    // One pread of the usage file on an open descriptor: cheap enough for every tick.
+    let Ok(headroom) = h.bytes() else {
+        return;
+    };
+    let threshold = if setting == config::HEADROOM_AUTO {
+        victims::auto_headroom(h.ceiling())
+    } else {
+        setting
+    };
+    let deficit = victims::headroom_deficit(headroom, threshold);
+    if deficit > 0 && coordinated {
+        stats::count_deferred();
+    } else if deficit > 0 {
+        respond(Source::Headroom, t, deficit);
+    }
+}
