@@ -96,21 +96,6 @@ pub fn before(inv: &Inventory, cut: &Cut) -> u64 {
         .sum()
 }
 
-/// Bytes to purge so that headroom returns to twice the threshold (as each process's own
-/// reclaimer computes it).
-pub fn deficit(headroom: u64, threshold: u64) -> u64 {
-    if headroom >= threshold {
-        0
-    } else {
-        threshold.saturating_mul(2) - headroom
-    }
-}
-
-/// The headroom threshold for a ceiling under `auto` (as each process's own reclaimer).
-pub fn auto_threshold(ceiling: u64) -> u64 {
-    (ceiling / 16).clamp(4 << 20, 256 << 20)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,13 +151,5 @@ mod tests {
         let c = cut(&merge([&later, &fresh]), 10).unwrap();
         assert_eq!(before(&later, &c), 10);
         assert_eq!(before(&fresh, &c), 0);
-    }
-
-    #[test]
-    fn deficits_and_thresholds() {
-        assert_eq!(deficit(10, 8), 0);
-        assert_eq!(deficit(3, 8), 13);
-        assert_eq!(auto_threshold(128 << 20), 8 << 20);
-        assert_eq!(auto_threshold(1 << 20), 4 << 20);
     }
 }

@@ -483,11 +483,11 @@ impl<'a> Server<'a> {
         let threshold = self
             .opts
             .headroom
-            .unwrap_or_else(|| plan::auto_threshold(ceiling));
+            .unwrap_or_else(|| vrange::reclaimer::auto_headroom(ceiling));
         let mut target = if ceiling == 0 {
             0
         } else {
-            plan::deficit(headroom, threshold)
+            vrange::reclaimer::headroom_deficit(headroom, threshold)
         };
         // Room asked by participants about to map memory (each computed from the same usage:
         // the largest, not the sum; one still short asks again).

@@ -592,21 +592,13 @@ impl SharedHandle {
     pub fn purge(&self) -> Option<usize> {
         use std::os::fd::AsFd;
         let h = self.page.header();
-        let seen = h.state.load();
-        if !h.state.begin_purge(seen) {
-            return None;
-        }
         let page = vrange_sys::mem::page_size();
-        // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until
-        // the purge finishes.
-        let punched = unsafe { vrange_sys::shm::punch_hole(self.fd.as_fd(), page, self.len()) };
-        if punched.is_err() {
-            h.state.abort_purge(seen);
-            return None;
-        }
-        h.epoch.fetch_add(1, std::sync::atomic::Ordering::Release);
-        h.state.finish_purge();
-        Some(self.len())
+        h.purge(h.state.load(), || {
+            // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it
+            // until the purge finishes.
+            unsafe { vrange_sys::shm::punch_hole(self.fd.as_fd(), page, self.len()) }
+        })
+        .then(|| self.len())
     }
 }
 

@@ -108,7 +108,8 @@ pub use vrange_sys::probe::{features, Features, ThpMode};
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
     pub use crate::reclaim::{
-        active_sources, catch_up, is_running, make_room, on_flush, stop, FlushHook,
+        active_sources, auto_headroom, catch_up, headroom_deficit, is_running, make_room, on_flush,
+        stop, FlushHook,
     };
 }
 

@@ -576,38 +576,39 @@ pub(crate) fn pause() -> Paused {
 /// purged; `None` if the range changed, or if a shared range's hole could not be punched: it
 /// then stays volatile and intact, and is not counted as freed.
 pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
+    if let Some(h) = slot.header() {
+        let mut len = 0;
+        let purged = h.purge(seen, || {
+            // The extent is stable once the range is PURGING: splitting and freeing claim the
+            // range first.
+            let (start, n) = slot.extent();
+            len = n;
+            // SAFETY: the range is PURGING, and the region stays mapped (freeing claims the
+            // range first).
+            unsafe { shared::punch(start, n) }
+        });
+        if !purged {
+            return None;
+        }
+        stats::count_purged(len);
+        return Some(len);
+    }
     if !slot.state().begin_purge(seen) {
         return None;
     }
     // The extent is stable from here: splitting and freeing claim the range first.
     let (start, len) = slot.extent();
-    match slot.header() {
-        Some(h) => {
-            // SAFETY: the range is PURGING, and the region stays mapped (freeing claims the
-            // range first).
-            let punched = unsafe { shared::punch(start, len) }.is_ok();
-            if !punched {
-                slot.state().abort_purge(seen);
-                return None;
-            }
-            h.epoch.fetch_add(1, Release);
-        }
-        None => {
-            // SAFETY: the range is PURGING: its owner neither uses it nor can until it is
-            // PURGED, and the region stays mapped (freeing claims the range first).
-            if unsafe { mem::purge_forced(start as *mut u8, len) }.is_ok() {
-                give_back_tables(slot, start, len);
-            }
-            let armed = slot.armed.swap(0, Relaxed);
-            if armed > 0 {
-                crate::shadow::forget(start, start + armed);
-            }
-        }
+    // SAFETY: the range is PURGING: its owner neither uses it nor can until it is PURGED, and
+    // the region stays mapped (freeing claims the range first).
+    if unsafe { mem::purge_forced(start as *mut u8, len) }.is_ok() {
+        give_back_tables(slot, start, len);
+    }
+    let armed = slot.armed.swap(0, Relaxed);
+    if armed > 0 {
+        crate::shadow::forget(start, start + armed);
     }
     slot.state().finish_purge();
-    if slot.header().is_none() {
-        stats::volatile_sub(idx, len);
-    }
+    stats::volatile_sub(idx, len);
     stats::count_purged(len);
     Some(len)
 }

@@ -41,6 +41,44 @@ pub(crate) struct Header {
     pub epoch: AtomicU64,
 }
 
+impl Header {
+    /// Whether this is the header of a shared region of `len` bytes of data, in this version.
+    fn is_valid(&self, len: usize) -> bool {
+        self.magic.load(Acquire) == MAGIC
+            && self.version_and_len.load(Acquire) == u64::from(VERSION)
+            && self.data_len.load(Acquire) == len as u64
+    }
+
+    /// Purges the region for every process if its word still equals `seen` (the snapshot its
+    /// purger chose it by): the word moves to PURGING (no process can pin the range until it
+    /// leaves), `punch` frees the data, the epoch is bumped so that every process learns of the
+    /// purge at its next unmark, and the word becomes PURGED. If `punch` fails, the range goes
+    /// back to `seen`, volatile and intact. Returns whether it was purged.
+    pub fn purge<E>(&self, seen: u64, punch: impl FnOnce() -> Result<(), E>) -> bool {
+        if !self.state.begin_purge(seen) {
+            return false;
+        }
+        if punch().is_err() {
+            self.state.abort_purge(seen);
+            return false;
+        }
+        self.epoch.fetch_add(1, Release);
+        self.state.finish_purge();
+        true
+    }
+}
+
+/// The data bytes of the shared region file `fd` (its size less the header page), if it is
+/// sized like one.
+fn data_len(fd: BorrowedFd<'_>) -> Result<usize, Error> {
+    let page = mem::page_size();
+    let total = shm::size(fd).map_err(Error::from)?;
+    if total < 2 * page || total % page != 0 {
+        return Err(Error::Unsupported);
+    }
+    Ok(total - page)
+}
+
 /// A shared mapping: header page, then `len` bytes of data.
 pub(crate) struct Mapping {
     pub base: NonNull<u8>,
@@ -91,24 +129,13 @@ pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
 /// Maps a shared region created by [`create`] (in this or another process) from its descriptor.
 /// The descriptor is duplicated; the caller keeps its own.
 pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
-    let page = mem::page_size();
-    let total = shm::size(fd).map_err(Error::from)?;
-    if total < 2 * page || total % page != 0 {
-        return Err(Error::Unsupported);
-    }
+    let len = data_len(fd)?;
+    let total = len + mem::page_size();
     let fd = shm::dup(fd).map_err(Error::from)?;
     let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from)?;
     let base = map(&fd, total)?;
-    let m = Mapping {
-        base,
-        len: total - page,
-        fd,
-    };
-    let h = m.header();
-    let valid = h.magic.load(Acquire) == MAGIC
-        && h.version_and_len.load(Acquire) == u64::from(VERSION)
-        && h.data_len.load(Acquire) == m.len as u64;
-    if !valid {
+    let m = Mapping { base, len, fd };
+    if !m.header().is_valid(len) {
         // SAFETY: the mapping was created above and nothing refers into it.
         unsafe { mem::unmap(m.base, total) };
         return Err(Error::Unsupported);
@@ -153,21 +180,10 @@ unsafe impl Sync for HeaderPage {}
 impl HeaderPage {
     /// Maps and checks the header of the shared region `fd`.
     pub fn open(fd: BorrowedFd<'_>) -> Result<HeaderPage, Error> {
-        let page = mem::page_size();
-        let total = shm::size(fd).map_err(Error::from)?;
-        if total < 2 * page || total % page != 0 {
-            return Err(Error::Unsupported);
-        }
-        let base = shm::map(fd, page).map_err(Error::from)?;
-        let h = HeaderPage {
-            base,
-            len: total - page,
-        };
-        let head = h.header();
-        let valid = head.magic.load(Acquire) == MAGIC
-            && head.version_and_len.load(Acquire) == u64::from(VERSION)
-            && head.data_len.load(Acquire) == h.len as u64;
-        if valid {
+        let len = data_len(fd)?;
+        let base = shm::map(fd, mem::page_size()).map_err(Error::from)?;
+        let h = HeaderPage { base, len };
+        if h.header().is_valid(len) {
             Ok(h)
         } else {
             Err(Error::Unsupported)

@@ -57,6 +57,7 @@ pub(crate) use budget::noticed_mark;
 pub use purge::purge;
 pub(crate) use purge::purge_region;
 pub use room::make_room;
+pub use victims::{auto_headroom, headroom_deficit};
 
 use waker::wake;
 

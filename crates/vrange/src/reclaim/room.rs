@@ -128,13 +128,8 @@ fn room_deficit(room: &mut Room, bytes: u64, setting: u64, now: u64) -> Option<u
     }
     let h = room.file.as_ref()?;
     let headroom = h.bytes().ok()?;
-    let threshold = if setting == config::HEADROOM_AUTO {
-        victims::auto_headroom(h.ceiling())
-    } else {
-        setting
-    };
     Some(victims::headroom_deficit(
         headroom.saturating_sub(bytes),
-        threshold,
+        victims::threshold(setting, h.ceiling()),
     ))
 }

@@ -235,12 +235,7 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
     let Ok(headroom) = h.bytes() else {
         return;
     };
-    let threshold = if setting == config::HEADROOM_AUTO {
-        victims::auto_headroom(h.ceiling())
-    } else {
-        setting
-    };
-    let deficit = victims::headroom_deficit(headroom, threshold);
+    let deficit = victims::headroom_deficit(headroom, victims::threshold(setting, h.ceiling()));
     if deficit > 0 && coordinated {
         stats::count_deferred();
     } else if deficit > 0 {

@@ -46,8 +46,10 @@ pub(crate) fn system_short(meminfo: Option<(u64, u64)>) -> bool {
     }
 }
 
-/// Bytes to purge so that headroom returns to twice the threshold.
-pub(crate) fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
+/// Bytes to purge so that headroom (limit minus usage) returns to twice the threshold: none
+/// while it is at least the threshold. The one rule for every purger of headroom (each
+/// process's reclaimer, [`make_room`](super::make_room), the coordinator).
+pub fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
     if headroom >= threshold {
         0
     } else {
@@ -55,9 +57,19 @@ pub(crate) fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
     }
 }
 
-/// The headroom threshold for a cgroup limit under `VRANGE_HEADROOM=auto`.
-pub(crate) fn auto_headroom(limit: u64) -> u64 {
+/// The headroom threshold for a limit (the cgroup's `memory.max`, or `memory.high` where
+/// lower) under `VRANGE_HEADROOM=auto`: a sixteenth of it, between 4 and 256 MiB.
+pub fn auto_headroom(limit: u64) -> u64 {
     (limit / 16).clamp(4 << 20, 256 << 20)
+}
+
+/// The threshold a `VRANGE_HEADROOM` setting (bytes, or `auto`) gives for a limit.
+pub(super) fn threshold(setting: u64, limit: u64) -> u64 {
+    if setting == super::config::HEADROOM_AUTO {
+        auto_headroom(limit)
+    } else {
+        setting
+    }
 }
 
 fn collect(out: &mut Vec<Candidate>) {
@@ -127,6 +139,20 @@ pub(crate) fn arm_due(now: u64, delay_ns: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deficits_and_thresholds() {
+        assert_eq!(headroom_deficit(10, 8), 0);
+        assert_eq!(headroom_deficit(3, 8), 13);
+        assert_eq!(auto_headroom(128 << 20), 8 << 20);
+        assert_eq!(auto_headroom(1 << 20), 4 << 20);
+        assert_eq!(auto_headroom(64 << 30), 256 << 20);
+        assert_eq!(
+            threshold(super::super::config::HEADROOM_AUTO, 128 << 20),
+            8 << 20
+        );
+        assert_eq!(threshold(5 << 20, 128 << 20), 5 << 20);
+    }
 
     fn c(priority: Priority, last_used: u64, idx: u32) -> Candidate {
         Candidate {
