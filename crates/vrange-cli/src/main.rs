@@ -32,7 +32,7 @@ mod run;
 mod stat;
 mod table;
 
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -46,12 +46,15 @@ struct Cli {
     command: Command,
 }
 
-/// How vrange-malloc handles free memory (`VRANGE_MALLOC_MODE`).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Mode {
-    Lazy,
-    Managed,
-    Hybrid,
+/// How vrange-malloc handles free memory (`VRANGE_MALLOC_MODE`): the policy of its free
+/// spans, by the policy's name.
+fn policy_arg() -> impl clap::builder::TypedValueParser<Value = vrange::Policy> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(["lazy", "managed", "hybrid"]).map(|name| match name.as_str() {
+        "lazy" => vrange::Policy::Lazy,
+        "managed" => vrange::Policy::Managed,
+        _ => vrange::Policy::Hybrid,
+    })
 }
 
 /// A size flag in vrange's one grammar (`4096`, `64K`, `64MiB`, `2g`: powers of 1024), so that
@@ -65,8 +68,8 @@ enum Command {
     /// Run a program with libvrange_malloc preloaded; pass its exit status through.
     Run {
         /// How free memory is handled [default: $VRANGE_MALLOC_MODE when set, else hybrid].
-        #[arg(long, value_enum)]
-        mode: Option<Mode>,
+        #[arg(long, value_parser = policy_arg())]
+        mode: Option<vrange::Policy>,
         /// Free memory kept resident before the oldest is purged (e.g. 64M, 1GiB).
         #[arg(long, value_name = "SIZE", value_parser = size_arg)]
         budget: Option<u64>,

@@ -4,14 +4,13 @@
 //! `tempfile` with a random name and mode 0700, removed at the end), which `run` sums up at the
 //! end with the peak RSS from wait4.
 
-use crate::Mode;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub struct Options {
     /// `None`: `VRANGE_MALLOC_MODE` from the environment when set, else hybrid.
-    pub mode: Option<Mode>,
+    pub mode: Option<vrange::Policy>,
     /// Bytes.
     pub budget: Option<u64>,
     pub stats: bool,
@@ -195,9 +194,9 @@ pub fn main(o: Options) -> i32 {
     // reads it (and warns in one line about a malformed value, as for every setting); else the
     // default, hybrid.
     let mode = match o.mode {
-        Some(Mode::Lazy) => Some("lazy"),
-        Some(Mode::Managed) => Some("managed"),
-        Some(Mode::Hybrid) => Some("hybrid"),
+        Some(vrange::Policy::Lazy) => Some("lazy"),
+        Some(vrange::Policy::Managed) => Some("managed"),
+        Some(vrange::Policy::Hybrid) => Some("hybrid"),
         None if std::env::var_os("VRANGE_MALLOC_MODE").is_some() => None,
         None => Some("hybrid"),
     };

@@ -327,7 +327,7 @@ fn demo_runs_and_checks_itself() {
         "{text}"
     );
     assert!(text.contains("vrange-malloc:"), "{text}");
-    match parent.and_then(|p| p.may_create_child().map(|()| p)) {
+    match parent.and_then(|p| p.may_create_child().map(|()| p).map_err(|e| e.to_string())) {
         Ok(p) => {
             assert!(
                 text.contains("this process runs in a memory cgroup limited to"),

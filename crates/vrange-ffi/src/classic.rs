@@ -1,9 +1,9 @@
 //! The classic calls on arbitrary memory (and on regions, following their policy): `vrange`,
 //! `vrange_unmark`, `vrange_forget`, and `vrange_fill` for SIGBUS mode.
 
-use crate::{core_api, guard};
+use crate::guard;
 use libc::{c_int, size_t, ssize_t};
-use vrange_core::Error;
+use vrange_core::{Error, Mode};
 
 /// `mode` value: the system may discard the pages under memory pressure.
 pub const VRANGE_VOLATILE: c_int = 0;
@@ -24,29 +24,19 @@ pub unsafe extern "C" fn vrange(
     purged: *mut c_int,
 ) -> ssize_t {
     guard(-1, || {
-        let ptr = start as usize as *mut u8;
-        match mode {
-            VRANGE_VOLATILE => {
-                // SAFETY: the caller owns the memory (documented contract of vrange()).
-                let n = unsafe { core_api::mark_volatile(ptr, length)? };
-                Ok(n as ssize_t)
-            }
-            m if m == VRANGE_VOLATILE | VRANGE_SIGBUS => {
-                // SAFETY: as above.
-                let n = unsafe { core_api::mark_volatile_sigbus(ptr, length)? };
-                Ok(n as ssize_t)
-            }
-            VRANGE_NOVOLATILE => {
-                // SAFETY: as above.
-                let report = unsafe { core_api::unmark(ptr, length)? };
-                if !purged.is_null() {
-                    // SAFETY: the caller passes NULL or a writable int.
-                    unsafe { *purged = c_int::from(report.was_purged()) };
-                }
-                Ok((report.pages * core_api::page_size()) as ssize_t)
-            }
-            _ => Err(Error::BadMode),
+        let mode = match mode {
+            VRANGE_VOLATILE => Mode::Volatile,
+            m if m == VRANGE_VOLATILE | VRANGE_SIGBUS => Mode::VolatileSigbus,
+            VRANGE_NOVOLATILE => Mode::NoVolatile,
+            _ => return Err(Error::BadMode),
+        };
+        // SAFETY: the caller owns the memory (documented contract of vrange()).
+        let (n, report) = unsafe { vrange_core::vrange(start as usize as *mut u8, length, mode)? };
+        if mode == Mode::NoVolatile && !purged.is_null() {
+            // SAFETY: the caller passes NULL or a writable int.
+            unsafe { *purged = c_int::from(report.was_purged()) };
         }
+        Ok(n as ssize_t)
     })
 }
 
@@ -62,12 +52,12 @@ pub unsafe extern "C" fn vrange_unmark(
 ) -> ssize_t {
     guard(-1, || {
         // SAFETY: the caller owns the memory.
-        let report = unsafe { core_api::unmark(start.cast(), length)? };
+        let report = unsafe { vrange_core::unmark(start.cast(), length)? };
         if !purged_pages.is_null() {
             // SAFETY: the caller passes NULL or a writable size_t.
             unsafe { *purged_pages = report.purged };
         }
-        Ok((report.pages * core_api::page_size()) as ssize_t)
+        Ok((report.pages * vrange_core::page_size()) as ssize_t)
     })
 }
 
@@ -81,7 +71,7 @@ pub unsafe extern "C" fn vrange_unmark(
 pub unsafe extern "C" fn vrange_forget(start: *mut libc::c_void, length: size_t) -> c_int {
     guard(-1, || {
         // SAFETY: the caller gives up the range's content (documented contract).
-        unsafe { core_api::forget(start.cast(), length)? };
+        unsafe { vrange_core::forget(start.cast(), length)? };
         Ok(0)
     })
 }
@@ -103,7 +93,7 @@ pub unsafe extern "C" fn vrange_fill(
             return Err(Error::Os(libc::EFAULT));
         }
         // SAFETY: forwarded contract.
-        unsafe { core_api::fill(dst.cast(), src.cast(), len)? };
+        unsafe { vrange_core::fill(dst.cast(), src.cast(), len)? };
         Ok(0)
     })
 }

@@ -1,6 +1,6 @@
 //! What the kernel offers: `vrange_features` (the report) and `vrange_feature_flags` (bits).
 
-use crate::{core_api, guard};
+use crate::guard;
 use libc::{c_char, size_t, ssize_t};
 use std::panic::catch_unwind;
 
@@ -12,7 +12,7 @@ use std::panic::catch_unwind;
 #[no_mangle]
 pub unsafe extern "C" fn vrange_features(buf: *mut c_char, len: size_t) -> ssize_t {
     guard(-1, || {
-        let text = core_api::features().to_string();
+        let text = vrange_core::features().to_string();
         if !buf.is_null() && len > 0 {
             let n = text.len().min(len - 1);
             // SAFETY: buf has len >= n + 1 writable bytes.
@@ -29,14 +29,14 @@ pub unsafe extern "C" fn vrange_features(buf: *mut c_char, len: size_t) -> ssize
 #[no_mangle]
 pub extern "C" fn vrange_feature_flags() -> u64 {
     catch_unwind(|| {
-        let f = core_api::features();
+        let f = vrange_core::features();
         [
             f.madv_free,
             f.madv_pageout,
             f.madv_populate_write,
             matches!(
                 f.thp,
-                core_api::ThpMode::Always | core_api::ThpMode::Madvise
+                vrange_core::ThpMode::Always | vrange_core::ThpMode::Madvise
             ),
             f.pt_reclaim == Some(true),
             f.procmap_query,

@@ -29,8 +29,6 @@ use libc::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use vrange_core::Error;
 
-pub(crate) use vrange_core as core_api;
-
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };

@@ -1,7 +1,7 @@
 //! Managed purging: `vrange_purge`, `vrange_stats` (with `vrange_source_name`),
 //! `vrange_set_option` and `vrange_reclaimer_stop`.
 
-use crate::{core_api, guard, set_errno};
+use crate::{guard, set_errno};
 use libc::{c_char, c_int, size_t};
 use std::ffi::{CStr, CString};
 use std::panic::catch_unwind;
@@ -106,7 +106,7 @@ impl VrangeStats {
 /// internal error.
 #[no_mangle]
 pub extern "C" fn vrange_purge(bytes: size_t) -> size_t {
-    catch_unwind(|| core_api::purge(bytes)).unwrap_or_else(|_| {
+    catch_unwind(|| vrange_core::purge(bytes)).unwrap_or_else(|_| {
         set_errno(libc::ENOTRECOVERABLE);
         0
     })
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn vrange_stats(out: *mut VrangeStats, size: size_t) -> c_
         }
         let ours = std::mem::size_of::<VrangeStats>();
         let written = size.min(ours);
-        let mut snapshot = VrangeStats::new(&core_api::stats(), &reclaim::active_sources());
+        let mut snapshot = VrangeStats::new(&vrange_core::stats(), &reclaim::active_sources());
         snapshot.size = written as u64;
         // SAFETY: out points to size writable bytes (caller contract) and written <= size; the
         // copy is bytewise (no alignment assumed) from a local of ours >= written bytes; the
@@ -176,7 +176,7 @@ pub unsafe extern "C" fn vrange_set_option(name: *const c_char, value: *const c_
         let (Ok(name), Ok(value)) = (name.to_str(), value.to_str()) else {
             return Err(Error::BadFlags);
         };
-        core_api::set_option(name, value)?;
+        vrange_core::set_option(name, value)?;
         Ok(0)
     })
 }

@@ -49,4 +49,5 @@ pub mod sock;
 pub mod statsdir;
 pub mod sync;
 pub mod uffd;
+pub mod unavailable;
 pub mod vma;

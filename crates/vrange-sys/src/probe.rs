@@ -5,9 +5,8 @@
 
 use super::cgroup::{MemCgroup, Version};
 use super::pressure::has_cap_sys_resource;
-use super::statsdir::{effective_uid, plain};
+use super::unavailable::Unavailable;
 use super::{mem, pagemap, procfs, vma};
-use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -58,9 +57,9 @@ pub struct Features {
     pub userfaultfd: bool,
     /// userfaultfd(2) for all faults, kernel-mode ones included (needs CAP_SYS_PTRACE or
     /// `vm.unprivileged_userfaultfd=1`); otherwise why not, in words.
-    pub userfaultfd_kernel: Result<(), String>,
+    pub userfaultfd_kernel: Result<(), Unavailable>,
     /// `/dev/userfaultfd` can be opened by this process; otherwise why not.
-    pub userfaultfd_dev: Result<(), String>,
+    pub userfaultfd_dev: Result<(), Unavailable>,
     /// MAP_DROPPABLE (6.11) mappings can be created.
     pub map_droppable: bool,
     /// process_madvise(2) on our own pidfd (5.10) works.
@@ -69,7 +68,7 @@ pub struct Features {
     pub psi: bool,
     /// A PSI trigger with a 2 s window could be armed on `/proc/pressure/memory`; otherwise why
     /// not.
-    pub psi_trigger: Result<(), String>,
+    pub psi_trigger: Result<(), Unavailable>,
     /// CAP_SYS_RESOURCE is effective: PSI windows from 500 ms rather than in 2 s steps.
     pub cap_sys_resource: bool,
     /// This process's memory cgroup, if any: version and directory.
@@ -78,10 +77,10 @@ pub struct Features {
     pub cgroup_limit: Option<u64>,
     /// These credentials may create a child memory cgroup of that cgroup (see
     /// [`MemCgroup::may_create_child`]); otherwise why not.
-    pub cgroup_create: Result<(), String>,
+    pub cgroup_create: Result<(), Unavailable>,
     /// A thread may have a descriptor table of its own ([`crate::own_table`]: close_range with
     /// CLOSE_RANGE_UNSHARE, Linux 5.9, or unshare(CLONE_FILES)); otherwise why not.
-    pub own_table: Result<(), String>,
+    pub own_table: Result<(), Unavailable>,
 }
 
 /// The features of this kernel, probed on first call and cached for the process.
@@ -107,8 +106,11 @@ fn probe() -> Features {
         pagemap_scan: pagemap::has_pagemap_scan(),
         userfaultfd: userfaultfd(UFFD_USER_MODE_ONLY).is_ok(),
         userfaultfd_kernel: userfaultfd(0).map_err(|e| match e.raw_os_error() {
-            Some(libc::EPERM) => "needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1".into(),
-            _ => plain(&e),
+            Some(libc::EPERM) => Unavailable {
+                errno: Some(libc::EPERM),
+                reason: "needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1".into(),
+            },
+            _ => Unavailable::from_io(&e),
         }),
         userfaultfd_dev: userfaultfd_dev(),
         map_droppable: map_droppable_works(),
@@ -119,18 +121,10 @@ fn probe() -> Features {
         cgroup_limit: cg.as_ref().and_then(|c| c.limit()),
         cgroup_create: match &cg {
             Some(c) => c.may_create_child(),
-            None => Err("this process has no memory cgroup".into()),
+            None => Err(Unavailable::because("this process has no memory cgroup")),
         },
         cgroup: cg.map(|c| (c.version(), c.path().to_path_buf())),
-        own_table: crate::own_table::apart(|| ()).map_err(|e| denied(&e)),
-    }
-}
-
-/// "not permitted for uid N" for permission errors, the error in words otherwise.
-fn denied(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::EPERM | libc::EACCES) => format!("not permitted for uid {}", effective_uid()),
-        _ => plain(e),
+        own_table: crate::own_table::apart(|| ()).map_err(|e| Unavailable::from_io(&e)),
     }
 }
 
@@ -270,15 +264,18 @@ fn userfaultfd(flags: libc::c_long) -> std::io::Result<()> {
 
 /// Opens and closes `/dev/userfaultfd` (opening creates nothing; the USERFAULTFD_IOC_NEW
 /// ioctl would).
-fn userfaultfd_dev() -> Result<(), String> {
+fn userfaultfd_dev() -> Result<(), Unavailable> {
     match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/userfaultfd")
     {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("not present".into()),
-        Err(e) => Err(denied(&e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Unavailable {
+            errno: e.raw_os_error(),
+            reason: "not present".into(),
+        }),
+        Err(e) => Err(Unavailable::from_io(&e)),
     }
 }
 
@@ -327,150 +324,17 @@ fn process_madvise_works() -> bool {
     ok
 }
 
-fn psi_trigger_works() -> Result<(), String> {
+fn psi_trigger_works() -> Result<(), Unavailable> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/proc/pressure/memory")
-        .map_err(|e| format!("cannot open /proc/pressure/memory: {}", denied(&e)))?;
+        .map_err(|e| Unavailable::from_io(&e).within("cannot open /proc/pressure/memory"))?;
     // The trigger string must include its NUL; unprivileged windows are multiples of 2 s.
     // Kernels before 6.5 refuse every trigger without CAP_SYS_RESOURCE.
     f.write_all(b"some 150000 2000000\0")
-        .map_err(|e| denied(&e))
-}
-
-impl fmt::Display for ThpMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ThpMode::Always => "always",
-            ThpMode::Madvise => "madvise",
-            ThpMode::Never => "never",
-            ThpMode::Unavailable => "not available",
-        })
-    }
-}
-
-/// One line of the report per feature: the name, a colon, and the answer in words, aligned.
-/// A missing feature says what vrange does without it; a refused permission says why.
-impl fmt::Display for Features {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let yes = |b: bool, without: &str| -> String {
-            match (b, without) {
-                (true, _) => "yes".into(),
-                (false, "") => "no".into(),
-                (false, w) => format!("no; without it {w}"),
-            }
-        };
-        let allowed = |r: &Result<(), String>| match r {
-            Ok(()) => "yes".to_string(),
-            Err(why) => format!("no ({why})"),
-        };
-        let kib = |sizes: &[usize]| {
-            let list: Vec<String> = sizes.iter().map(|s| (s >> 10).to_string()).collect();
-            if list.is_empty() {
-                "none".to_string()
-            } else {
-                format!("{} KiB", list.join(", "))
-            }
-        };
-        let thp = match self.thp {
-            ThpMode::Always => "always (every large enough anonymous mapping)",
-            ThpMode::Madvise => {
-                "madvise (ranges advised huge; vrange advises 2 MiB-aligned regions)"
-            }
-            ThpMode::Never => "never; without it 4 KiB pages",
-            ThpMode::Unavailable => "not available; without it 4 KiB pages",
-        };
-        let psi_trigger = match &self.psi_trigger {
-            Ok(()) if self.cap_sys_resource => {
-                "yes, windows from 500 ms to 10 s (CAP_SYS_RESOURCE)".to_string()
-            }
-            Ok(()) => "yes, windows of 2, 4, 6, 8 or 10 s (no CAP_SYS_RESOURCE)".to_string(),
-            Err(why) => format!("no ({why})"),
-        };
-        let cgroup = match &self.cgroup {
-            Some((v, p)) => format!(
-                "{}, {}, {}",
-                match v {
-                    Version::V1 => "v1",
-                    Version::V2 => "v2",
-                },
-                p.display(),
-                self.cgroup_limit
-                    .map_or("no limit".into(), |l| format!("limit {} MiB", l >> 20))
-            ),
-            None => "none".into(),
-        };
-        // SIGBUS mode and refill regions need a userfaultfd, from the system call or the device.
-        let userfaultfd = match (self.userfaultfd, &self.userfaultfd_dev) {
-            (true, _) => "yes".to_string(),
-            (false, Ok(())) => "no; /dev/userfaultfd serves instead".to_string(),
-            (false, Err(_)) => "no (refused, or not built); SIGBUS mode and refill regions fail \
-                 with ENOTSUP: allow the userfaultfd system call (a container's seccomp profile) \
-                 or give access to /dev/userfaultfd"
-                .to_string(),
-        };
-        let own_table = match &self.own_table {
-            Ok(()) => "yes (the reclaimer's descriptors are never in the program's)".to_string(),
-            Err(why) => format!(
-                "no ({why}); without it the reclaimer opens files in the program's table, \
-                 only while 0, 1 and 2 are open"
-            ),
-        };
-        let rows: [(&str, String); 19] = [
-            ("page size", format!("{} bytes", self.page_size)),
-            ("MADV_FREE", yes(self.madv_free, "marking keeps every page")),
-            (
-                "MADV_PAGEOUT",
-                yes(self.madv_pageout, "purges wait for real pressure"),
-            ),
-            (
-                "MADV_POPULATE_WRITE",
-                yes(self.madv_populate_write, "pages are touched"),
-            ),
-            (
-                "THP",
-                format!("{thp}; PMD size {} KiB", self.thp_pmd_size >> 10),
-            ),
-            ("mTHP sizes", kib(&self.mthp_sizes)),
-            (
-                "PT_RECLAIM",
-                self.pt_reclaim.map_or("not measured".into(), |b| {
-                    yes(b, "page tables stay after purges")
-                }),
-            ),
-            (
-                "PROCMAP_QUERY",
-                yes(self.procmap_query, "/proc/self/maps is parsed"),
-            ),
-            (
-                "PAGEMAP_SCAN",
-                yes(self.pagemap_scan, "huge pages are proven page by page"),
-            ),
-            ("userfaultfd", userfaultfd),
-            (
-                "userfaultfd, kernel faults",
-                allowed(&self.userfaultfd_kernel),
-            ),
-            ("/dev/userfaultfd", allowed(&self.userfaultfd_dev)),
-            ("MAP_DROPPABLE", yes(self.map_droppable, "")),
-            (
-                "process_madvise",
-                yes(self.process_madvise, "one madvise per range"),
-            ),
-            ("PSI", yes(self.psi, "cgroup and budget sources only")),
-            ("PSI triggers", psi_trigger),
-            ("memory cgroup", cgroup),
-            ("create memory cgroups", allowed(&self.cgroup_create)),
-            ("own descriptor table", own_table),
-        ];
-        let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
-        for (name, value) in rows {
-            writeln!(f, "{:<width$} {value}", format!("{name}:"))?;
-        }
-        Ok(())
-    }
+        .map_err(|e| Unavailable::from_io(&e))
 }
 
 #[cfg(test)]

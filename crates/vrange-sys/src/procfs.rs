@@ -97,7 +97,7 @@ pub fn status(pid: Option<i32>) -> io::Result<Status> {
 
 /// The effective user id of process `pid` (the second number of the `Uid:` line of
 /// /proc/PID/status), or `None` if there is no such process.
-pub fn effective_uid(pid: u32) -> Option<u32> {
+pub fn euid_of(pid: u32) -> Option<u32> {
     let text = crate::fd::read_file(format!("/proc/{pid}/status")).ok()?;
     let ids = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     ids.split_whitespace().nth(1)?.parse().ok()

@@ -62,6 +62,7 @@ macro_rules! mapping_accessors {
 mod approach;
 pub mod coordination;
 mod error;
+mod features;
 mod fork;
 mod handle;
 mod huge_proof;
@@ -69,7 +70,7 @@ mod lazy;
 mod lock;
 mod managed;
 mod owned;
-mod pagemap;
+mod page_index;
 mod publish;
 mod reclaim;
 mod refill;
@@ -87,6 +88,7 @@ mod userfault;
 mod witness;
 
 pub use error::{Error, OptionError, Result};
+pub use features::{features, CgroupVersion, Features, ThpMode, Unavailable};
 pub use fork::register as register_fork_handlers;
 pub use handle::{region_containing, Pinned, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
@@ -102,7 +104,6 @@ pub use stats::{
     register_allocator, stats, AllocatorStats, CoordinatorStats, Source, SourceStats, Stats,
 };
 pub use vrange_sys::mem::page_size;
-pub use vrange_sys::probe::{features, Features, ThpMode};
 
 /// The reclaimer thread: whether it runs, what it listens to, and stopping it. It starts by
 /// itself with the first managed or hybrid region (see the crate documentation).
@@ -137,12 +138,15 @@ impl Unmarked {
     }
 }
 
-/// The classic two modes of `vrange()`.
+/// The modes of the classic call [`vrange()`] (the C `vrange(2)`'s `mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// The system may discard the pages under memory pressure.
+    /// The system may discard the pages under memory pressure ([`mark_volatile`]).
     Volatile,
-    /// Pin the pages again and report whether anything was discarded.
+    /// As `Volatile`, and a touch of a discarded page raises SIGBUS
+    /// ([`mark_volatile_sigbus`]).
+    VolatileSigbus,
+    /// Pin the pages again and report whether anything was discarded ([`unmark`]).
     NoVolatile,
 }
 
@@ -325,6 +329,10 @@ pub unsafe fn vrange(start: *mut u8, len: usize, mode: Mode) -> Result<(usize, U
     match mode {
         // SAFETY: forwarded contract.
         Mode::Volatile => unsafe { mark_volatile(start, len) }.map(|n| (n, Unmarked::default())),
+        Mode::VolatileSigbus => {
+            // SAFETY: forwarded contract.
+            unsafe { mark_volatile_sigbus(start, len) }.map(|n| (n, Unmarked::default()))
+        }
         // SAFETY: forwarded contract.
         Mode::NoVolatile => unsafe { unmark(start, len) }.map(|u| (u.pages * page_size(), u)),
     }

@@ -215,7 +215,7 @@ pub fn render(pid: u32, s: &Stats) -> String {
 /// [`Unavailable`]: publishing is off here, the directory cannot be used (not private, or not
 /// readable by this user), or the process has no current file.
 pub fn read(pid: u32) -> Result<Vec<(String, u64)>, Unavailable> {
-    let owner = procfs::effective_uid(pid).unwrap_or_else(statsdir::effective_uid);
+    let owner = procfs::euid_of(pid).unwrap_or_else(statsdir::effective_uid);
     let loc = location(owner).ok_or(Unavailable::Off)?;
     let dir = loc.open(false).map_err(|why| loc.unavailable(why))?;
     sweep_in(&dir, loc.explicit);

@@ -7,7 +7,7 @@
 //! state word's generation keeps it from acting on a recycled one.
 
 use crate::lock::{Lock, Rank};
-use crate::pagemap::PageMap;
+use crate::page_index::PageIndex;
 use crate::shared::Header;
 use crate::state::RangeState;
 use crate::Error;
@@ -245,7 +245,7 @@ static HIGH: AtomicU32 = AtomicU32::new(1);
 static FREE_HEAD: AtomicU32 = AtomicU32::new(NONE);
 pub(crate) static LOCK: Lock = Lock::new(Rank::Registry);
 /// Page → slot index of the range holding it (0: not a managed page).
-static OWNERS: PageMap<AtomicU32> = PageMap::new();
+static OWNERS: PageIndex<AtomicU32> = PageIndex::new();
 
 /// The slot with index `idx` (which must have been returned by [`alloc_slot`]).
 pub(crate) fn slot(idx: u32) -> &'static Slot {

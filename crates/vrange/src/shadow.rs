@@ -18,7 +18,7 @@
 //! The scan always happens before the page is handed to MADV_FREE (or after `pin_word` made it
 //! dirty again), so it never reads a page the kernel may be discarding.
 
-use crate::pagemap::PageMap;
+use crate::page_index::PageIndex;
 use crate::Error;
 use std::sync::atomic::{AtomicU16, Ordering};
 
@@ -31,7 +31,7 @@ pub(crate) const PURGED: u16 = 0x4001;
 /// Volatile; the low bits index the witness word.
 pub(crate) const WITNESS: u16 = 0x8000;
 
-static TABLE: PageMap<AtomicU16> = PageMap::new();
+static TABLE: PageIndex<AtomicU16> = PageIndex::new();
 
 /// Calls `f(page_address, entry)` for every page of `[start, end)` (page-aligned), creating
 /// leaves when `create` is set and skipping pages of absent leaves otherwise.

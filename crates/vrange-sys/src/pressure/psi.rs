@@ -2,6 +2,7 @@
 //! module documentation of `pressure` for the window rule and the trailing NUL).
 
 use super::*;
+use crate::unavailable::Unavailable;
 
 /// A PSI trigger: its fd reports POLLPRI when tasks stalled on memory for `stall_us` within
 /// `window_us`. Closing it (drop) removes the trigger.
@@ -158,23 +159,27 @@ fn trigger_text(buf: &mut [u8; 32], stall_us: u64, window_us: u64, full: bool) -
 
 /// Why the kernel would reject this trigger, checked here to give a clear message rather than
 /// a bare EINVAL. `privileged`: the opener has CAP_SYS_RESOURCE.
-fn check_trigger(stall_us: u64, window_us: u64, privileged: bool) -> Result<(), String> {
+fn check_trigger(stall_us: u64, window_us: u64, privileged: bool) -> Result<(), Unavailable> {
+    let invalid = |reason: String| Unavailable {
+        errno: Some(libc::EINVAL),
+        reason,
+    };
     if window_us == 0 || window_us > PSI_WINDOW_MAX_US {
-        return Err(format!(
+        return Err(invalid(format!(
             "PSI window {window_us} us is outside 1..={PSI_WINDOW_MAX_US} us"
-        ));
+        )));
     }
     if !privileged && window_us % PSI_UNPRIVILEGED_STEP_US != 0 {
-        return Err(format!(
+        return Err(invalid(format!(
             "PSI window {window_us} us is not a multiple of 2 s, which the kernel requires \
              without CAP_SYS_RESOURCE (try {} us)",
             psi_window_for(window_us, false)
-        ));
+        )));
     }
     if stall_us == 0 || stall_us > window_us {
-        return Err(format!(
+        return Err(invalid(format!(
             "PSI stall threshold {stall_us} us is outside 1..={window_us} us (the window)"
-        ));
+        )));
     }
     Ok(())
 }

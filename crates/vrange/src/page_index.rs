@@ -25,7 +25,7 @@ const LEAF_SHIFT: usize = 18;
 const LEAF_PAGES: usize = 1 << LEAF_SHIFT;
 const TOP_ENTRIES: usize = ADDR_LIMIT >> 12 >> LEAF_SHIFT;
 
-pub(crate) struct PageMap<E: ZeroAtomic> {
+pub(crate) struct PageIndex<E: ZeroAtomic> {
     top: [AtomicPtr<E>; TOP_ENTRIES],
 }
 
@@ -33,9 +33,9 @@ fn page_shift() -> u32 {
     mem::page_size().trailing_zeros()
 }
 
-impl<E: ZeroAtomic> PageMap<E> {
+impl<E: ZeroAtomic> PageIndex<E> {
     pub const fn new() -> Self {
-        PageMap {
+        PageIndex {
             top: [const { AtomicPtr::new(null_mut()) }; TOP_ENTRIES],
         }
     }
