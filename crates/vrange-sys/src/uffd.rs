@@ -8,6 +8,12 @@
 //! functions taking a raw descriptor ([`copy`], [`zero`], [`unregister`]) are async-signal-safe
 //! (one ioctl per call, stack values only); the caller verifies the descriptor first.
 //!
+//! They take a `RawFd`, not a `BorrowedFd`, on purpose: the descriptor lives in the program's
+//! table, which may close it (or reuse its number) at any moment, so vrange cannot promise what
+//! a borrow promises (open for the borrow's lifetime). The caller verifies it (dev, ino) just
+//! before the call; a number closed or reused since fails the ioctl (EBADF, ENOTTY, EINVAL)
+//! without effect.
+//!
 //! # What a missing page does
 //! | access | registered (SIGBUS feature) | not registered |
 //! |---|---|---|
