@@ -171,8 +171,9 @@
  *     vrange_fill() and return, or return without: the access is retried, and fill with it.
  *     fill runs on the refill thread, one call at a time for the whole process; it must not
  *     touch a refill region, nor create or free one. Pages the program writes stay until their
- *     block is made again (refill regions are meant to be read). flags must be 0. Free the
- *     region with vrange_free(). A fork(2) child inherits no registration: there, pages taken
+ *     block is made again (refill regions are meant to be read). vrange() and vrange_unmark()
+ *     refuse refill memory (EINVAL: its pages are the refill thread's to drop and make). flags
+ *     must be 0. Free the region with vrange_free(). A fork(2) child inherits no registration: there, pages taken
  *     back read zero. Without userfaultfd vrange_alloc_refill() fails with ENOTSUP.
  *
  *   Regions

@@ -1,9 +1,9 @@
 //! Naming a C caller's region to the core: `vrange_alloc` gives up the Rust handle, and the
 //! functions taking an address inside a region borrow a handle for the region that holds it,
-//! found with the core's owner map ([`vrange_core::region_containing`]).
+//! found with the core's region table ([`vrange_core::region_containing`]).
 
 use std::mem::ManuallyDrop;
-use vrange_core::{Error, RefillRegion, ScratchRegion, VolatileRegion};
+use vrange_core::{Error, VolatileRegion};
 
 /// Gives up `region` to the C caller. Returns its start and length.
 pub fn hand_out(region: VolatileRegion) -> (*mut u8, usize) {
@@ -20,18 +20,7 @@ pub fn hand_out(region: VolatileRegion) -> (*mut u8, usize) {
 /// The caller gives up the region: nothing may use it afterwards.
 pub unsafe fn free(ptr: *mut u8, len: usize) -> Result<(), Error> {
     // SAFETY: forwarded contract: the caller owns the region and gives it up.
-    match unsafe { VolatileRegion::from_raw(ptr, len) } {
-        Ok(region) => drop(region),
-        // SAFETY: as above.
-        Err(Error::NotRegion) => match unsafe { ScratchRegion::from_raw(ptr, len) } {
-            Ok(scratch) => drop(scratch),
-            // SAFETY: as above.
-            Err(Error::NotRegion) => drop(unsafe { RefillRegion::from_raw(ptr, len)? }),
-            Err(e) => return Err(e),
-        },
-        Err(e) => return Err(e),
-    }
-    Ok(())
+    unsafe { vrange_core::free_region(ptr, len) }
 }
 
 /// Runs `f` on the region that holds `addr` (its handle borrowed, never dropped).

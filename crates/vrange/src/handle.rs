@@ -325,15 +325,11 @@ impl Drop for Pinned<'_> {
     }
 }
 
-/// The start and length of the library-owned region holding `ptr`, if any: what
-/// [`VolatileRegion::from_raw`] needs to name it. Async-signal-safe (two table lookups).
+/// The start and length of the library-owned region of any kind holding `ptr`, if any: what
+/// `from_raw` of its handle type (or [`free_region`](crate::free_region)) needs to name it.
+/// Async-signal-safe (one lookup in the region table).
 pub fn region_containing(ptr: *const u8) -> Option<(*mut u8, usize)> {
-    let page = crate::page_size();
-    let (_, slot) = registry::owner_of(ptr as usize & !(page - 1))?;
-    Some((
-        slot.region_start.load(std::sync::atomic::Ordering::Relaxed) as *mut u8,
-        slot.region_len.load(std::sync::atomic::Ordering::Relaxed),
-    ))
+    crate::regions::containing(ptr as usize).map(|(start, len)| (start as *mut u8, len))
 }
 
 impl Drop for VolatileRegion {

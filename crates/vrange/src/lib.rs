@@ -75,6 +75,7 @@ mod publish;
 mod reclaim;
 mod refill;
 mod region;
+mod regions;
 mod registry;
 mod scratch;
 mod shadow;
@@ -150,17 +151,27 @@ pub enum Mode {
     NoVolatile,
 }
 
-/// The span a mark or unmark works on: `None` for an empty one; scratch memory refused (it is
-/// always volatile). Async-signal-safe.
-fn markable(ptr: *mut u8, len: usize) -> Result<Option<span::Span>> {
+/// What a classic call works on, found by one lookup in the region table. Async-signal-safe.
+enum Target {
+    Empty,
+    /// Memory no region of the library holds: the kernel path.
+    Arbitrary(span::Span),
+    /// A region of ranges (managed, lazy, hybrid, shared); the range holding the first page.
+    Ranges(span::Span, &'static registry::Slot),
+}
+
+fn target(ptr: *mut u8, len: usize) -> Result<Target> {
     let span = span::Span::new(ptr as usize, len)?;
     if span.is_empty() {
-        return Ok(None);
+        return Ok(Target::Empty);
     }
-    if scratch::overlaps(span) {
-        return Err(Error::Unsupported);
-    }
-    Ok(Some(span))
+    Ok(match regions::find(span)? {
+        None => Target::Arbitrary(span),
+        Some(regions::Owner::Ranges(first)) => Target::Ranges(span, first),
+        // Scratch memory is always volatile and refill memory is its fill function's: neither
+        // can be pinned.
+        Some(regions::Owner::Extent(_)) => return Err(Error::Unsupported),
+    })
 }
 
 /// Marks `[ptr, ptr + len)` volatile: the system may discard its pages when memory is short,
@@ -173,7 +184,8 @@ fn markable(ptr: *mut u8, len: usize) -> Result<Option<span::Span>> {
 /// # Errors
 /// [`Error::Unaligned`], [`Error::Overflow`], [`Error::OutOfReach`] for bad input;
 /// [`Error::NotMapped`] for holes; [`Error::Unsupported`] for shared, file-backed or protected
-/// memory and for scratch memory ([`ScratchRegion`]: always volatile, it cannot be pinned);
+/// memory, for scratch memory ([`ScratchRegion`]: always volatile, it cannot be pinned) and for
+/// refill memory ([`RefillRegion`]: its pages are the refill thread's to drop and make);
 /// [`Error::Straddles`] for a range crossing a region's boundary; [`Error::Partial`] for
 /// part of a shared region; [`Error::Refused`] when the kernel refuses the hint (locked memory),
 /// in which case every page is pinned again except pages found purged, which keep that state.
@@ -185,18 +197,26 @@ fn markable(ptr: *mut u8, len: usize) -> Result<Option<span::Span>> {
 /// # References
 /// madvise(2) MADV_FREE.
 pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
-    let Some(span) = markable(ptr, len)? else {
-        return Ok(0);
-    };
-    if managed::owns(span)? {
-        // SAFETY: forwarded contract; the span lies in one library-owned region.
-        unsafe { managed::mark(span)? };
-        reclaim::noticed_mark();
-        reclaim::catch_up();
-        return Ok(span.len());
+    match target(ptr, len)? {
+        Target::Empty => Ok(0),
+        // SAFETY: forwarded contract.
+        Target::Arbitrary(span) => unsafe { lazy::mark_volatile(span) },
+        // SAFETY: forwarded contract.
+        Target::Ranges(span, first) => unsafe { mark_ranges(span, first) },
     }
+}
+
+/// The classic mark inside a region of ranges, by the region's policy.
+///
+/// # Safety
+/// As [`mark_volatile`]; the span lies in one library-owned region, `first` the range holding
+/// its first page.
+unsafe fn mark_ranges(span: span::Span, first: &registry::Slot) -> Result<usize> {
     // SAFETY: forwarded contract.
-    unsafe { lazy::mark_volatile(span) }
+    unsafe { managed::mark_in(first, span)? };
+    reclaim::noticed_mark();
+    reclaim::catch_up();
+    Ok(span.len())
 }
 
 /// Pins `[ptr, ptr + len)` again and reports how many of its pages were discarded while
@@ -219,14 +239,12 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
 /// The caller must own the memory: pages are written (their witness word, atomically, with
 /// the value it holds).
 pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
-    let Some(span) = markable(ptr, len)? else {
-        return Ok(Unmarked::default());
-    };
-    if managed::owns(span)? {
-        return managed::unmark(span);
+    match target(ptr, len)? {
+        Target::Empty => Ok(Unmarked::default()),
+        // SAFETY: forwarded contract.
+        Target::Arbitrary(span) => unsafe { lazy::unmark(span) },
+        Target::Ranges(span, first) => managed::unmark_in(first, span),
     }
-    // SAFETY: forwarded contract.
-    unsafe { lazy::unmark(span) }
 }
 
 /// Marks `[ptr, ptr + len)` volatile in SIGBUS mode: as [`mark_volatile`], and until it is
@@ -252,19 +270,17 @@ pub unsafe fn unmark(ptr: *mut u8, len: usize) -> Result<Unmarked> {
 /// # References
 /// userfaultfd(2) (UFFD_FEATURE_SIGBUS), madvise(2) MADV_FREE.
 pub unsafe fn mark_volatile_sigbus(ptr: *mut u8, len: usize) -> Result<usize> {
-    let Some(span) = markable(ptr, len)? else {
-        return Ok(0);
-    };
-    if managed::owns(span)? {
-        if !managed::is_sigbus(span) {
-            return Err(Error::BadFlags);
+    match target(ptr, len)? {
+        Target::Empty => Ok(0),
+        Target::Arbitrary(span) => {
+            fork::register();
+            // SAFETY: forwarded contract.
+            unsafe { lazy::mark_volatile_sigbus(span) }
         }
+        Target::Ranges(_, first) if !first.sigbus() => Err(Error::BadFlags),
         // SAFETY: forwarded contract.
-        return unsafe { mark_volatile(ptr, len) };
+        Target::Ranges(span, first) => unsafe { mark_ranges(span, first) },
     }
-    fork::register();
-    // SAFETY: forwarded contract.
-    unsafe { lazy::mark_volatile_sigbus(span) }
 }
 
 /// Places `len` bytes from `src` into the purged pages of `[dst, dst + len)` of SIGBUS-mode
@@ -315,6 +331,37 @@ impl RefillRegion {
 pub fn purge(bytes: usize) -> usize {
     fork::register();
     reclaim::purge(bytes)
+}
+
+/// Frees the library-owned region, of any kind (a [`VolatileRegion`], [`ScratchRegion`] or
+/// [`RefillRegion`] given up with `into_raw`), that `ptr` and `len` name exactly (`len`
+/// rounded up to a page): what the C `vrange_free` does. One lookup in the region table.
+///
+/// # Errors
+/// [`Error::NotRegion`] if they name no region; [`Error::Unaligned`] and the like for bad
+/// input.
+///
+/// # Safety
+/// The caller owns the region and gives it up: nothing may use it afterwards.
+pub unsafe fn free_region(ptr: *mut u8, len: usize) -> Result<()> {
+    let span = span::Span::new(ptr as usize, len)?;
+    // `from_raw` checks the extent exactly; the caller owns the region and gives it up.
+    match regions::find(span).ok().flatten() {
+        Some(regions::Owner::Ranges(_)) => {
+            // SAFETY: as above.
+            drop(unsafe { VolatileRegion::from_raw(ptr, len)? })
+        }
+        Some(regions::Owner::Extent(regions::Extent::Scratch)) => {
+            // SAFETY: as above.
+            drop(unsafe { ScratchRegion::from_raw(ptr, len)? })
+        }
+        Some(regions::Owner::Extent(regions::Extent::Refill)) => {
+            // SAFETY: as above.
+            drop(unsafe { RefillRegion::from_raw(ptr, len)? })
+        }
+        None => return Err(Error::NotRegion),
+    }
+    Ok(())
 }
 
 /// The classic call: marks or unmarks, returning the bytes processed and, for

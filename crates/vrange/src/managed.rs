@@ -89,11 +89,6 @@ fn create_private(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error
     Ok(start)
 }
 
-/// Whether `span` lies in a SIGBUS-mode region.
-pub(crate) fn is_sigbus(span: Span) -> bool {
-    matches!(region_of(span), Ok(Some((_, slot))) if slot.sigbus())
-}
-
 fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
     let m = shared::create(len)?;
     let epoch = m.header().epoch.load(Acquire);
@@ -186,30 +181,6 @@ unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
     }
 }
 
-/// The region containing `span`, as the slot of its first range. Checks that the span stays
-/// inside one region.
-fn region_of(span: Span) -> Result<Option<(u32, &'static Slot)>, Error> {
-    let Some((idx, slot)) = registry::owner_of(span.start) else {
-        if registry::any_owned(span.start, span.end) {
-            return Err(Error::Straddles);
-        }
-        return Ok(None);
-    };
-    let rs = slot.region_start.load(Relaxed);
-    if span.end > rs + slot.region_len.load(Relaxed) {
-        return Err(Error::Straddles);
-    }
-    if !slot.header.load(Relaxed).is_null() && span.len() != slot.len.load(Relaxed) {
-        return Err(Error::Partial);
-    }
-    Ok(Some((idx, slot)))
-}
-
-/// Whether `span` lies in a library-owned region (`Ok(false)`: ordinary memory).
-pub(crate) fn owns(span: Span) -> Result<bool, Error> {
-    region_of(span).map(|r| r.is_some())
-}
-
 /// Calls `f` on every range of the region covering `span`, splitting ranges at the span's ends
 /// first so that each range `f` sees lies inside the span.
 fn for_each_range(
@@ -279,9 +250,18 @@ fn counts_as_volatile(word: u64) -> bool {
 /// # Safety
 /// As [`crate::mark_volatile`]: no reference into the span may assume stable content.
 pub(crate) unsafe fn mark(span: Span) -> Result<(), Error> {
-    let Some((_, first)) = region_of(span)? else {
+    let Some((_, first)) = crate::regions::ranges_of(span)? else {
         return Err(Error::NotRegion);
     };
+    // SAFETY: forwarded contract.
+    unsafe { mark_in(first, span) }
+}
+
+/// [`mark`] with the range holding the span's first page already found (`region_of`).
+///
+/// # Safety
+/// As [`mark`].
+pub(crate) unsafe fn mark_in(first: &Slot, span: Span) -> Result<(), Error> {
     if first.policy() == Policy::Lazy {
         // SAFETY: the span lies inside a private anonymous region this library mapped.
         return unsafe {
@@ -328,9 +308,14 @@ fn arm_now(slot: &Slot, now: u64) {
 
 /// Pins `span` (inside one region) again and reports what was purged.
 pub(crate) fn unmark(span: Span) -> Result<Unmarked, Error> {
-    let Some((_, first)) = region_of(span)? else {
+    let Some((_, first)) = crate::regions::ranges_of(span)? else {
         return Err(Error::NotRegion);
     };
+    unmark_in(first, span)
+}
+
+/// [`unmark`] with the range holding the span's first page already found (`region_of`).
+pub(crate) fn unmark_in(first: &Slot, span: Span) -> Result<Unmarked, Error> {
     if first.policy() == Policy::Lazy {
         if first.sigbus() {
             // Stops signalling first: the proof reads every page.
@@ -434,7 +419,7 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
 /// Whether the reclaimer purged any range of `span` (a word in `PURGING` or `PURGED`). Reads
 /// only: no range changes state, so a volatile range keeps its age.
 pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
-    if region_of(span)?.is_none() {
+    if crate::regions::ranges_of(span)?.is_none() {
         return Err(Error::NotRegion);
     }
     let mut purged = false;
@@ -451,7 +436,7 @@ pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
 /// Purges every volatile range of `span` now, as the reclaimer would. Returns (ranges, bytes).
 /// The caller holds the purge lock ([`pause`]).
 pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {
-    let Some((_, first)) = region_of(span)? else {
+    let Some((_, first)) = crate::regions::ranges_of(span)? else {
         return Err(Error::NotRegion);
     };
     if first.policy() == Policy::Lazy {
@@ -473,7 +458,7 @@ pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {
 
 /// Sets the reclaim class of every range of `span`.
 pub(crate) fn set_priority(span: Span, priority: Priority) -> Result<(), Error> {
-    if region_of(span)?.is_none() {
+    if crate::regions::ranges_of(span)?.is_none() {
         return Err(Error::NotRegion);
     }
     for_each_range(span, |_, slot| {

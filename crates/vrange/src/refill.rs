@@ -28,6 +28,7 @@
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
 
 use crate::lock::{Lock, Rank};
+use crate::regions::{self, Extent};
 use crate::userfault::Held;
 use crate::Error;
 use std::cell::UnsafeCell;
@@ -139,6 +140,10 @@ impl RefillRegion {
             !THREAD.swap(true, Relaxed)
         });
         let region = RefillRegion { start, len };
+        if let Err(e) = regions::record(Extent::Refill, start.as_ptr() as usize, len) {
+            drop(region);
+            return Err(e);
+        }
         if spawn {
             if let Err(e) = vrange_sys::process::spawn_without_signals("vrange-refill", run) {
                 THREAD.store(false, Relaxed);
@@ -160,8 +165,7 @@ impl RefillRegion {
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<RefillRegion, Error> {
         let len = crate::span::region_len(len).map_err(|_| Error::NotRegion)?;
         let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
-        let known = TABLE.with(|t| t.iter().any(|e| e.start == ptr as usize && e.len == len));
-        if !known {
+        if !regions::is_exactly(Extent::Refill, ptr as usize, len) {
             return Err(Error::NotRegion);
         }
         Ok(RefillRegion { start, len })
@@ -171,6 +175,7 @@ impl RefillRegion {
 impl Drop for RefillRegion {
     fn drop(&mut self) {
         let start = self.start.as_ptr() as usize;
+        regions::unrecord(Extent::Refill, start, self.len);
         // Under the table's lock: the refill thread is not filling this region meanwhile.
         let entry = TABLE.with(|t| {
             let i = t

@@ -188,6 +188,14 @@ impl Slot {
         (self.start.load(Acquire), self.len.load(Acquire))
     }
 
+    /// The start and length of the region this range belongs to.
+    pub fn region(&self) -> (usize, usize) {
+        (
+            self.region_start.load(Relaxed),
+            self.region_len.load(Relaxed),
+        )
+    }
+
     /// Fills a fresh (unpublished) slot.
     pub fn init(&self, policy: Policy, priority: Priority, start: usize, len: usize) {
         self.state.reset();

@@ -11,82 +11,19 @@
 //! (MADV_FREE is undone by the next write), so any fallback would hand out memory the kernel
 //! cannot take back — the OOM kill scratch memory exists to avoid.
 //!
-//! Live scratch regions sit in a small table of atomics (no lock, nothing allocated), so that
-//! the classic call can refuse them cheaply (a scratch page cannot be pinned: unmarking one
-//! would promise content the kernel may still drop), `vrange_free` can recognise them and
-//! `stats()` can count them.
+//! Live scratch regions are extents in the region table (`crate::regions`), so that the
+//! classic call can refuse them cheaply (a scratch page cannot be pinned: unmarking one would
+//! promise content the kernel may still drop), `vrange_free` can recognise them and `stats()`
+//! can count them.
 
-use crate::span::Span;
+use crate::regions::{self, Extent};
 use crate::Error;
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use vrange_sys::mem;
 
 /// How many scratch regions a process may hold at once: they are meant to be few, large and
 /// long-lived (reserve a TiB once rather than many small ones).
 pub const MAX_SCRATCH_REGIONS: usize = 64;
-
-struct Entry {
-    /// Start of the region; 0 when the entry is free. Claimed by a compare-exchange.
-    start: AtomicUsize,
-    /// Its length; 0 until the region is fully recorded (readers skip it until then).
-    len: AtomicUsize,
-}
-
-#[allow(clippy::declare_interior_mutable_const)] // only to initialise the table below
-const EMPTY: Entry = Entry {
-    start: AtomicUsize::new(0),
-    len: AtomicUsize::new(0),
-};
-static TABLE: [Entry; MAX_SCRATCH_REGIONS] = [EMPTY; MAX_SCRATCH_REGIONS];
-/// Live entries: lets the classic call skip the table with one load when there are none.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-fn record(start: usize, len: usize) -> Result<(), Error> {
-    for e in &TABLE {
-        if e.start.compare_exchange(0, start, AcqRel, Relaxed).is_ok() {
-            e.len.store(len, Release);
-            LIVE.fetch_add(1, Relaxed);
-            return Ok(());
-        }
-    }
-    Err(Error::Os(libc::ENOMEM))
-}
-
-/// Removes the entry of exactly `[start, start + len)`; whether there was one.
-fn unrecord(start: usize, len: usize) -> bool {
-    for e in &TABLE {
-        if e.start.load(Acquire) == start && e.len.load(Acquire) == len {
-            if e.len.compare_exchange(len, 0, AcqRel, Relaxed).is_err() {
-                return false; // freed by another thread meanwhile: the caller's race
-            }
-            e.start.store(0, Release);
-            LIVE.fetch_sub(1, Relaxed);
-            return true;
-        }
-    }
-    false
-}
-
-fn live() -> impl Iterator<Item = (usize, usize)> {
-    TABLE.iter().filter_map(|e| {
-        let start = e.start.load(Acquire);
-        let len = e.len.load(Acquire);
-        (start != 0 && len != 0).then_some((start, len))
-    })
-}
-
-/// Whether `span` overlaps a scratch region. One relaxed load when there is none.
-pub(crate) fn overlaps(span: Span) -> bool {
-    LIVE.load(Relaxed) != 0
-        && live().any(|(start, len)| span.start < start + len && start < span.start + span.len())
-}
-
-/// Live scratch regions and their bytes (reserved, not resident), for `stats()`.
-pub(crate) fn totals() -> (u64, u64) {
-    live().fold((0, 0), |(n, bytes), (_, len)| (n + 1, bytes + len as u64))
-}
 
 /// A scratch region: always volatile memory, whose pages the kernel may drop at any time,
 /// written or not; a dropped page reads zero. There is nothing to mark or unmark, and nothing
@@ -131,7 +68,13 @@ impl ScratchRegion {
                 Some(errno) => Error::Os(errno),
                 None => Error::Os(libc::ENOMEM),
             })?;
-        if let Err(e) = record(start.as_ptr() as usize, len) {
+        let full = regions::totals(Extent::Scratch).0 >= MAX_SCRATCH_REGIONS as u64;
+        let recorded = if full {
+            Err(Error::Os(libc::ENOMEM))
+        } else {
+            regions::record(Extent::Scratch, start.as_ptr() as usize, len)
+        };
+        if let Err(e) = recorded {
             // SAFETY: just mapped above, never handed out.
             unsafe { mem::unmap(start, len) };
             return Err(e);
@@ -161,8 +104,7 @@ impl ScratchRegion {
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<ScratchRegion, Error> {
         let len = crate::span::region_len(len).map_err(|_| Error::NotRegion)?;
         let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
-        let known = live().any(|(s, l)| s == ptr as usize && l == len);
-        if !known {
+        if !regions::is_exactly(Extent::Scratch, ptr as usize, len) {
             return Err(Error::NotRegion);
         }
         Ok(ScratchRegion { start, len })
@@ -171,7 +113,7 @@ impl ScratchRegion {
 
 impl Drop for ScratchRegion {
     fn drop(&mut self) {
-        if unrecord(self.start.as_ptr() as usize, self.len) {
+        if regions::unrecord(Extent::Scratch, self.start.as_ptr() as usize, self.len) {
             // SAFETY: this handle owned the mapping (it was recorded, and only one handle
             // unrecords it); no reference into it outlives the handle.
             unsafe { mem::unmap(self.start, self.len) };

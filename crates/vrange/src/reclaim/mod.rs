@@ -9,7 +9,7 @@
 //! | vmpressure medium / critical (cgroup v1) | eventfd | the same / everything |
 //! | headroom | limit − usage polled every `VRANGE_POLL_MS` | enough to restore twice the threshold |
 //! | budget | the mark that crosses it wakes the thread; one that finds it a budget behind purges itself ([`catch_up`]) | the excess |
-//! | explicit | [`purge`] in the caller's thread | what was asked |
+//! | explicit | [`purge`](crate::purge) in the caller's thread | what was asked |
 //!
 //! Each tick also arms hybrid ranges volatile for longer than the arm delay, and every hybrid
 //! range while memory is tight (`crate::approach`: headroom under what a neighbour can fault in
@@ -29,7 +29,7 @@
 //!
 //! # Fork
 //! A fork child has no reclaimer (threads do not survive fork). It starts its own on its next
-//! mark of a managed range, new region or [`purge`]. The start lock is held across the fork
+//! mark of a managed range, new region or [`purge`](crate::purge). The start lock is held across the fork
 //! (`crate::fork`), and the child forgets the parent's thread, waker and sources
 //! ([`after_fork_child`]); `crate::fork` closes the child's copies of their descriptors
 //! (verified first), which would otherwise keep the parent's triggers alive.
@@ -140,7 +140,7 @@ fn start() {
 }
 
 /// Stops the reclaimer thread and waits for it. Volatile ranges stay volatile; the next managed
-/// mark, region or [`purge`] starts it again.
+/// mark, region or [`purge`](crate::purge) starts it again.
 pub fn stop() {
     let _stopping = START.lock();
     let handle = if STATE.load(Acquire) == RUNNING {
