@@ -25,7 +25,7 @@ use vrange_sys::settings::{
 
 /// How free memory is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub enum MallocMode {
     /// Free spans are managed volatile ranges; idle ones are handed to the kernel's lazy-free
     /// path after the arm delay (whole chunks only where huge pages back them).
     Hybrid,
@@ -37,14 +37,14 @@ pub enum Mode {
     Off,
 }
 
-impl Mode {
+impl MallocMode {
     /// The mode's name in `VRANGE_MALLOC_MODE`.
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Hybrid => "hybrid",
-            Mode::Managed => "managed",
-            Mode::Lazy => "lazy",
-            Mode::Off => "off",
+            MallocMode::Hybrid => "hybrid",
+            MallocMode::Managed => "managed",
+            MallocMode::Lazy => "lazy",
+            MallocMode::Off => "off",
         }
     }
 }
@@ -120,9 +120,14 @@ pub fn init() {
     }
     let name = "VRANGE_MALLOC_MODE";
     if let Some(v) = var(name) {
-        match [Mode::Hybrid, Mode::Managed, Mode::Lazy, Mode::Off]
-            .into_iter()
-            .find(|m| is_keyword(v, m.name()))
+        match [
+            MallocMode::Hybrid,
+            MallocMode::Managed,
+            MallocMode::Lazy,
+            MallocMode::Off,
+        ]
+        .into_iter()
+        .find(|m| is_keyword(v, m.name()))
         {
             Some(m) => set_mode(m),
             None => warn(name, v, "hybrid, managed, lazy, off", &mode().name()),
@@ -186,17 +191,17 @@ pub fn set_threshold(bytes: usize) {
 }
 
 /// The mode.
-pub fn mode() -> Mode {
+pub fn mode() -> MallocMode {
     match MODE.load(Relaxed) {
-        0 => Mode::Hybrid,
-        1 => Mode::Managed,
-        2 => Mode::Lazy,
-        _ => Mode::Off,
+        0 => MallocMode::Hybrid,
+        1 => MallocMode::Managed,
+        2 => MallocMode::Lazy,
+        _ => MallocMode::Off,
     }
 }
 
 /// Sets the mode for free spans created from now on.
-pub fn set_mode(mode: Mode) {
+pub fn set_mode(mode: MallocMode) {
     MODE.store(mode as u8, Relaxed);
 }
 

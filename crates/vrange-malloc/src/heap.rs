@@ -4,7 +4,7 @@
 
 use crate::chunk::{Chunk, CHUNK};
 use crate::chunkmap::{self, Owner};
-use crate::config::{self, Mode};
+use crate::config::{self, MallocMode};
 use crate::large::{self, Large};
 use crate::{arena, cache, stats};
 use std::ptr::NonNull;
@@ -78,7 +78,7 @@ extern "C" fn at_exit() {
 /// Whether a request of `size` bytes aligned to `align` is the allocator's to serve.
 #[inline]
 pub fn serves(size: usize, align: usize) -> bool {
-    size >= config::threshold() && align <= CHUNK && config::mode() != Mode::Off
+    size >= config::threshold() && align <= CHUNK && config::mode() != MallocMode::Off
 }
 
 /// Allocates `size` bytes aligned to `align` (a power of two), or `None` when the request is
@@ -163,7 +163,7 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
 /// Whether freed blocks go through the per-CPU cache: in the modes with a reclaimer to flush it.
 #[inline]
 fn caching() -> bool {
-    matches!(config::mode(), Mode::Hybrid | Mode::Managed)
+    matches!(config::mode(), MallocMode::Hybrid | MallocMode::Managed)
 }
 
 #[cold]

@@ -5,7 +5,7 @@
 
 use crate::chunk::CHUNK;
 use crate::chunkmap::{self, Owner};
-use crate::config::{self, Mode};
+use crate::config::{self, MallocMode};
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -191,13 +191,13 @@ pub unsafe fn free(meta: *mut Large) {
     let (base, len) = unsafe { ((*meta).base, (*meta).len) };
     let range =
         match config::mode() {
-            Mode::Lazy => {
+            MallocMode::Lazy => {
                 // SAFETY: the owner just gave the block up.
                 let _ = unsafe { mem::purge_lazy(base as *mut u8, len) };
                 0
             }
             mode => {
-                let policy = if mode == Mode::Hybrid {
+                let policy = if mode == MallocMode::Hybrid {
                     Policy::Hybrid
                 } else {
                     Policy::Managed

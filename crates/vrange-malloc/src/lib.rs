@@ -33,7 +33,7 @@ mod large;
 mod ranges;
 mod stats;
 
-pub use config::{Mode, Thp};
+pub use config::{MallocMode, Thp};
 pub use global::VrangeMalloc;
 pub use heap::Block;
 pub use stats::{print_summary, report};

@@ -4,12 +4,12 @@
 //! only a whole free chunk is handed to the kernel; smaller free spans stay managed.
 
 use crate::chunk::Ranges;
-use crate::config::Mode;
+use crate::config::MallocMode;
 use vrange::{Content, OwnedRange, Policy, Priority, Taken};
 
 /// Free spans as volatile ranges, for one chunk's operations.
 pub struct Volatile {
-    pub mode: Mode,
+    pub mode: MallocMode,
     /// The chunk may be backed by huge pages.
     pub huge: bool,
 }
@@ -34,7 +34,7 @@ impl Volatile {
 
 impl Ranges for Volatile {
     fn create(&mut self, start: usize, len: usize, content: Content, policy: Policy) -> u32 {
-        if self.mode == Mode::Lazy {
+        if self.mode == MallocMode::Lazy {
             // The kernel alone decides: free spans are not registered (see `freed`).
             return 0;
         }
@@ -96,7 +96,7 @@ impl Ranges for Volatile {
     }
 
     fn freed(&mut self, start: usize, len: usize) {
-        if self.mode == Mode::Lazy {
+        if self.mode == MallocMode::Lazy {
             // SAFETY: the block was just freed: its owner gave up the content.
             let _ = unsafe { vrange_sys::mem::purge_lazy(start as *mut u8, len) };
         }
@@ -104,9 +104,9 @@ impl Ranges for Volatile {
 
     fn policy(&self, _pages: usize, whole_chunk: bool) -> Policy {
         match self.mode {
-            Mode::Lazy => Policy::Lazy,
-            Mode::Hybrid if whole_chunk || !self.huge => Policy::Hybrid,
-            Mode::Hybrid | Mode::Managed | Mode::Off => Policy::Managed,
+            MallocMode::Lazy => Policy::Lazy,
+            MallocMode::Hybrid if whole_chunk || !self.huge => Policy::Hybrid,
+            MallocMode::Hybrid | MallocMode::Managed | MallocMode::Off => Policy::Managed,
         }
     }
 }
