@@ -317,7 +317,7 @@ fn lazyfree_quick_times_madv_free_by_folio_size() {
     if out.text.contains("skipped: mTHP") {
         vrange_testkit::skip_lacking(
             "mTHP (Linux 6.8)",
-            vrange_sys::probe::features().mthp_sizes.is_empty(),
+            vrange::features().mthp_sizes.is_empty(),
             "mTHP sizes not measured (see the output)",
         );
     }

@@ -77,7 +77,7 @@ fn closed_and_reused_descriptors_are_never_written_or_closed() {
     // its descriptors in a table of its own, which those calls cannot reach: nothing of
     // vrange's was lost. Where the kernel refuses it such a table they are in the program's,
     // and vrange must have noticed their loss and said so in the summary.
-    let own_table = vrange_sys::probe::features().own_table.is_ok();
+    let own_table = vrange::features().own_table.is_ok();
     assert_eq!(
         stderr.contains("descriptors closed under vrange by the program"),
         !own_table,

@@ -1,16 +1,14 @@
-//! Kernel feature probe: what this kernel and these privileges allow, tried once at first use.
+//! Kernel feature probes: what this kernel and these privileges allow. The core calls each once
+//! and keeps the answers (`vrange::features()`).
 //!
 //! Each probe performs the real operation on a scratch mapping (or opens the real file) rather
 //! than trusting version numbers, and each feature records what vrange does without it.
 
-use super::cgroup::{MemCgroup, Version};
-use super::pressure::has_cap_sys_resource;
+use super::cgroup::MemCgroup;
 use super::unavailable::Unavailable;
-use super::{mem, pagemap, procfs, vma};
+use super::{mem, procfs};
 use std::io::Read;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
 
 /// Transparent huge page policy from `/sys/kernel/mm/transparent_hugepage/enabled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,107 +23,55 @@ pub enum ThpMode {
     Unavailable,
 }
 
-/// What the running kernel offers vrange, probed once; see [`features`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Features {
-    /// Base page size in bytes.
-    pub page_size: usize,
-    /// MADV_FREE (4.5): the lazy purge path. Without it, marking records state but the kernel
-    /// cannot discard anything: content is always kept.
-    pub madv_free: bool,
-    /// MADV_PAGEOUT (5.4): deterministic purge for tests and `vrange demo`. Without it, tests
-    /// rely on cgroup pressure only.
-    pub madv_pageout: bool,
-    /// MADV_POPULATE_WRITE (5.14): prefaulting without writing. Without it, pages are touched.
-    pub madv_populate_write: bool,
-    /// THP policy; vrange requests huge pages for 2 MiB-aligned regions under `madvise`.
-    pub thp: ThpMode,
-    /// PMD size (the THP size), usually 2 MiB.
-    pub thp_pmd_size: usize,
-    /// Multi-size THP folio sizes the kernel offers (bytes), from `hugepages-*kB` directories.
-    pub mthp_sizes: Vec<usize>,
-    /// Whether MADV_DONTNEED over a whole 2 MiB block frees its page table (PT_RECLAIM),
-    /// measured through VmPTE; `None` when it could not be measured.
-    pub pt_reclaim: Option<bool>,
-    /// PROCMAP_QUERY (6.11): range checks by ioctl. Without it, `/proc/self/maps` is parsed.
-    pub procmap_query: bool,
-    /// PAGEMAP_SCAN (6.7): an unmark proves a whole 2 MiB huge page with one pin. Without it,
-    /// every page of a huge page is proven by its own pin.
-    pub pagemap_scan: bool,
-    /// userfaultfd(2) usable by this process for faults in user mode (UFFD_USER_MODE_ONLY).
-    pub userfaultfd: bool,
-    /// userfaultfd(2) for all faults, kernel-mode ones included (needs CAP_SYS_PTRACE or
-    /// `vm.unprivileged_userfaultfd=1`); otherwise why not, in words.
-    pub userfaultfd_kernel: Result<(), Unavailable>,
-    /// `/dev/userfaultfd` can be opened by this process; otherwise why not.
-    pub userfaultfd_dev: Result<(), Unavailable>,
-    /// MAP_DROPPABLE (6.11) mappings can be created.
-    pub map_droppable: bool,
-    /// process_madvise(2) on our own pidfd (5.10) works.
-    pub process_madvise: bool,
-    /// `/proc/pressure/memory` readable (PSI).
-    pub psi: bool,
-    /// A PSI trigger with a 2 s window could be armed on `/proc/pressure/memory`; otherwise why
-    /// not.
-    pub psi_trigger: Result<(), Unavailable>,
-    /// CAP_SYS_RESOURCE is effective: PSI windows from 500 ms rather than in 2 s steps.
-    pub cap_sys_resource: bool,
-    /// This process's memory cgroup, if any: version and directory.
-    pub cgroup: Option<(Version, PathBuf)>,
-    /// That cgroup's memory limit in bytes, if set.
-    pub cgroup_limit: Option<u64>,
-    /// These credentials may create a child memory cgroup of that cgroup (see
-    /// [`MemCgroup::may_create_child`]); otherwise why not.
-    pub cgroup_create: Result<(), Unavailable>,
-    /// A thread may have a descriptor table of its own ([`crate::own_table`]: close_range with
-    /// CLOSE_RANGE_UNSHARE, Linux 5.9, or unshare(CLONE_FILES)); otherwise why not.
-    pub own_table: Result<(), Unavailable>,
+/// MADV_PAGEOUT works (5.4).
+pub fn madv_pageout_works() -> bool {
+    try_advice(mem::reclaim_now)
 }
 
-/// The features of this kernel, probed on first call and cached for the process.
-pub fn features() -> &'static Features {
-    static FEATURES: OnceLock<Features> = OnceLock::new();
-    FEATURES.get_or_init(probe)
+/// MADV_POPULATE_WRITE works (5.14).
+pub fn populate_write_works() -> bool {
+    try_advice(mem::populate_write)
 }
 
-fn probe() -> Features {
-    let page = mem::page_size();
-    let cg = MemCgroup::current();
-    Features {
-        page_size: page,
-        madv_free: mem::lazy_free_supported(),
-        madv_pageout: try_advice(mem::reclaim_now),
-        madv_populate_write: try_advice(mem::populate_write),
-        thp: thp_mode(),
-        thp_pmd_size: read_number("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
-            .unwrap_or(mem::HUGE_PAGE as u64) as usize,
-        mthp_sizes: mthp_sizes(),
-        pt_reclaim: pt_reclaim(),
-        procmap_query: vma::has_procmap_query(),
-        pagemap_scan: pagemap::has_pagemap_scan(),
-        userfaultfd: userfaultfd(UFFD_USER_MODE_ONLY).is_ok(),
-        userfaultfd_kernel: userfaultfd(0).map_err(|e| match e.raw_os_error() {
-            Some(libc::EPERM) => Unavailable {
-                errno: Some(libc::EPERM),
-                reason: "needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1".into(),
-            },
-            _ => Unavailable::from_io(&e),
-        }),
-        userfaultfd_dev: userfaultfd_dev(),
-        map_droppable: map_droppable_works(),
-        process_madvise: process_madvise_works(),
-        psi: std::fs::read_to_string("/proc/pressure/memory").is_ok(),
-        psi_trigger: psi_trigger_works(),
-        cap_sys_resource: has_cap_sys_resource(),
-        cgroup_limit: cg.as_ref().and_then(|c| c.limit()),
-        cgroup_create: match &cg {
-            Some(c) => c.may_create_child(),
-            None => Err(Unavailable::because("this process has no memory cgroup")),
+/// The PMD size (the THP size), 2 MiB where the kernel does not say.
+pub fn thp_pmd_size() -> usize {
+    read_number("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+        .unwrap_or(mem::HUGE_PAGE as u64) as usize
+}
+
+/// userfaultfd(2) usable for faults in user mode (UFFD_USER_MODE_ONLY).
+pub fn userfaultfd_user_mode() -> bool {
+    userfaultfd(UFFD_USER_MODE_ONLY).is_ok()
+}
+
+/// userfaultfd(2) for all faults, kernel-mode ones included; otherwise why not.
+pub fn userfaultfd_kernel() -> Result<(), Unavailable> {
+    userfaultfd(0).map_err(|e| match e.raw_os_error() {
+        Some(libc::EPERM) => Unavailable {
+            errno: Some(libc::EPERM),
+            reason: "needs CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1".into(),
         },
-        cgroup: cg.map(|c| (c.version(), c.path().to_path_buf())),
-        own_table: crate::own_table::apart(|| ()).map_err(|e| Unavailable::from_io(&e)),
+        _ => Unavailable::from_io(&e),
+    })
+}
+
+/// `/proc/pressure/memory` is readable (PSI).
+pub fn psi_readable() -> bool {
+    std::fs::read_to_string("/proc/pressure/memory").is_ok()
+}
+
+/// Whether these credentials may create a child memory cgroup of `cg` (see
+/// [`MemCgroup::may_create_child`]); otherwise why not.
+pub fn cgroup_create(cg: Option<&MemCgroup>) -> Result<(), Unavailable> {
+    match cg {
+        Some(c) => c.may_create_child(),
+        None => Err(Unavailable::because("this process has no memory cgroup")),
     }
+}
+
+/// A thread may have a descriptor table of its own ([`crate::own_table`]); otherwise why not.
+pub fn own_table() -> Result<(), Unavailable> {
+    crate::own_table::apart(|| ()).map_err(|e| Unavailable::from_io(&e))
 }
 
 /// Maps a scratch page, writes it, applies `advise`, unmaps.
@@ -185,7 +131,7 @@ fn parse_thp_mode(text: &[u8]) -> ThpMode {
     }
 }
 
-fn mthp_sizes() -> Vec<usize> {
+pub fn mthp_sizes() -> Vec<usize> {
     let mut sizes: Vec<usize> = std::fs::read_dir("/sys/kernel/mm/transparent_hugepage")
         .into_iter()
         .flatten()
@@ -215,7 +161,7 @@ pub fn frees_page_tables() -> bool {
 
 /// Touches one page in each of 64 2 MiB blocks (64 page tables, 256 KiB of VmPTE on x86-64),
 /// drops them with MADV_DONTNEED and sees whether VmPTE falls back.
-fn pt_reclaim() -> Option<bool> {
+pub fn pt_reclaim() -> Option<bool> {
     const BLOCKS: usize = 64;
     let len = BLOCKS * mem::HUGE_PAGE;
     let ptr = mem::map_anon(len, mem::HUGE_PAGE).ok()?;
@@ -264,7 +210,7 @@ fn userfaultfd(flags: libc::c_long) -> std::io::Result<()> {
 
 /// Opens and closes `/dev/userfaultfd` (opening creates nothing; the USERFAULTFD_IOC_NEW
 /// ioctl would).
-fn userfaultfd_dev() -> Result<(), Unavailable> {
+pub fn userfaultfd_dev() -> Result<(), Unavailable> {
     match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -279,7 +225,7 @@ fn userfaultfd_dev() -> Result<(), Unavailable> {
     }
 }
 
-fn map_droppable_works() -> bool {
+pub fn map_droppable_works() -> bool {
     let page = mem::page_size();
     match mem::map_droppable(page, page) {
         Ok(p) => {
@@ -291,7 +237,7 @@ fn map_droppable_works() -> bool {
     }
 }
 
-fn process_madvise_works() -> bool {
+pub fn process_madvise_works() -> bool {
     // SAFETY: pidfd_open on our own pid returns a new descriptor or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
     if pidfd < 0 {
@@ -324,7 +270,7 @@ fn process_madvise_works() -> bool {
     ok
 }
 
-fn psi_trigger_works() -> Result<(), Unavailable> {
+pub fn psi_trigger_works() -> Result<(), Unavailable> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
@@ -350,10 +296,6 @@ mod tests {
         assert_eq!(parse_thp_mode(b"[always] madvise never\n"), ThpMode::Always);
         assert_eq!(parse_thp_mode(b"always madvise [never]\n"), ThpMode::Never);
         assert_eq!(parse_thp_mode(b""), ThpMode::Unavailable);
-        assert_eq!(
-            thp_mode(),
-            features().thp,
-            "the cached value is what features() reports"
-        );
+        assert_eq!(thp_mode(), thp_mode(), "cached");
     }
 }

@@ -37,10 +37,10 @@ pub fn current_v1(why: &str) -> Result<MemCgroup, String> {
 }
 
 /// Whether this machine has no cgroup v1 memory controller for this process (its memory cgroup,
-/// as the library's probe finds it, is v2): the answer [`crate::skip_lacking`] wants for tests
-/// of v1-only mechanisms (vmpressure).
+/// as the library finds it, is v2): the answer [`crate::skip_lacking`] wants for tests of
+/// v1-only mechanisms (vmpressure).
 pub fn v1_lacking() -> bool {
-    matches!(vrange_sys::probe::features().cgroup, Some((Version::V2, _)))
+    MemCgroup::current().is_some_and(|c| c.version() == Version::V2)
 }
 
 /// A fresh child of `parent`, named after `prefix` and unique in this process, with a hard
@@ -106,10 +106,10 @@ pub fn child_high(prefix: &str, high: u64, limit: u64) -> Option<ChildCgroup> {
     }
 }
 
-/// Whether this process's memory controller, as the library's probe finds it, is cgroup v1:
-/// the answer [`crate::skip_lacking`] wants for tests of v2-only limits (`memory.high`).
+/// Whether this process's memory controller, as the library finds it, is cgroup v1: the
+/// answer [`crate::skip_lacking`] wants for tests of v2-only limits (`memory.high`).
 pub fn v2_lacking() -> bool {
-    matches!(vrange_sys::probe::features().cgroup, Some((Version::V1, _)))
+    MemCgroup::current().is_some_and(|c| c.version() == Version::V1)
 }
 
 /// Removes a test's child cgroup (moving any process still in it to the parent first) and

@@ -25,7 +25,7 @@
 //! CI (`CI` set to anything but empty, `0` or `false`), where every test must run and a skip
 //! fails the test. Each skip is also appended to the file named by `VRANGE_SKIP_LOG`, if set,
 //! so that `.ci/run` can list them at the end. The one exception is [`skip_lacking`]: a test of
-//! a kernel feature that vrange's own probe (`vrange_sys::probe::features`) finds missing is
+//! a kernel feature that vrange's own probe (`vrange::features()`) finds missing is
 //! skipped under CI too, and listed as such (`kernel lacks ...`): CI runs older kernels (Linux
 //! 6.1 in a guest, `.ci/guest-tests`), and a feature the probe says is there must be tested.
 
@@ -64,7 +64,7 @@ pub fn skip(reason: impl Display) {
 }
 
 /// Skips a test of `feature` because the kernel lacks it, which `lacking` (the answer of
-/// `vrange_sys::probe::features`, the probe the library itself trusts) must confirm: then the
+/// `vrange::features()`, the probe the library itself trusts) must confirm: then the
 /// test is skipped and listed even under CI. If the probe says the kernel has the feature, this
 /// is an ordinary [`skip`] (a failure under CI): the test must not excuse itself from a kernel
 /// the library would use the feature on. The caller returns after it.

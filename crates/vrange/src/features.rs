@@ -1,5 +1,5 @@
-//! What the running kernel offers vrange, probed once (by the OS layer) and reported in the
-//! core's own types: `vrange features`, `vrange_features()` and the tests' skip policy read
+//! What the running kernel offers vrange: the OS layer's probes, each called once, reported in
+//! the core's own types: `vrange features`, `vrange_features()` and the tests' skip policy read
 //! the same answers.
 
 use std::fmt;
@@ -107,39 +107,43 @@ pub struct Features {
 /// The features of this kernel, probed on first call and cached for the process.
 pub fn features() -> &'static Features {
     static FEATURES: OnceLock<Features> = OnceLock::new();
-    FEATURES.get_or_init(|| from_probe(sys::features()))
+    FEATURES.get_or_init(probe)
 }
 
-fn from_probe(f: &sys::Features) -> Features {
+/// Each of the OS layer's probes, once (several try the real operation on a scratch mapping).
+fn probe() -> Features {
+    use vrange_sys::cgroup::{MemCgroup, Version};
+    use vrange_sys::{mem, pagemap, vma};
+    let cg = MemCgroup::current();
     Features {
-        page_size: f.page_size,
-        madv_free: f.madv_free,
-        madv_pageout: f.madv_pageout,
-        madv_populate_write: f.madv_populate_write,
-        thp: thp(f.thp),
-        thp_pmd_size: f.thp_pmd_size,
-        mthp_sizes: f.mthp_sizes.clone(),
-        pt_reclaim: f.pt_reclaim,
-        procmap_query: f.procmap_query,
-        pagemap_scan: f.pagemap_scan,
-        userfaultfd: f.userfaultfd,
-        userfaultfd_kernel: f.userfaultfd_kernel.clone().map_err(unavailable),
-        userfaultfd_dev: f.userfaultfd_dev.clone().map_err(unavailable),
-        map_droppable: f.map_droppable,
-        process_madvise: f.process_madvise,
-        psi: f.psi,
-        psi_trigger: f.psi_trigger.clone().map_err(unavailable),
-        cap_sys_resource: f.cap_sys_resource,
-        cgroup: f.cgroup.as_ref().map(|(v, p)| {
-            let v = match v {
-                vrange_sys::cgroup::Version::V1 => CgroupVersion::V1,
-                vrange_sys::cgroup::Version::V2 => CgroupVersion::V2,
+        page_size: mem::page_size(),
+        madv_free: mem::lazy_free_supported(),
+        madv_pageout: sys::madv_pageout_works(),
+        madv_populate_write: sys::populate_write_works(),
+        thp: thp(sys::thp_mode()),
+        thp_pmd_size: sys::thp_pmd_size(),
+        mthp_sizes: sys::mthp_sizes(),
+        pt_reclaim: sys::pt_reclaim(),
+        procmap_query: vma::has_procmap_query(),
+        pagemap_scan: pagemap::has_pagemap_scan(),
+        userfaultfd: sys::userfaultfd_user_mode(),
+        userfaultfd_kernel: sys::userfaultfd_kernel().map_err(unavailable),
+        userfaultfd_dev: sys::userfaultfd_dev().map_err(unavailable),
+        map_droppable: sys::map_droppable_works(),
+        process_madvise: sys::process_madvise_works(),
+        psi: sys::psi_readable(),
+        psi_trigger: sys::psi_trigger_works().map_err(unavailable),
+        cap_sys_resource: vrange_sys::pressure::has_cap_sys_resource(),
+        cgroup_limit: cg.as_ref().and_then(MemCgroup::limit),
+        cgroup_create: sys::cgroup_create(cg.as_ref()).map_err(unavailable),
+        cgroup: cg.map(|c| {
+            let v = match c.version() {
+                Version::V1 => CgroupVersion::V1,
+                Version::V2 => CgroupVersion::V2,
             };
-            (v, p.clone())
+            (v, c.path().to_path_buf())
         }),
-        cgroup_limit: f.cgroup_limit,
-        cgroup_create: f.cgroup_create.clone().map_err(unavailable),
-        own_table: f.own_table.clone().map_err(unavailable),
+        own_table: sys::own_table().map_err(unavailable),
     }
 }
 

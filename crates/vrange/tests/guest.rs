@@ -53,7 +53,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 #[test]
 fn the_reclaimer_keeps_its_sources_when_the_program_closes_everything() {
     let _serial = serial();
-    if let Err(why) = &vrange_sys::probe::features().own_table {
+    if let Err(why) = &vrange::features().own_table {
         return vrange_testkit::skip_lacking(
             "per-thread descriptor tables (close_range, Linux 5.9)",
             true,
@@ -138,7 +138,7 @@ fn the_range_check_survives_its_maps_descriptor_being_replaced() {
     if !vrange_sys::vma::has_procmap_query() {
         return vrange_testkit::skip_lacking(
             "PROCMAP_QUERY (Linux 6.11)",
-            !vrange_sys::probe::features().procmap_query,
+            !vrange::features().procmap_query,
             "the range check keeps no descriptor",
         );
     }

@@ -32,7 +32,7 @@ fn huge_region(blocks: usize, seed: u64) -> Option<Region> {
     if !pagemap::has_pagemap_scan() {
         vrange_testkit::skip_lacking(
             "PAGEMAP_SCAN (Linux 6.7)",
-            !vrange_sys::probe::features().pagemap_scan,
+            !vrange::features().pagemap_scan,
             "huge pages cannot be proved intact by their runs",
         );
         return None;

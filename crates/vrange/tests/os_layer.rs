@@ -24,7 +24,7 @@ fn a_written_huge_page_is_one_run_and_a_split_one_is_none() {
     if !scanned {
         skip_lacking(
             "PAGEMAP_SCAN (Linux 6.7)",
-            !vrange_sys::probe::features().pagemap_scan,
+            !vrange::features().pagemap_scan,
             "huge_runs answers that it cannot tell",
         );
     } else if seen.is_empty() {

@@ -44,7 +44,7 @@ fn a_scratch_region_is_found_by_address_refused_by_the_classic_call_and_freed() 
         Err(Error::Os(libc::ENOTSUP)) => {
             return skip_lacking(
                 "MAP_DROPPABLE (Linux 6.11)",
-                !vrange_sys::probe::features().map_droppable,
+                !vrange::features().map_droppable,
                 "scratch regions are refused",
             )
         }
@@ -72,8 +72,7 @@ fn a_refill_region_is_found_by_address_refused_by_the_classic_call_and_freed() {
         Err(Error::Os(libc::ENOTSUP)) => {
             return skip_lacking(
                 "userfaultfd",
-                !vrange_sys::probe::features().userfaultfd
-                    && vrange_sys::probe::features().userfaultfd_dev.is_err(),
+                !vrange::features().userfaultfd && vrange::features().userfaultfd_dev.is_err(),
                 "refill regions are refused",
             )
         }

@@ -25,7 +25,7 @@ fn scratch(len: usize) -> Option<ScratchRegion> {
         Err(Error::Os(libc::ENOTSUP)) => {
             skip_lacking(
                 "MAP_DROPPABLE (Linux 6.11)",
-                !vrange_sys::probe::features().map_droppable,
+                !vrange::features().map_droppable,
                 "scratch regions are refused",
             );
             None
