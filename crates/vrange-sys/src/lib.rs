@@ -6,10 +6,14 @@
 //!
 //! # Contract
 //! - Addresses passed to the memory functions are page-aligned and lengths are multiples of the
-//!   page size; callers check this first (`crate::range`). Violations are reported, not fixed.
-//! - One error type: every fallible function returns `io::Result` (an errno, never allocated
-//!   on the async-signal-safe paths); the core turns it into `vrange::Error` at one edge, where
-//!   the context is known. Outcomes that are not failures are values (`vma::Coverage`).
+//!   page size; callers check this first (the core's `span`). Violations are reported, not
+//!   fixed.
+//! - Errors: every fallible system call returns `io::Result` (an errno, never allocated on the
+//!   async-signal-safe paths); the core turns it into `vrange::Error` at one edge, where the
+//!   context is known. A probe that finds a feature missing says why with
+//!   [`unavailable::Unavailable`] (the errno, if any, and a reason); settings and poll sets have
+//!   typed errors of their own (`settings::ParseSizeError`, `pressure::AddError`). Outcomes that
+//!   are not failures are values (`vma::Coverage`).
 //! - What content survives each call, named by guarantee rather than by flag:
 //!
 //! | function            | advice                | content afterwards                          |
@@ -23,8 +27,8 @@
 //! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
 //!   [`mem::page_size`] after first use, [`vma::check_private_anon`], [`pagemap::huge_runs`],
 //!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::unregister`].
-//! - Kernel features are probed once, at first use, and the result and any fallback is recorded
-//!   in [`probe::features`].
+//! - Kernel features are probed by [`probe`]; the core calls each probe once and reports the
+//!   answers and fallbacks (`vrange::features()`).
 //!
 //! # Safety
 //! This is one of the modules allowed `unsafe`: each block names the check it relies on.

@@ -93,7 +93,7 @@ fn read_number(path: &str) -> Option<u64> {
 }
 
 /// The THP policy, read once and cached. Allocates nothing (a stack buffer), so region
-/// creation can ask without triggering the full [`features`] probe.
+/// creation can ask without the core's full feature report.
 pub fn thp_mode() -> ThpMode {
     static MODE: AtomicU8 = AtomicU8::new(u8::MAX);
     const MODES: [ThpMode; 4] = [

@@ -22,9 +22,10 @@
 //! ```
 //!
 //! # Safety
-//! `unsafe` is confined to `sys` (the kernel boundary), `witness` (the atomic proof), `shadow`
-//! (the page-state table) and the range operations that dereference caller memory; each block
-//! names the check it relies on.
+//! System calls are vrange-sys's (the kernel boundary). In the core, `unsafe` is the atomic
+//! proof (`witness`), the lock-free tables (`page_index`, `registry`), the range
+//! operations that touch caller memory, and the entry points whose callers promise they own
+//! it; each block says what it relies on (`// SAFETY:`, enforced by clippy).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -175,7 +175,7 @@ unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
         let fd = slot.fd.swap(std::ptr::null_mut(), Relaxed);
         if !fd.is_null() {
             // SAFETY: the slot owned this box (from `Mapping::into_parts`) and gives it up; the
-            // descriptor is closed only if it is still the region's (see `sys::fd`).
+            // descriptor is closed only if it is still the region's (see `vrange_sys::fd`).
             drop(unsafe { Box::from_raw(fd) });
         }
     }

@@ -110,7 +110,7 @@ fn read_limit(file: &GuestFd, version: Version) -> io::Result<u64> {
 
 /// Reads a small control file from offset 0 into a stack buffer: the number it holds, or
 /// `None` if it holds a word ("max"). Reading at offset 0 regenerates a cgroup file's content.
-/// The descriptor must still be vrange's (see `sys::fd`): EBADF otherwise, nothing read.
+/// The descriptor must still be vrange's (see `vrange_sys::fd`): EBADF otherwise, nothing read.
 fn read_number(file: &GuestFd) -> io::Result<Option<u64>> {
     let fd = file
         .get()

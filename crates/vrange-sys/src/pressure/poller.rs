@@ -29,7 +29,7 @@ impl std::error::Error for AddError {}
 /// allocates. Several sources may share a signal (two cgroup triggers, say).
 ///
 /// It holds the sources' identities, not the sources: a source that fires is verified (see
-/// `sys::fd`) before it is drained, and one that no longer is what was added (dropped, or
+/// `vrange_sys::fd`) before it is drained, and one that no longer is what was added (dropped, or
 /// closed by the program and its number reused) is reported broken, never read. Remove a
 /// source before dropping it all the same.
 pub struct Poller {
@@ -131,7 +131,7 @@ impl Poller {
         self.len -= 1;
     }
 
-    /// Verifies every source (see `sys::fd`): those that are no longer what was added are
+    /// Verifies every source (see `vrange_sys::fd`): those that are no longer what was added are
     /// removed and returned, as [`Ready::broken`] would report them. One fstat(2) per source.
     pub fn check(&mut self) -> Signals {
         let mut broken = Signals::empty();

@@ -21,7 +21,7 @@ impl Waker {
     }
 
     /// Wakes the waiter (now, or at its next wait). Async-signal-safe: a verification of the
-    /// eventfd (see `sys::fd`) and one write(2), no allocation, no lock. Returns false if the
+    /// eventfd (see `vrange_sys::fd`) and one write(2), no allocation, no lock. Returns false if the
     /// eventfd is no longer vrange's (the program closed it): nothing was written, and the
     /// waiter sees the loss at its next wait. The only write error, EAGAIN, means the counter
     /// is saturated, so a wake-up is pending anyway.

@@ -22,10 +22,10 @@
 //! or reuses can meet one. It opens its sources (and the eventfd its bell rings) only once the
 //! process has had volatile memory to purge for a whole tick; until then it sleeps on a futex
 //! (a short-lived process, or one that frees memory only briefly, never has the thread open a
-//! source). Where an own table is refused, every source is a `sys::fd::GuestFd` in the
+//! source). Where an own table is refused, every source is a `vrange_sys::fd::GuestFd` in the
 //! program's table: above the descriptor floor, close-on-exec, verified before each use; a
 //! program that closes them (`closefrom`, `close_range`) is noticed at the next wake-up or
-//! within a second, the sources are reopened and the loss is counted in `sys::fd::counts`.
+//! within a second, the sources are reopened and the loss is counted in `vrange_sys::fd::counts`.
 //!
 //! # Fork
 //! A fork child has no reclaimer (threads do not survive fork). It starts its own on its next

@@ -30,7 +30,7 @@
 //! - Shared regions: their descriptors are passed to the coordinator once each (at most
 //!   16), so that it can purge them while this process is stopped; every inventory lists the
 //!   inodes still mapped, and the coordinator closes the others.
-//! - The descriptor is a guest's (`sys::fd::GuestFd`: above the floor, close-on-exec, verified
+//! - The descriptor is a guest's (`vrange_sys::fd::GuestFd`: above the floor, close-on-exec, verified
 //!   before every use, closed in a fork child) and exists only while connected.
 
 use super::victims;
