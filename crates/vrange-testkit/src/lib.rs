@@ -35,6 +35,7 @@ pub mod cgroup;
 pub mod confine;
 pub mod fork;
 pub mod hog;
+pub mod lru;
 pub mod pattern;
 pub mod proc;
 pub mod procfs;

@@ -548,6 +548,9 @@ fn attempt(s: &Setup, child: ChildCgroup) -> Result<Outcome, String> {
         ));
     }
     let usage_ready = cg.usage().expect("read the cgroup's usage");
+    // The reclaimer armed from its own CPU, whose batch may still hold folios (2 MiB ones
+    // too) that are not lazy-free yet.
+    vrange_testkit::lru::drain_batches();
     let lazy_free_kb = procfs::smaps_rollup(Some(holder.pid()))
         .expect("the holder's smaps_rollup")
         .lazy_free_kb;
