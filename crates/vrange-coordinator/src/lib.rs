@@ -25,7 +25,7 @@ mod procself;
 mod scope;
 mod server;
 
-pub use metrics::MetricsAddr;
+pub use metrics::{BadMetricsAddr, MetricsAddr};
 pub use scope::Scope;
 
 use std::io;

@@ -41,23 +41,47 @@ impl std::fmt::Display for MetricsAddr {
     }
 }
 
-impl std::str::FromStr for MetricsAddr {
-    type Err = String;
+/// Why a metrics address was refused (the text says which rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadMetricsAddr {
+    /// `unix:` with a relative path.
+    RelativePath(String),
+    /// Neither `ADDRESS:PORT` nor `unix:/PATH`.
+    Unparsable(String),
+    /// A TCP address that is not loopback.
+    NotLoopback(String),
+}
 
-    fn from_str(s: &str) -> Result<MetricsAddr, String> {
+impl std::fmt::Display for BadMetricsAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadMetricsAddr::RelativePath(s) => write!(f, "{s}: the socket path must be absolute"),
+            BadMetricsAddr::Unparsable(s) => write!(f, "{s}: not ADDRESS:PORT or unix:/PATH"),
+            BadMetricsAddr::NotLoopback(s) => write!(
+                f,
+                "{s}: metrics are served on loopback only (or a UNIX socket)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BadMetricsAddr {}
+
+impl std::str::FromStr for MetricsAddr {
+    type Err = BadMetricsAddr;
+
+    fn from_str(s: &str) -> Result<MetricsAddr, BadMetricsAddr> {
         if let Some(path) = s.strip_prefix("unix:") {
             if !path.starts_with('/') {
-                return Err(format!("{s}: the socket path must be absolute"));
+                return Err(BadMetricsAddr::RelativePath(s.to_string()));
             }
             return Ok(MetricsAddr::Unix(PathBuf::from(path)));
         }
         let addr: SocketAddr = s
             .parse()
-            .map_err(|_| format!("{s}: not ADDRESS:PORT or unix:/PATH"))?;
+            .map_err(|_| BadMetricsAddr::Unparsable(s.to_string()))?;
         if !addr.ip().is_loopback() {
-            return Err(format!(
-                "{s}: metrics are served on loopback only (or a UNIX socket)"
-            ));
+            return Err(BadMetricsAddr::NotLoopback(s.to_string()));
         }
         Ok(MetricsAddr::Tcp(addr))
     }
