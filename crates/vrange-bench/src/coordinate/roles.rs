@@ -219,7 +219,7 @@ pub(super) fn sleep_until(t: u64) {
 
 /// `coordinate-participant INDEX CHUNKS RATE EPOCH_NS FILL_NS END_NS MODE PREFILL`.
 pub fn participant_role(args: &[String]) -> i32 {
-    let usage = "usage: vrange bench-role coordinate-participant INDEX CHUNKS RATE EPOCH_NS \
+    let usage = "usage: vrange-bench role coordinate-participant INDEX CHUNKS RATE EPOCH_NS \
                  FILL_NS END_NS volatile|plain PREFILL";
     let [index, chunks, rate, epoch, fill_at, end, mode, prefill] = args else {
         eprintln!("{usage}");
@@ -343,7 +343,7 @@ pub fn neighbour_role(args: &[String]) -> i32 {
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let &[peak, epoch, warmup_ms, period_ms, end] = nums.as_slice() else {
         eprintln!(
-            "usage: vrange bench-role coordinate-neighbour PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS"
+            "usage: vrange-bench role coordinate-neighbour PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS"
         );
         return 2;
     };

@@ -1,5 +1,5 @@
 /*
- * churn: the ebizzy 0.3 workload, for comparing allocators by LD_PRELOAD (`vrange bench
+ * churn: the ebizzy 0.3 workload, for comparing allocators by LD_PRELOAD (`vrange-bench
  * ebizzy` compiles and runs it).
  *
  * Allocates CHUNKS chunks of CHUNK_SIZE bytes, each filled with 8-byte records in increasing

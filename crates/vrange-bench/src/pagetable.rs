@@ -2,7 +2,7 @@
 //! (Qi Zheng's experiment from the PTE-freeing series: mmap 50 GiB, then for each 2 MiB touch
 //! it and MADV_DONTNEED it; VmPTE 102,640 kB before the series, 248 kB after).
 //!
-//! Each method runs in a process of its own (this executable, `vrange bench-role pagetable
+//! Each method runs in a process of its own (this executable, `vrange-bench role pagetable
 //! METHOD BLOCKS`) inside a child memory cgroup limited to 1 GiB, with 4 KiB pages (THP off:
 //! a huge page has no PTE table to leave behind). VmPTE is read from /proc/self/status every
 //! 512 blocks (the maximum) and at the end.
@@ -49,7 +49,7 @@ pub fn role(args: &[String]) -> i32 {
         args.first(),
         args.get(1).and_then(|n| n.parse::<usize>().ok()),
     ) else {
-        eprintln!("usage: vrange bench-role pagetable METHOD BLOCKS");
+        eprintln!("usage: vrange-bench role pagetable METHOD BLOCKS");
         return 2;
     };
     let page = mem::page_size();
@@ -155,7 +155,7 @@ fn run_method(method: &str, blocks: usize, limit: u64) -> Result<Result<Outcome,
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = proc::clean_command(&exe);
-    cmd.args(["bench-role", "pagetable", method, &blocks.to_string()])
+    cmd.args(["role", "pagetable", method, &blocks.to_string()])
         .env("VRANGE_MALLOC_THP", "never")
         .env("VRANGE_MALLOC_BUDGET", "64M")
         .env("VRANGE_STATS_DIR", "off");

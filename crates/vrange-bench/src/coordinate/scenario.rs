@@ -295,7 +295,7 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
     };
     let spawn = |role: &str, args: &[String]| -> Result<Proc, String> {
         let mut cmd = proc::clean_command(&exe);
-        cmd.args(["bench-role", role])
+        cmd.args(["role", role])
             .args(args)
             .env("VRANGE_STATS_DIR", "off")
             .env("VRANGE_COORDINATOR", &setting);

@@ -9,7 +9,7 @@ use super::*;
 /// `hit threads=T ns= min= max=` for each thread count.
 pub(super) fn hot_role(args: &[String]) -> i32 {
     let [peer, size, ops, runs] = args else {
-        eprintln!("usage: vrange bench-role cache hot PEER SIZE OPS RUNS");
+        eprintln!("usage: vrange-bench role cache hot PEER SIZE OPS RUNS");
         return 2;
     };
     let (Ok(size), Ok(ops), Ok(runs)) = (size.parse(), ops.parse(), runs.parse()) else {
@@ -209,7 +209,7 @@ struct HotResult {
 fn hot_one(peer: &str, size: usize, ops: usize, runs: usize) -> Result<HotResult, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = proc::clean_command(&exe);
-    cmd.args(["bench-role", "cache", "hot", peer])
+    cmd.args(["role", "cache", "hot", peer])
         .args([size.to_string(), ops.to_string(), runs.to_string()])
         .env("VRANGE_STATS_DIR", "off");
     // Nothing evicts from the peers; pressure elsewhere on the machine (system-wide PSI, the

@@ -1,11 +1,11 @@
-//! `vrange bench`: the classic experiments, with the peers measured in the same run.
+//! `vrange-bench`: the classic experiments, with the peers measured in the same run.
 //!
-//! One file per suite (`cache` is a directory: `hot`, `scenario`) (`ebizzy`, `pressure`,
-//! `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`, `stress`,
-//! `markcost`);
-//! the shared pieces are the machine description (`machine`), CSV and number formats
-//! (`report`), the SVG plots (`plot`), the allocators compared and how they are preloaded
-//! (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
+//! `vrange-bench SUITE [--quick] [--out DIR] ...` (`cargo run --release -p vrange-bench --
+//! SUITE`): one file per suite (`cache` and `coordinate` are directories) (`ebizzy`,
+//! `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`,
+//! `stress`, `markcost`); the shared pieces are the machine description (`machine`), CSV and
+//! number formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
+//! preloaded (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
 //! suite prints the machine first, then aligned tables with the published numbers beside ours
 //! where they exist, and writes the same report in Markdown (`SUITE.md`), CSV files and an SVG
 //! plot into `--out`. A suite that cannot run here (no root, no memory cgroup) prints
@@ -14,7 +14,23 @@
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
 //! `ebizzy --pressure`, the cache suite's service and its neighbour, the coordinate suite's
 //! participants and neighbour, the stress suite's load and burst holder) are this executable
-//! again, with the hidden `bench-role` subcommand.
+//! again, with the hidden `role` subcommand.
+//!
+//! Not published and never installed: the `vrange` command ships none of this (no peers, no
+//! workloads, no hidden subcommand). It prints through the command's `print.rs` and shares its
+//! `table.rs` and `clock.rs` (compiled in from `crates/vrange-cli/src`, one copy of each).
+
+// First: its printing macros replace std's in every module below (textual scope).
+#[macro_use]
+#[path = "../../vrange-cli/src/print.rs"]
+mod print;
+
+// Shared with the `vrange` command (each item says which of the two uses it, where only one
+// does).
+#[path = "../../vrange-cli/src/clock.rs"]
+mod clock;
+#[path = "../../vrange-cli/src/table.rs"]
+mod table;
 
 mod alloc;
 mod cache;
@@ -33,12 +49,13 @@ mod report;
 mod stress;
 mod tradeoff;
 
+use clap::{Parser, Subcommand};
 use report::Table;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// A suite, as `vrange bench SUITE` names it.
+/// A suite, as `vrange-bench SUITE` names it.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Suite {
     /// ebizzy 0.3's malloc/memcpy/free loop, every allocator, by thread count.
@@ -108,20 +125,48 @@ impl Suite {
     }
 }
 
-/// `vrange bench` options; each suite uses those that concern it and ignores the rest.
+/// The command line: a suite and its options, or (hidden) a role.
+#[derive(Parser)]
+#[command(
+    name = "vrange-bench",
+    version,
+    about = "vrange's benchmark suites: the classic volatile-range experiments beside their \
+             published numbers, peers measured in the same run",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    #[command(flatten)]
+    args: Args,
+    #[command(subcommand)]
+    internal: Option<Internal>,
+}
+
+#[derive(Subcommand)]
+enum Internal {
+    /// A process a suite starts in a cgroup of its own: `role ROLE ARGS` (internal).
+    #[command(hide = true)]
+    Role {
+        role: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// The options; each suite uses those that concern it and ignores the rest.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// The suite to run.
-    #[arg(value_enum)]
-    pub suite: Suite,
+    #[arg(value_enum, required = true)]
+    pub suite: Option<Suite>,
     /// Short runs (a smoke test; the numbers are not a measurement).
     #[arg(long)]
     pub quick: bool,
     /// Where the reports (Markdown), CSV files and plots go.
     #[arg(long, default_value = "vrange-bench")]
     pub out: PathBuf,
-    /// libvrange_malloc.so to preload (default: where `vrange run` finds it, beside this
-    /// executable).
+    /// libvrange_malloc.so to preload (default: beside this executable, where cargo puts both).
     #[arg(long)]
     pub lib: Option<PathBuf>,
     /// ebizzy, pairs, tradeoff: thread counts, comma-separated (default: ebizzy 1, 2, 4, ... and
@@ -152,10 +197,11 @@ pub struct Args {
     pub blocks: Option<usize>,
 }
 
-/// `--chunk-size`: a size (see [`crate::size_arg`]), positive and a multiple of 8 (the
-/// workload copies 8-byte records).
+/// `--chunk-size`: a size in vrange's one grammar (`512K`, `1MiB`: powers of 1024, as
+/// `vrange_sys::settings::parse_size` reads them), positive and a multiple of 8 (the workload
+/// copies 8-byte records).
 fn chunk_size_arg(s: &str) -> Result<usize, String> {
-    let n = crate::size_arg(s).map_err(|e| e.to_string())?;
+    let n = vrange_sys::settings::parse_size(s.as_bytes()).map_err(|e| e.to_string())?;
     match usize::try_from(n) {
         Ok(n) if n > 0 && n % 8 == 0 => Ok(n),
         _ => Err("not a positive multiple of 8 bytes".into()),
@@ -178,22 +224,28 @@ impl Ctx {
         self.args.quick
     }
 
-    /// libvrange_malloc.so: `--lib`, else where `vrange run` finds it (beside this
-    /// executable). The command never builds it: it may run far from any source tree.
+    /// libvrange_malloc.so: `--lib`, else beside this executable (`cargo build --release -p
+    /// vrange-malloc-preload` puts it beside target/release/vrange-bench). The suites never
+    /// build it: they measure the shim that is there.
     pub fn lib(&self) -> Result<PathBuf, String> {
         static LIB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
         LIB.get_or_init(|| match &self.args.lib {
             Some(p) if p.exists() => Ok(p.clone()),
             Some(p) => Err(format!("--lib {}: no such file", p.display())),
-            None => crate::run::default_lib().ok_or_else(|| {
-                let exe = std::env::current_exe().unwrap_or_else(|_| "vrange".into());
-                format!(
-                    "libvrange_malloc.so not found beside {} or in ../lib; build it with `cargo build \
-                     --release -p vrange-malloc-preload` (cargo puts it beside \
-                     target/release/vrange), or pass --lib",
-                    exe.display()
-                )
-            }),
+            None => {
+                let exe = std::env::current_exe().unwrap_or_else(|_| "vrange-bench".into());
+                let so = exe.with_file_name("libvrange_malloc.so");
+                if so.exists() {
+                    Ok(so)
+                } else {
+                    Err(format!(
+                        "libvrange_malloc.so not found beside {}; build it with `cargo build \
+                         --release -p vrange-malloc-preload` (cargo puts it beside \
+                         target/release/vrange-bench), or pass --lib",
+                        exe.display()
+                    ))
+                }
+            }
         })
         .clone()
     }
@@ -231,13 +283,24 @@ impl Ctx {
     }
 }
 
-pub fn main(args: Args) -> i32 {
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.internal {
+        Some(Internal::Role { role: name, args }) => role(&name, &args),
+        None => run(cli.args),
+    };
+    std::process::exit(code);
+}
+
+/// Runs the suite of `args` (every suite for `all`); the exit status.
+fn run(args: Args) -> i32 {
     let suites: Vec<Suite> = match args.suite {
-        Suite::All => Suite::ALL.to_vec(),
-        one => vec![one],
+        Some(Suite::All) => Suite::ALL.to_vec(),
+        Some(one) => vec![one],
+        None => unreachable!("clap requires a suite without a subcommand"),
     };
     if let Err(e) = std::fs::create_dir_all(&args.out) {
-        eprintln!("vrange bench: cannot create {}: {e}", args.out.display());
+        eprintln!("vrange-bench: cannot create {}: {e}", args.out.display());
         return 1;
     }
     let out = std::fs::canonicalize(&args.out).unwrap_or_else(|_| args.out.clone());
@@ -281,11 +344,11 @@ pub fn main(args: Args) -> i32 {
         };
         if let Err(e) = &result {
             ctx.say(format!("{name}: FAILED: {e}"));
-            eprintln!("vrange bench {name}: {e}");
+            eprintln!("vrange-bench {name}: {e}");
             failed.push(format!("{name}: {e}"));
         }
         if let Err(e) = report::write_file(&ctx.out, &format!("{name}.md"), &ctx.doc.take()) {
-            eprintln!("vrange bench {name}: {e}");
+            eprintln!("vrange-bench {name}: {e}");
             failed.push(format!("{name}: {e}"));
         }
         if result.is_ok() {
@@ -298,7 +361,7 @@ pub fn main(args: Args) -> i32 {
     // Repeated at the end, where a log's tail shows it: a suite's failure is otherwise
     // buried under the suites that ran after it.
     if !failed.is_empty() {
-        eprintln!("\nvrange bench: {} failed:", failed.len());
+        eprintln!("\nvrange-bench: {} failed:", failed.len());
         for f in &failed {
             eprintln!("  {f}");
         }
@@ -306,8 +369,8 @@ pub fn main(args: Args) -> i32 {
     i32::from(!failed.is_empty())
 }
 
-/// `vrange bench-role ROLE ARGS`: the processes the suites start in cgroups of their own.
-pub fn role(role: &str, args: &[String]) -> i32 {
+/// `vrange-bench role ROLE ARGS`: the processes the suites start in cgroups of their own.
+fn role(role: &str, args: &[String]) -> i32 {
     match role {
         "pagetable" => pagetable::role(args),
         "refill" => refill::role(args),
@@ -317,7 +380,7 @@ pub fn role(role: &str, args: &[String]) -> i32 {
         "hog" => ebizzy::hog_role(args),
         "stress" => stress::role(args),
         _ => {
-            eprintln!("vrange bench-role: unknown role {role:?}");
+            eprintln!("vrange-bench role: unknown role {role:?}");
             2
         }
     }

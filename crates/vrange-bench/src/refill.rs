@@ -4,7 +4,7 @@
 //!
 //! The file is synthetic, deterministic log-like text, compressed in independent blocks (the
 //! `zstd` crate, level 3) into `refill.zst` under `--out`, with the uncompressed copy beside
-//! it. Each method runs in a process of its own (`vrange bench-role refill METHOD ...`) in a
+//! it. Each method runs in a process of its own (`vrange-bench role refill METHOD ...`) in a
 //! fresh child memory cgroup:
 //! - `ordinary`: decompress everything into ordinary memory first (the naive answer: it cannot
 //!   fit, and is OOM-killed);
@@ -227,7 +227,7 @@ pub fn role(args: &[String]) -> i32 {
         return fault_role(kind);
     }
     let [method, size, random, zst, idx, raw] = args else {
-        eprintln!("usage: vrange bench-role refill METHOD SIZE RANDOM ZST IDX RAW");
+        eprintln!("usage: vrange-bench role refill METHOD SIZE RANDOM ZST IDX RAW");
         return 2;
     };
     let (Ok(size), Ok(random)) = (size.parse::<usize>(), random.parse::<usize>()) else {
@@ -357,7 +357,7 @@ fn run_method(ctx: &Ctx, method: &str, args: &[String], limit: u64) -> Result<Ou
     let cgroup = proc::child_cgroup("vrange-bench-refill", limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = proc::clean_command(&exe);
-    cmd.args(["bench-role", "refill", method])
+    cmd.args(["role", "refill", method])
         .args(args)
         .env("VRANGE_STATS_DIR", "off");
     proc::join_cgroup_before_exec(&mut cmd, &cgroup.cgroup().file("cgroup.procs"))?;
@@ -518,7 +518,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         progress(format!("refill: {kind}"));
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut cmd = proc::clean_command(&exe);
-        cmd.args(["bench-role", "refill", kind])
+        cmd.args(["role", "refill", kind])
             .env("VRANGE_STATS_DIR", "off");
         let mut p = Proc::spawn(cmd)?;
         let line = p.line("done", Instant::now() + Duration::from_secs(120));

@@ -21,7 +21,7 @@ use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
 
-const SOURCE: &str = include_str!("peak_and_next.c");
+const SOURCE: &str = include_str!("../c/peak_and_next.c");
 /// Longer than vrange-malloc's arm delay (1 s), the same for every allocator.
 const IDLE: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -1,5 +1,5 @@
 /*
- * tradeoff: the two processes of `vrange bench tradeoff`, which compiles this file and runs it
+ * tradeoff: the two processes of `vrange-bench tradeoff`, which compiles this file and runs it
  * under each allocator (the churner) in a memory cgroup of its own.
  *
  *   tradeoff churn -t THREADS -S SECONDS -w STEADY_MIB -p PEAK_MIB

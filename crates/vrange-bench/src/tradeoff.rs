@@ -58,7 +58,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub(super) const SOURCE: &str = include_str!("tradeoff.c");
+pub(super) const SOURCE: &str = include_str!("../c/tradeoff.c");
 const STEADY_MIB: u64 = 64;
 /// Room for the allocators' own overheads at the peak (page rounding, huge pages: mimalloc's
 /// large OS pages peak at 638 MiB for 512 MiB of blocks here).

@@ -1,4 +1,4 @@
-//! `vrange bench SUITE --quick`: every suite runs, prints its machine and an aligned table of
+//! `vrange-bench SUITE --quick`: every suite runs, prints its machine and an aligned table of
 //! the expected shape whose numbers are present and sane (positive, finite), and writes the
 //! same table in Markdown, its CSV files and an SVG plot marked as a smoke test with the
 //! machine on it. Nothing here checks that anything is fast: quick runs are smoke tests.
@@ -7,8 +7,9 @@
 //! and two at once would share the machine's cores.
 
 mod common;
-use common::{lib, vrange};
+use common::vrange_bench;
 
+use vrange_testkit::build::shim;
 use vrange_testkit::scratch::Scratch;
 use vrange_testkit::{is_root, serial, skip};
 
@@ -23,18 +24,18 @@ struct Out {
 
 fn bench(suite: &str, extra: &[&str]) -> Out {
     let dir = Scratch::new(&format!("bench-{suite}"));
-    let out = vrange()
-        .args(["bench", suite, "--quick", "--out"])
+    let out = vrange_bench()
+        .args([suite, "--quick", "--out"])
         .arg(dir.path())
         .arg("--lib")
-        .arg(lib())
+        .arg(shim())
         .args(extra)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
-        "vrange bench {suite} failed ({}):\n{text}\n{}",
+        "vrange-bench {suite} failed ({}):\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

@@ -1,4 +1,4 @@
-/* The two processes of `vrange bench pressure`, run in one memory cgroup under each allocator;
+/* The two processes of `vrange-bench pressure`, run in one memory cgroup under each allocator;
  * vrange-malloc's tests/pressure.rs runs this file too (glibc against the shim).
  *
  *   peak_and_next peak MIB BLOCK_KIB

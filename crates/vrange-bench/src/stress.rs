@@ -6,15 +6,15 @@
 //! any kill makes the suite fail (exit status 1).
 //!
 //! The load, started before the first trial and stopped (its cgroup removed) after the last,
-//! on every path: two CPU hogs (busy loops, `bench-role stress spin`), and a neighbouring
-//! memory cgroup of 64 MiB thrashing at its own limit (`bench-role stress thrash`: 48 MiB of
+//! on every path: two CPU hogs (busy loops, `role stress spin`), and a neighbouring
+//! memory cgroup of 64 MiB thrashing at its own limit (`role stress thrash`: 48 MiB of
 //! anonymous memory, which nothing can reclaim, and a 32 MiB unnamed file in `--out` written
 //! and read back over and over, so the page cache has 16 MiB to live in; the thrasher of
 //! `crates/vrange/tests/pressure_sources.rs`). Its OOM kills are not counted; a thrasher that
 //! ends is started again.
 //!
 //! Scenarios (no `VRANGE_*` variable is set for the process under test):
-//! - `burst` (the reproducer of `crates/vrange/tests/approach.rs`): a holder (`bench-role
+//! - `burst` (the reproducer of `crates/vrange/tests/approach.rs`): a holder (`role
 //!   stress holder`) creates a 13 MiB hybrid region with default options, fills it, marks it
 //!   and says so; 0, 50 or 100 ms later (in turn) a neighbour (the tradeoff workload's: the OOM
 //!   killer's first choice, plain `mmap`, every page written as fast as it can) takes
@@ -76,9 +76,9 @@ const CPU_HOGS: usize = 2;
 const SYNC: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------
-// The processes (`vrange bench-role stress ...`).
+// The processes (`vrange-bench role stress ...`).
 
-/// `vrange bench-role stress spin|thrash DIR|holder SEED`.
+/// `vrange-bench role stress spin|thrash DIR|holder SEED`.
 pub fn role(args: &[String]) -> i32 {
     match (args.first().map(String::as_str), args.get(1)) {
         (Some("spin"), None) => spin_role(),
@@ -91,7 +91,7 @@ pub fn role(args: &[String]) -> i32 {
             }
         },
         _ => {
-            eprintln!("usage: vrange bench-role stress spin|thrash DIR|holder SEED");
+            eprintln!("usage: vrange-bench role stress spin|thrash DIR|holder SEED");
             2
         }
     }
@@ -241,7 +241,7 @@ impl Load {
         let mut hogs = Vec::new();
         for _ in 0..CPU_HOGS {
             let mut cmd = proc::clean_command(&me()?);
-            cmd.args(["bench-role", "stress", "spin"]);
+            cmd.args(["role", "stress", "spin"]);
             let hog = Proc::spawn(cmd)?;
             ready(&hog, "CPU hog")?;
             hogs.push(hog);
@@ -259,7 +259,7 @@ impl Load {
 
     fn thrasher(cg: &ChildCgroup, dir: &Path) -> Result<Proc, String> {
         let mut cmd = proc::clean_command(&me()?);
-        cmd.args(["bench-role", "stress", "thrash"]).arg(dir);
+        cmd.args(["role", "stress", "thrash"]).arg(dir);
         proc::join_cgroup_before_exec(&mut cmd, &cg.cgroup().file("cgroup.procs"))?;
         let mut p = Proc::spawn(cmd)?;
         if let Err(e) = ready(&p, "thrasher") {
@@ -322,7 +322,7 @@ fn burst_once(neighbour_exe: &Path, seed: u64, delay: Duration) -> Result<Trial,
     let procs = cg.cgroup().file("cgroup.procs");
     let kills = || cg.cgroup().oom_kills().unwrap_or(0);
     let mut cmd = proc::clean_command(&me()?);
-    cmd.args(["bench-role", "stress", "holder", &seed.to_string()]);
+    cmd.args(["role", "stress", "holder", &seed.to_string()]);
     proc::join_cgroup_before_exec(&mut cmd, &procs)?;
     let mut holder = Proc::spawn(cmd)?;
     if holder.line("MARKED", Instant::now() + SYNC).is_none() {

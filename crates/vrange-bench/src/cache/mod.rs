@@ -2,7 +2,7 @@
 //! beside the fixed-capacity caches a Rust service would use instead: moka (`sync`),
 //! quick_cache (`sync`) and lru (behind a mutex), each with its defaults.
 //!
-//! Two parts, each peer in a process of its own (`vrange bench-role cache ...`):
+//! Two parts, each peer in a process of its own (`vrange-bench role cache ...`):
 //! - The hot path (`hot PEER SIZE OPS RUNS`): 64 MiB of values of 1 KiB, 64 KiB and 1 MiB
 //!   under `u64` keys. Inserts (values copied in, a fresh cache per run, keys split between
 //!   the threads) and hits (get a present key, read the value's first and last byte, drop the
@@ -313,14 +313,14 @@ impl Store for Lru {
     }
 }
 
-/// `vrange bench-role cache ...`.
+/// `vrange-bench role cache ...`.
 pub fn role(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
         Some("hot") => hot_role(&args[1..]),
         Some("service") => service_role(&args[1..]),
         Some("hog") => hog_role(&args[1..]),
         _ => {
-            eprintln!("usage: vrange bench-role cache hot|service|hog ARGS");
+            eprintln!("usage: vrange-bench role cache hot|service|hog ARGS");
             2
         }
     }

@@ -17,7 +17,7 @@
 //! own CPU time) show what the allocator costs when another process took a core from a run.
 //!
 //! `--pressure`: the workload runs in a child memory cgroup (256 MiB) where a second process
-//! (this executable, `bench-role hog`) holds all but 24 MiB and keeps touching it, so the
+//! (this executable, `role hog`) holds all but 24 MiB and keeps touching it, so the
 //! workload allocates below the headroom at which vrange's reclaimer starts purging.
 
 use super::alloc::{self, Config, Kind};
@@ -30,7 +30,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::ChildCgroup;
 
-const SOURCE: &str = include_str!("churn.c");
+const SOURCE: &str = include_str!("../c/churn.c");
 const PRESSURE_LIMIT: u64 = 256 << 20;
 const PRESSURE_HEADROOM: u64 = 24 << 20;
 
@@ -244,7 +244,7 @@ fn thread_counts(cores: usize) -> Vec<usize> {
 /// it (one word per page every 100 ms) until killed.
 pub fn hog_role(args: &[String]) -> i32 {
     let Some(bytes) = args.first().and_then(|b| b.parse::<usize>().ok()) else {
-        eprintln!("usage: vrange bench-role hog BYTES");
+        eprintln!("usage: vrange-bench role hog BYTES");
         return 2;
     };
     let page = vrange::page_size();
@@ -273,7 +273,7 @@ fn start_pressure() -> Result<(ChildCgroup, Proc), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = proc::clean_command(&exe);
     cmd.args([
-        "bench-role",
+        "role",
         "hog",
         &(PRESSURE_LIMIT - PRESSURE_HEADROOM).to_string(),
     ]);

@@ -3,7 +3,7 @@
 //! coordinator (one purge order for the whole cgroup), and the kernel's OOM killer alone.
 //!
 //! Every configuration runs in a fresh child memory cgroup, with the same processes (this
-//! executable again, `vrange bench-role ...`):
+//! executable again, `vrange-bench role ...`):
 //! - `coordinate-participant INDEX CHUNKS RATE EPOCH_NS FILL_NS END_NS MODE PREFILL`: a cache
 //!   of `CHUNKS` chunks of 4 MiB, filled at `FILL_NS` (the participants start staggered), then
 //!   serving `RATE` requests a second until `END_NS`: a request draws a chunk from a Zipf law,

@@ -87,7 +87,7 @@ impl Drop for SettingsGuard {
         for (path, value) in self.saved.iter().rev() {
             if let Err(e) = std::fs::write(path, value) {
                 eprintln!(
-                    "vrange bench lazyfree: could not restore {} to {value}: {e}",
+                    "vrange-bench lazyfree: could not restore {} to {value}: {e}",
                     path.display()
                 );
             }

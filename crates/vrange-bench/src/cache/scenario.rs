@@ -20,7 +20,7 @@ pub(super) fn hog_target(peak: u64, warmup_ms: u64, period_ms: u64, t_ms: u64) -
 pub(super) fn hog_role(args: &[String]) -> i32 {
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let &[peak, epoch, warmup_ms, period_ms, end] = nums.as_slice() else {
-        eprintln!("usage: vrange bench-role cache hog PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS");
+        eprintln!("usage: vrange-bench role cache hog PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS");
         return 2;
     };
     let page = vrange::page_size();
@@ -124,7 +124,7 @@ impl Second {
 /// end, printing `sec n= req= hit= purged= wrong= failed= bytes=` for every second.
 pub(super) fn service_role(args: &[String]) -> i32 {
     let [peer, capacity, keys, epoch, end, zipf] = args else {
-        eprintln!("usage: vrange bench-role cache service PEER CAPACITY KEYS EPOCH END ZIPF");
+        eprintln!("usage: vrange-bench role cache service PEER CAPACITY KEYS EPOCH END ZIPF");
         return 2;
     };
     let (Ok(capacity), Ok(keys), Ok(epoch), Ok(end), Ok(zipf)) = (
@@ -339,7 +339,7 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let spawn = |args: &[String]| -> Result<Proc, String> {
         let mut cmd = proc::clean_command(&exe);
-        cmd.args(["bench-role", "cache"])
+        cmd.args(["role", "cache"])
             .args(args)
             .env("VRANGE_STATS_DIR", "off");
         proc::join_cgroup_before_exec(&mut cmd, &procs)?;
@@ -464,7 +464,7 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
 
 /// What one run of the scenario (the `quick` one or the suite's) did to vrange-cache's
 /// service: the stress suite's trial.
-pub(in crate::bench) struct VrangeCacheRun {
+pub(crate) struct VrangeCacheRun {
     /// OOM kills in the scenario's cgroup (`None`: the counter could not be read).
     pub oom_kills: Option<u64>,
     /// Times the service and the neighbour were found killed (and started again).
@@ -477,7 +477,7 @@ pub(in crate::bench) struct VrangeCacheRun {
 }
 
 /// One run of the scenario for vrange-cache alone.
-pub(in crate::bench) fn vrange_cache_run(quick: bool) -> Result<VrangeCacheRun, String> {
+pub(crate) fn vrange_cache_run(quick: bool) -> Result<VrangeCacheRun, String> {
     let run = scenario_one(&Scenario::new(quick), &ScenarioPeer::vrange_cache())?;
     let total = run.total();
     Ok(VrangeCacheRun {

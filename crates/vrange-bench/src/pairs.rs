@@ -13,7 +13,7 @@ use super::report::{self, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
 
-const SOURCE: &str = include_str!("pair.c");
+const SOURCE: &str = include_str!("../c/pair.c");
 const SIZES: [usize; 3] = [64 << 10, 512 << 10, 2 << 20];
 
 fn size_label(size: usize) -> String {

@@ -113,7 +113,7 @@ impl Machine {
         let t = self.table();
         t.print();
         if let Err(e) = write_file(out, "machine.md", &t.to_markdown()) {
-            eprintln!("vrange bench: {e}");
+            eprintln!("vrange-bench: {e}");
         }
     }
 }
