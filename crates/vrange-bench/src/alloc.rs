@@ -10,6 +10,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use vrange_testkit::proc::clean_command;
 
 /// What a configuration is compared as.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -56,7 +57,7 @@ impl Config {
         }
     }
 
-    /// Applies the preload and variables to `cmd` (made with `proc::clean_command`).
+    /// Applies the preload and variables to `cmd` (made with `vrange_testkit::proc::clean_command`).
     pub fn apply(&self, cmd: &mut Command) -> Result<(), String> {
         let preload = self.preload.as_ref().map_err(Clone::clone)?;
         if let Some(lib) = preload {
@@ -102,7 +103,7 @@ fn mimalloc_purge_var(lib: &Path) -> Result<&'static str, String> {
         ("MIMALLOC_PURGE_DELAY", "purge_delay"),
         ("MIMALLOC_DECOMMIT_DELAY", "decommit_delay"),
     ] {
-        let out = super::proc::clean_command(Path::new("/bin/true"))
+        let out = clean_command(Path::new("/bin/true"))
             .env("LD_PRELOAD", lib)
             .env("MIMALLOC_VERBOSE", "1")
             .env(var, "0")
@@ -312,7 +313,7 @@ pub fn huge_setting_read(config: &Config) -> Result<String, String> {
         ),
         other => return Err(format!("no way to ask {other}")),
     };
-    let mut cmd = super::proc::clean_command(Path::new(program));
+    let mut cmd = clean_command(Path::new(program));
     config.apply(&mut cmd)?;
     match config.allocator {
         "glibc" => cmd.arg("--list-tunables"),

@@ -22,13 +22,16 @@
 
 use super::alloc::{self, Config, Kind};
 use super::plot::{self, Axis, Unit};
-use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::ChildCgroup;
+use vrange_testkit::cgroup;
+use vrange_testkit::hog::Hog;
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
 
 const SOURCE: &str = include_str!("../c/churn.c");
 const PRESSURE_LIMIT: u64 = 256 << 20;
@@ -199,7 +202,7 @@ fn run_once(
     threads: usize,
     cgroup: Option<&ChildCgroup>,
 ) -> Result<Run, String> {
-    let mut cmd = proc::clean_command(&w.exe);
+    let mut cmd = clean_command(&w.exe);
     cmd.args(["-t", &threads.to_string(), "-n", &w.chunks.to_string()])
         .args([
             "-s",
@@ -212,16 +215,16 @@ fn run_once(
     }
     config.apply(&mut cmd)?;
     if let Some(cg) = cgroup {
-        proc::join_cgroup_before_exec(&mut cmd, &cg.cgroup().file("cgroup.procs"))?;
+        cgroup::join(&mut cmd, cg.cgroup())?;
     }
-    let mut p = Proc::spawn(cmd)?;
+    let mut p = Proc::try_spawn(cmd)?;
     let line = p.line(
         "records_per_s=",
         Instant::now() + Duration::from_secs_f64(w.seconds + 60.0),
     );
     let exit = p.wait(Duration::from_secs(10));
     match (line, exit) {
-        (Some(line), proc::Exit::Code(0)) => {
+        (Some(line), Exit::Code(0)) => {
             Run::parse(&line).ok_or_else(|| format!("unreadable output: {line:?}"))
         }
         (_, exit) => {
@@ -240,45 +243,39 @@ fn thread_counts(cores: usize) -> Vec<usize> {
     v
 }
 
-/// The memory hog of `--pressure`: maps and touches BYTES, says "ready", then keeps touching
-/// it (one word per page every 100 ms) until killed.
+/// The memory hog of `--pressure`: holds BYTES, says "ready", then keeps touching them (one
+/// word per page every 100 ms) until killed.
 pub fn hog_role(args: &[String]) -> i32 {
     let Some(bytes) = args.first().and_then(|b| b.parse::<usize>().ok()) else {
         eprintln!("usage: vrange-bench role hog BYTES");
         return 2;
     };
-    let page = vrange::page_size();
-    let bytes = bytes / page * page;
-    let Ok(p) = vrange_sys::mem::map_anon(bytes, page) else {
+    let Ok(mut hog) = Hog::new(bytes) else {
         eprintln!("hog: cannot map {bytes} bytes");
         return 1;
     };
-    let mut round = 0u8;
+    hog.hold(bytes);
+    println!("ready");
+    let mut round = 1u8;
     loop {
-        for off in (0..bytes).step_by(page) {
-            // SAFETY: inside the hog's own mapping.
-            unsafe { p.as_ptr().add(off).write_volatile(round | 1) };
-        }
-        if round == 0 {
-            println!("ready");
-        }
-        round = round.wrapping_add(1);
         std::thread::sleep(Duration::from_millis(100));
+        round = round.wrapping_add(1);
+        hog.touch_again(round | 1);
     }
 }
 
 /// The cgroup and running hog of `--pressure`.
 fn start_pressure() -> Result<(ChildCgroup, Proc), String> {
-    let cg = proc::child_cgroup("vrange-bench-ebizzy", PRESSURE_LIMIT)?;
+    let cg = cgroup::try_child("vrange-bench-ebizzy", PRESSURE_LIMIT)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = proc::clean_command(&exe);
+    let mut cmd = clean_command(&exe);
     cmd.args([
         "role",
         "hog",
         &(PRESSURE_LIMIT - PRESSURE_HEADROOM).to_string(),
     ]);
-    proc::join_cgroup_before_exec(&mut cmd, &cg.cgroup().file("cgroup.procs"))?;
-    let hog = Proc::spawn(cmd)?;
+    cgroup::join(&mut cmd, cg.cgroup())?;
+    let hog = Proc::try_spawn(cmd)?;
     if hog
         .line("ready", Instant::now() + Duration::from_secs(30))
         .is_none()
@@ -296,7 +293,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let threads = a.threads.clone().unwrap_or_else(|| thread_counts(cores));
     let chunk_size = a.chunk_size.unwrap_or(512 << 10);
     let w = Workload {
-        exe: proc::compile(&ctx.out, "churn", SOURCE)?,
+        exe: super::workload::compile(&ctx.out, "churn", SOURCE)?,
         chunks: a.chunks.unwrap_or(10),
         chunk_size,
         seconds: a.seconds.unwrap_or(if quick { 0.3 } else { 2.0 }),

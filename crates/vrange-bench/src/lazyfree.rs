@@ -193,7 +193,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let len = if ctx.quick() { 64 * MIB } else { 1 << 30 };
     let reps = if ctx.quick() { 1 } else { 5 };
     let all = mthp_sizes();
-    let root = super::proc::is_root();
+    let root = vrange_testkit::is_root();
     let thp_top = read_setting(&Path::new(THP).join("enabled")).unwrap_or_else(|_| "never".into());
     let sizes: Vec<usize> = if root && !all.is_empty() {
         // Anonymous mTHP starts at order 2 (16 KiB); smaller directories are for files.

@@ -5,7 +5,8 @@
 //! `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`,
 //! `stress`, `markcost`); the shared pieces are the machine description (`machine`), CSV and
 //! number formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
-//! preloaded (`alloc`), and child processes, C workloads and memory cgroups (`proc`). Every
+//! preloaded (`alloc`), and the C workloads (`workload`); child processes, memory cgroups
+//! and hogs are vrange-testkit's, as the tests' are. Every
 //! suite prints the machine first, then aligned tables with the published numbers beside ours
 //! where they exist, and writes the same report in Markdown (`SUITE.md`), CSV files and an SVG
 //! plot into `--out`. A suite that cannot run here (no root, no memory cgroup) prints
@@ -43,11 +44,11 @@ mod pagetable;
 mod pairs;
 mod plot;
 mod pressure;
-mod proc;
 mod refill;
 mod report;
 mod stress;
 mod tradeoff;
+mod workload;
 
 use clap::{Parser, Subcommand};
 use report::Table;

@@ -18,11 +18,13 @@
 //! go under pressure on the whole machine); the others run unconfined.
 
 use super::plot::{self, Axis, Unit};
-use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
 use vrange_sys::mem;
+use vrange_testkit::cgroup;
+use vrange_testkit::proc::{clean_command, Proc};
+use vrange_testkit::role::field;
 
 const BLOCK: usize = 2 << 20;
 const BLOCKS: usize = 25_600;
@@ -145,7 +147,7 @@ struct Outcome {
 }
 
 fn run_method(method: &str, blocks: usize, limit: u64) -> Result<Result<Outcome, String>, String> {
-    let cgroup = proc::child_cgroup("vrange-bench-pt", limit);
+    let cgroup = cgroup::try_child("vrange-bench-pt", limit);
     if cgroup.is_err() && (method == "madv_free" || method == "lazy") {
         return Ok(Err(format!(
             "{}; lazily freed pages go only under a memory limit (without one, the whole \
@@ -154,7 +156,7 @@ fn run_method(method: &str, blocks: usize, limit: u64) -> Result<Result<Outcome,
         )));
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = proc::clean_command(&exe);
+    let mut cmd = clean_command(&exe);
     cmd.args(["role", "pagetable", method, &blocks.to_string()])
         .env("VRANGE_MALLOC_THP", "never")
         .env("VRANGE_MALLOC_BUDGET", "64M")
@@ -163,9 +165,9 @@ fn run_method(method: &str, blocks: usize, limit: u64) -> Result<Result<Outcome,
         cmd.env("VRANGE_MALLOC_MODE", method);
     }
     if let Ok(cg) = &cgroup {
-        proc::join_cgroup_before_exec(&mut cmd, &cg.cgroup().file("cgroup.procs"))?;
+        cgroup::join(&mut cmd, cg.cgroup())?;
     }
-    let mut p = Proc::spawn(cmd)?;
+    let mut p = Proc::try_spawn(cmd)?;
     let line = p.line("done", Instant::now() + Duration::from_secs(900));
     let exit = p.wait(Duration::from_secs(30));
     let oom_kills = cgroup

@@ -8,10 +8,11 @@
 //! that could run at once) per pair.
 
 use super::alloc::{self, Kind};
-use super::proc::{self, field, Proc};
 use super::report::{self, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
 
 const SOURCE: &str = include_str!("../c/pair.c");
 const SIZES: [usize; 3] = [64 << 10, 512 << 10, 2 << 20];
@@ -33,18 +34,18 @@ fn run_once(
     seconds: f64,
     cores: usize,
 ) -> Result<f64, String> {
-    let mut cmd = proc::clean_command(exe);
+    let mut cmd = clean_command(exe);
     cmd.args(["-t", &threads.to_string(), "-s", &size.to_string()])
         .args(["-S", &seconds.to_string()]);
     config.apply(&mut cmd)?;
-    let mut p = Proc::spawn(cmd)?;
+    let mut p = Proc::try_spawn(cmd)?;
     let line = p.line(
         "ns_per_pair=",
         Instant::now() + Duration::from_secs_f64(seconds + 60.0),
     );
     let exit = p.wait(Duration::from_secs(10));
     match (line, exit) {
-        (Some(line), proc::Exit::Code(0)) => {
+        (Some(line), Exit::Code(0)) => {
             let pairs: f64 = field(&line, "pairs").ok_or("no pairs=")?;
             let wall: f64 = field(&line, "seconds").ok_or("no seconds=")?;
             let busy = threads.min(cores) as f64;
@@ -63,7 +64,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let seconds = ctx.args.seconds.unwrap_or(if quick { 0.1 } else { 0.3 });
     let cores = super::machine::cores();
     let threads = ctx.args.threads.clone().unwrap_or_else(|| vec![1, 2, 16]);
-    let exe = proc::compile(&ctx.out, "pair", SOURCE)?;
+    let exe = super::workload::compile(&ctx.out, "pair", SOURCE)?;
     let mut versions = Vec::new();
     let configs: Vec<alloc::Config> = alloc::configs(ctx.lib(), &mut versions)
         .into_iter()

@@ -16,10 +16,12 @@
 
 use super::alloc::{self, Config};
 use super::plot::{self, Axis, Series, Unit};
-use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::time::{Duration, Instant};
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
+use vrange_testkit::{cgroup, procfs};
 
 const SOURCE: &str = include_str!("../c/peak_and_next.c");
 /// Longer than vrange-malloc's arm delay (1 s), the same for every allocator.
@@ -48,14 +50,13 @@ struct Outcome {
 }
 
 fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> {
-    let cg = proc::child_cgroup("vrange-bench-pressure", s.limit_mib << 20)?;
-    let procs = cg.cgroup().file("cgroup.procs");
+    let cg = cgroup::try_child("vrange-bench-pressure", s.limit_mib << 20)?;
     let command = |args: &[String]| -> Result<Proc, String> {
-        let mut cmd = proc::clean_command(exe);
+        let mut cmd = clean_command(exe);
         cmd.args(args).env("VRANGE_STATS_DIR", "off");
         c.apply(&mut cmd)?;
-        proc::join_cgroup_before_exec(&mut cmd, &procs)?;
-        Proc::spawn(cmd)
+        cgroup::join(&mut cmd, cg.cgroup())?;
+        Proc::try_spawn(cmd)
     };
     let mut peak = command(&["peak".into(), s.peak_mib.to_string(), "96".into()])?;
     if peak.line("DONE", Instant::now() + DEADLINE).is_none() {
@@ -66,9 +67,9 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
         ));
     }
     let pid = peak.pid();
-    let (rss_done_kb, _) = proc::rss_lazy_kb(pid);
+    let (rss_done_kb, _) = procfs::rss_lazy_kb(pid);
     std::thread::sleep(IDLE);
-    let (rss_start_kb, lazy_start_kb) = proc::rss_lazy_kb(pid);
+    let (rss_start_kb, lazy_start_kb) = procfs::rss_lazy_kb(pid);
     let started = Instant::now();
     let mut next = command(&[
         "next".into(),
@@ -78,7 +79,7 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
     ])?;
     let mut trace = Vec::new();
     let next_exit = loop {
-        let (rss, _) = proc::rss_lazy_kb(pid);
+        let (rss, _) = procfs::rss_lazy_kb(pid);
         let usage = cg.cgroup().usage().unwrap_or(0);
         trace.push((
             started.elapsed().as_secs_f64() * 1e3,
@@ -95,9 +96,9 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
     };
     let next_ms = started.elapsed().as_secs_f64() * 1e3;
     let oom_kills = cg.cgroup().oom_kills().unwrap_or(0);
-    let max_usage = proc::read_u64(&cg.cgroup().file("memory.max_usage_in_bytes"));
-    let (rss_end_kb, _) = proc::rss_lazy_kb(pid);
-    peak.stdin = None; // end of input: reuse and exit
+    let max_usage = cgroup::peak(cg.cgroup());
+    let (rss_end_kb, _) = procfs::rss_lazy_kb(pid);
+    peak.close_stdin(); // end of input: reuse and exit
     let reused = peak.line("REUSED", Instant::now() + DEADLINE);
     let peak_exit = peak.wait(DEADLINE);
     drop((next, peak));
@@ -118,7 +119,7 @@ fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> 
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
+    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
         ctx.skipped("pressure", &why);
         return Ok(());
     }
@@ -135,7 +136,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             next_mib: 250,
         }
     };
-    let exe = proc::compile(&ctx.out, "peak_and_next", SOURCE)?;
+    let exe = super::workload::compile(&ctx.out, "peak_and_next", SOURCE)?;
     let mut versions = Vec::new();
     let mut configs = alloc::configs(ctx.lib(), &mut versions);
     if ctx.quick() {

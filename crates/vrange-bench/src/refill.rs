@@ -18,13 +18,15 @@
 //! userfaultfd single-fault latency.
 
 use super::plot::{self, Axis, Unit};
-use super::proc::{self, field, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use vrange_testkit::proc::{clean_command, Proc};
+use vrange_testkit::role::field;
+use vrange_testkit::{cgroup, procfs};
 
 const BLOCK: usize = 256 << 10;
 const METHODS: [(&str, &str); 4] = [
@@ -271,7 +273,7 @@ pub fn role(args: &[String]) -> i32 {
         }
         (t_rand, t1.elapsed().as_secs_f64(), sum)
     };
-    let faults0 = proc::page_faults();
+    let faults0 = procfs::page_faults();
     let fills0 = vrange::stats().refill_fills;
     let (t_rand, t_seq, sum) = match method.as_str() {
         "ordinary" => {
@@ -336,7 +338,7 @@ pub fn role(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let faults = proc::page_faults();
+    let faults = procfs::page_faults();
     println!(
         "done rand_secs={t_rand:.4} seq_secs={t_seq:.4} sum={sum} minflt={} majflt={} fills={}",
         faults.0 - faults0.0,
@@ -354,14 +356,14 @@ struct Outcome {
 }
 
 fn run_method(ctx: &Ctx, method: &str, args: &[String], limit: u64) -> Result<Outcome, String> {
-    let cgroup = proc::child_cgroup("vrange-bench-refill", limit)?;
+    let cgroup = cgroup::try_child("vrange-bench-refill", limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = proc::clean_command(&exe);
+    let mut cmd = clean_command(&exe);
     cmd.args(["role", "refill", method])
         .args(args)
         .env("VRANGE_STATS_DIR", "off");
-    proc::join_cgroup_before_exec(&mut cmd, &cgroup.cgroup().file("cgroup.procs"))?;
-    let mut p = Proc::spawn(cmd)?;
+    cgroup::join(&mut cmd, cgroup.cgroup())?;
+    let mut p = Proc::try_spawn(cmd)?;
     let deadline = Duration::from_secs(if ctx.quick() { 120 } else { 900 });
     let line = p.line("done", Instant::now() + deadline);
     let exit = p.wait(Duration::from_secs(30));
@@ -370,7 +372,7 @@ fn run_method(ctx: &Ctx, method: &str, args: &[String], limit: u64) -> Result<Ou
         line,
         exit: exit.to_string(),
         oom_kills: cg.oom_kills().ok(),
-        peak: proc::cgroup_peak(cg),
+        peak: cgroup::peak(cg),
     })
 }
 
@@ -517,10 +519,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     ] {
         progress(format!("refill: {kind}"));
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut cmd = proc::clean_command(&exe);
+        let mut cmd = clean_command(&exe);
         cmd.args(["role", "refill", kind])
             .env("VRANGE_STATS_DIR", "off");
-        let mut p = Proc::spawn(cmd)?;
+        let mut p = Proc::try_spawn(cmd)?;
         let line = p.line("done", Instant::now() + Duration::from_secs(120));
         let exit = p.wait(Duration::from_secs(30));
         let us = line

@@ -43,14 +43,16 @@
 //!
 //! Needs root and a memory cgroup; skipped otherwise.
 
-use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::{alloc, cache, tradeoff, Ctx};
-use std::io::{BufRead, Write as _};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vrange::{Options, VolatileRegion};
 use vrange_sys::cgroup::ChildCgroup;
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
+use vrange_testkit::{cgroup, hog};
 
 const MIB: u64 = 1 << 20;
 const BURST_LIMIT: u64 = 48 * MIB;
@@ -111,15 +113,9 @@ fn spin_role() -> i32 {
 /// the page cache until killed.
 fn thrash_role(dir: &Path) -> i32 {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let page = vrange::page_size();
-    let Ok(anon) = vrange_sys::mem::map_anon(THRASH_ANON, page) else {
+    if hog::touch(THRASH_ANON, THRASH_ANON, Duration::ZERO).is_err() {
         eprintln!("stress thrash: cannot map {THRASH_ANON} bytes");
         return 1;
-    };
-    let _ = vrange_sys::mem::advise_huge(anon.as_ptr(), THRASH_ANON, false);
-    for off in (0..THRASH_ANON).step_by(page) {
-        // SAFETY: inside the fresh mapping, never unmapped.
-        unsafe { anon.as_ptr().add(off).write_volatile(1) };
     }
     // O_TMPFILE: a file without a name, freed when the thrasher ends however it ends.
     let file = match std::fs::OpenOptions::new()
@@ -240,13 +236,13 @@ impl Load {
     fn start(dir: &Path) -> Result<Load, String> {
         let mut hogs = Vec::new();
         for _ in 0..CPU_HOGS {
-            let mut cmd = proc::clean_command(&me()?);
+            let mut cmd = clean_command(&me()?);
             cmd.args(["role", "stress", "spin"]);
-            let hog = Proc::spawn(cmd)?;
+            let hog = Proc::try_spawn(cmd)?;
             ready(&hog, "CPU hog")?;
             hogs.push(hog);
         }
-        let thrash_cg = proc::child_cgroup("vrange-bench-stress-thrash", THRASH_LIMIT)?;
+        let thrash_cg = cgroup::try_child("vrange-bench-stress-thrash", THRASH_LIMIT)?;
         let thrasher = Load::thrasher(&thrash_cg, dir)?;
         Ok(Load {
             hogs,
@@ -258,10 +254,10 @@ impl Load {
     }
 
     fn thrasher(cg: &ChildCgroup, dir: &Path) -> Result<Proc, String> {
-        let mut cmd = proc::clean_command(&me()?);
+        let mut cmd = clean_command(&me()?);
         cmd.args(["role", "stress", "thrash"]).arg(dir);
-        proc::join_cgroup_before_exec(&mut cmd, &cg.cgroup().file("cgroup.procs"))?;
-        let mut p = Proc::spawn(cmd)?;
+        cgroup::join(&mut cmd, cg.cgroup())?;
+        let mut p = Proc::try_spawn(cmd)?;
         if let Err(e) = ready(&p, "thrasher") {
             let exit = p.wait(Duration::from_secs(1));
             return Err(format!("{e} ({exit}): {}", p.stderr().trim()));
@@ -281,13 +277,11 @@ impl Load {
         Ok(())
     }
 
-    /// Times the thrashing cgroup hit its limit (v1 `memory.failcnt`), and its OOM kills.
+    /// Times the thrashing cgroup hit its limit (v1 `memory.failcnt`, v2 `max` events), and
+    /// its OOM kills.
     fn evidence(&self) -> (Option<u64>, u64) {
         let cg = self.thrash_cg.cgroup();
-        (
-            proc::read_u64(&cg.file("memory.failcnt")),
-            cg.oom_kills().unwrap_or(0),
-        )
+        (cgroup::limit_hits(cg), cg.oom_kills().unwrap_or(0))
     }
 }
 
@@ -318,13 +312,12 @@ struct Trial {
 }
 
 fn burst_once(neighbour_exe: &Path, seed: u64, delay: Duration) -> Result<Trial, String> {
-    let cg = proc::child_cgroup("vrange-bench-stress-burst", BURST_LIMIT)?;
-    let procs = cg.cgroup().file("cgroup.procs");
+    let cg = cgroup::try_child("vrange-bench-stress-burst", BURST_LIMIT)?;
     let kills = || cg.cgroup().oom_kills().unwrap_or(0);
-    let mut cmd = proc::clean_command(&me()?);
+    let mut cmd = clean_command(&me()?);
     cmd.args(["role", "stress", "holder", &seed.to_string()]);
-    proc::join_cgroup_before_exec(&mut cmd, &procs)?;
-    let mut holder = Proc::spawn(cmd)?;
+    cgroup::join(&mut cmd, cg.cgroup())?;
+    let mut holder = Proc::try_spawn(cmd)?;
     if holder.line("MARKED", Instant::now() + SYNC).is_none() {
         let exit = holder.wait(Duration::from_secs(1));
         return Err(format!(
@@ -343,29 +336,26 @@ fn burst_once(neighbour_exe: &Path, seed: u64, delay: Duration) -> Result<Trial,
         .div_ceil(MIB);
     std::thread::sleep(delay.saturating_sub(marked.elapsed()));
     let late = marked.elapsed();
-    let mut cmd = proc::clean_command(neighbour_exe);
+    let mut cmd = clean_command(neighbour_exe);
     cmd.args(["neighbour", &mib.to_string()]);
-    proc::join_cgroup_before_exec(&mut cmd, &procs)?;
-    let mut neighbour = Proc::spawn(cmd)?;
+    cgroup::join(&mut cmd, cg.cgroup())?;
+    let mut neighbour = Proc::try_spawn(cmd)?;
     let got = neighbour
         .line("GOT", Instant::now() + SYNC)
         .and_then(|l| field::<f64>(&l, "ms"));
-    neighbour.stdin = None;
+    neighbour.close_stdin();
     let neighbour_exit = neighbour.wait(Duration::from_secs(5));
     let armed = holder
         .line("ARMED", Instant::now() + ARM_WAIT + SYNC)
         .and_then(|l| field::<i64>(&l, "us"))
         .filter(|&us| us >= 0);
-    let asked = holder
-        .stdin
-        .as_mut()
-        .is_some_and(|i| i.write_all(b"check\n").is_ok());
+    let asked = holder.send("check");
     let verdict = if asked {
         holder.line("VERDICT", Instant::now() + SYNC)
     } else {
         None
     };
-    holder.stdin = None;
+    holder.close_stdin();
     let holder_exit = holder.wait(SYNC);
     let kills = kills();
     let n = |k| verdict.as_deref().and_then(|v| field::<u64>(v, k));
@@ -407,16 +397,16 @@ fn burst_once(neighbour_exe: &Path, seed: u64, delay: Duration) -> Result<Trial,
 }
 
 fn python_once(lib: &Path) -> Result<Trial, String> {
-    let cg = proc::child_cgroup("vrange-bench-stress-python", PYTHON_LIMIT)?;
-    let mut cmd = proc::clean_command(Path::new(PYTHON));
+    let cg = cgroup::try_child("vrange-bench-stress-python", PYTHON_LIMIT)?;
+    let mut cmd = clean_command(Path::new(PYTHON));
     cmd.args(["-c", PYTHON_SCRIPT]).env("LD_PRELOAD", lib);
-    proc::join_cgroup_before_exec(&mut cmd, &cg.cgroup().file("cgroup.procs"))?;
+    cgroup::join(&mut cmd, cg.cgroup())?;
     let started = Instant::now();
-    let mut p = Proc::spawn(cmd)?;
+    let mut p = Proc::try_spawn(cmd)?;
     let exit = p.wait(Duration::from_secs(60));
     let secs = started.elapsed().as_secs_f64();
     let kills = cg.cgroup().oom_kills().unwrap_or(0);
-    let peak = proc::cgroup_peak(cg.cgroup());
+    let peak = cgroup::peak(cg.cgroup());
     let err = p.stderr();
     drop(p);
     drop(cg);
@@ -539,13 +529,13 @@ impl Scenario {
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
+    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
         ctx.skipped("stress", &why);
         return Ok(());
     }
     let quick = ctx.quick();
     let trials = ctx.args.reps.unwrap_or(if quick { 3 } else { 20 }).max(1);
-    let exe = proc::compile(&ctx.out, "tradeoff", tradeoff::SOURCE)?;
+    let exe = super::workload::compile(&ctx.out, "tradeoff", tradeoff::SOURCE)?;
     let lib = ctx.lib();
     let ours = alloc::configs(lib.clone(), &mut Vec::new())
         .into_iter()
@@ -635,7 +625,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         }
     }
     let wall = started.elapsed();
-    let (failcnt, thrash_kills) = load.evidence();
+    let (limit_hits, thrash_kills) = load.evidence();
     let restarts = load.restarts;
     drop(load);
 
@@ -718,9 +708,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         "{:.0} s of trials. The load: the thrashing cgroup hit its limit {} times{}, its OOM \
          kills (not counted): {thrash_kills}, thrasher restarts: {restarts}.",
         wall.as_secs_f64(),
-        failcnt.map_or("?".into(), |n| report::thousands(&n.to_string())),
-        if failcnt.is_none() {
-            " (no memory.failcnt here)"
+        limit_hits.map_or("?".into(), |n| report::thousands(&n.to_string())),
+        if limit_hits.is_none() {
+            " (its count is not readable here)"
         } else {
             ""
         },

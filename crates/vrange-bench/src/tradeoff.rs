@@ -50,13 +50,14 @@
 
 use super::alloc::{self, Config, Kind};
 use super::plot::{self, Axis, Labelled, Target, Unit};
-use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use vrange_testkit::cgroup;
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
 
 pub(super) const SOURCE: &str = include_str!("../c/tradeoff.c");
 const STEADY_MIB: u64 = 64;
@@ -138,9 +139,8 @@ impl Run {
     }
 }
 
-fn rss(pid: u32) -> (u64, u64) {
-    vrange_sys::procfs::smaps_rollup(Some(pid as i32))
-        .map_or((0, 0), |s| (s.rss_kb, s.anon_huge_kb))
+fn rss(pid: i32) -> (u64, u64) {
+    vrange_sys::procfs::smaps_rollup(Some(pid)).map_or((0, 0), |s| (s.rss_kb, s.anon_huge_kb))
 }
 
 /// "1.26×", and the eager peers' small ratios with the digits that tell them apart ("0.004×").
@@ -162,10 +162,9 @@ pub(super) fn run_once(
     seconds: f64,
     s: &Sizes,
 ) -> Result<Run, String> {
-    let cg = proc::child_cgroup("vrange-bench-tradeoff", s.limit_mib << 20)?;
-    let procs = cg.cgroup().file("cgroup.procs");
+    let cg = cgroup::try_child("vrange-bench-tradeoff", s.limit_mib << 20)?;
     let kills = || cg.cgroup().oom_kills().unwrap_or(0);
-    let mut cmd = proc::clean_command(exe);
+    let mut cmd = clean_command(exe);
     cmd.args([
         "churn",
         "-t",
@@ -176,8 +175,8 @@ pub(super) fn run_once(
     .args(["-w", &STEADY_MIB.to_string(), "-p", &s.peak_mib.to_string()])
     .env("VRANGE_STATS_DIR", "off");
     c.apply(&mut cmd)?;
-    proc::join_cgroup_before_exec(&mut cmd, &procs)?;
-    let mut churner = Proc::spawn(cmd)?;
+    cgroup::join(&mut cmd, cg.cgroup())?;
+    let mut churner = Proc::try_spawn(cmd)?;
     let pid = churner.pid();
     let Some(peak) = churner.line(
         "PEAK",
@@ -193,8 +192,9 @@ pub(super) fn run_once(
     let ops_per_s: f64 =
         field(&peak, "ops_per_s").ok_or("no ops_per_s= in the churner's output")?;
     let (peak_kb, peak_huge_kb) = rss(pid);
-    let go = churner.stdin.as_mut().ok_or("no stdin")?.write_all(b"\n");
-    go.map_err(|e| format!("cannot write to the churner: {e}"))?;
+    if !churner.send("") {
+        return Err("cannot write to the churner".into());
+    }
     if churner
         .line("FREED", Instant::now() + Duration::from_secs(60))
         .is_none()
@@ -207,11 +207,11 @@ pub(super) fn run_once(
     }
     let (freed_kb, _) = rss(pid);
 
-    let mut cmd = proc::clean_command(exe);
+    let mut cmd = clean_command(exe);
     cmd.args(["neighbour", &s.neighbour_mib.to_string()]);
-    proc::join_cgroup_before_exec(&mut cmd, &procs)?;
+    cgroup::join(&mut cmd, cg.cgroup())?;
     let started = Instant::now();
-    let mut neighbour = Proc::spawn(cmd)?;
+    let mut neighbour = Proc::try_spawn(cmd)?;
     let mut trace = Vec::new();
     let mut window_kb = None;
     let mut got = None;
@@ -255,9 +255,9 @@ pub(super) fn run_once(
         (o, _) => o,
     };
     let oom_kills = kills();
-    neighbour.stdin = None;
+    neighbour.close_stdin();
     neighbour.wait(Duration::from_secs(5));
-    churner.stdin = None;
+    churner.close_stdin();
     let end = churner.line("END", Instant::now() + Duration::from_secs(30));
     let exit = churner.wait(Duration::from_secs(10));
     if exit != Exit::Code(0) {
@@ -340,7 +340,7 @@ impl Cell {
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
+    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
         ctx.skipped("tradeoff", &why);
         return Ok(());
     }
@@ -353,7 +353,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| if quick { vec![1] } else { vec![1, 2] });
     let s = Sizes::new(if quick { 256 } else { 512 });
-    let exe = proc::compile(&ctx.out, "tradeoff", SOURCE)?;
+    let exe = super::workload::compile(&ctx.out, "tradeoff", SOURCE)?;
     let mut versions = Vec::new();
     let configs = alloc::with_huge_pages(alloc::configs(ctx.lib(), &mut versions));
     // Whether each huge-page setting was read: a setting the allocator ignored would make a

@@ -208,7 +208,7 @@ struct HotResult {
 
 fn hot_one(peer: &str, size: usize, ops: usize, runs: usize) -> Result<HotResult, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = proc::clean_command(&exe);
+    let mut cmd = clean_command(&exe);
     cmd.args(["role", "cache", "hot", peer])
         .args([size.to_string(), ops.to_string(), runs.to_string()])
         .env("VRANGE_STATS_DIR", "off");
@@ -218,7 +218,7 @@ fn hot_one(peer: &str, size: usize, ops: usize, runs: usize) -> Result<HotResult
     for name in ["VRANGE_PSI", "VRANGE_VMPRESSURE", "VRANGE_HEADROOM"] {
         cmd.env(name, "off");
     }
-    let mut p = Proc::spawn(cmd)?;
+    let mut p = Proc::try_spawn(cmd)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut r = HotResult::default();
     for _ in 0..2 * THREADS.len() {

@@ -34,7 +34,6 @@ mod hot;
 mod scenario;
 
 use super::plot::{self, Axis, Series, Unit};
-use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use hot::{hot_path, hot_role};
@@ -46,6 +45,9 @@ use std::time::{Duration, Instant};
 use vrange::Priority;
 use vrange_cache::{Cache, Miss, Options};
 use vrange_sys::clock::now_ns;
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
+use vrange_testkit::{cgroup, procfs};
 
 const MIB: u64 = 1 << 20;
 const SEC: u64 = 1_000_000_000;
@@ -140,7 +142,7 @@ fn next(x: &mut u64) -> u64 {
 }
 
 fn minor_faults() -> u64 {
-    proc::page_faults().0
+    procfs::page_faults().0
 }
 
 // ---------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ pub(super) fn service_role(args: &[String]) -> i32 {
     };
     // The OOM killer's first choice, so that the neighbour is spared (lowering the
     // neighbour's score instead would need CAP_SYS_RESOURCE).
-    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+    let _ = vrange_testkit::hog::prefer_oom_kill();
     let zipf = Zipf::new(keys.max(1), zipf);
     let seed = u64::from(std::process::id()) | 1;
     match peer.as_str() {
@@ -334,16 +334,15 @@ impl Run {
 }
 
 fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
-    let cg = proc::child_cgroup("vrange-bench-cache", s.limit)?;
-    let procs = cg.cgroup().file("cgroup.procs");
+    let cg = cgroup::try_child("vrange-bench-cache", s.limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let spawn = |args: &[String]| -> Result<Proc, String> {
-        let mut cmd = proc::clean_command(&exe);
+        let mut cmd = clean_command(&exe);
         cmd.args(["role", "cache"])
             .args(args)
             .env("VRANGE_STATS_DIR", "off");
-        proc::join_cgroup_before_exec(&mut cmd, &procs)?;
-        Proc::spawn(cmd)
+        cgroup::join(&mut cmd, cg.cgroup())?;
+        Proc::try_spawn(cmd)
     };
     let epoch = now_ns() + SEC / 2;
     let end = epoch + s.total().as_nanos() as u64;
@@ -446,17 +445,17 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
             run.samples.push(Sample {
                 t: since(now),
                 usage: cg.cgroup().usage().unwrap_or(0),
-                hog: proc::rss_lazy_kb(hog.pid()).0 * 1024,
+                hog: procfs::rss_lazy_kb(hog.pid()).0 * 1024,
                 service: service
                     .as_ref()
-                    .map_or(0, |p| proc::rss_lazy_kb(p.pid()).0 * 1024),
+                    .map_or(0, |p| procfs::rss_lazy_kb(p.pid()).0 * 1024),
             });
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     hog.wait(Duration::from_secs(10));
     run.oom_kills = cg.cgroup().oom_kills().ok();
-    run.peak = proc::cgroup_peak(cg.cgroup());
+    run.peak = cgroup::peak(cg.cgroup());
     drop(hog);
     drop(cg);
     Ok(run)
@@ -498,7 +497,7 @@ fn pct(x: f64) -> String {
 }
 
 pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
+    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
         ctx.skipped("cache scenario", &why);
         return Ok(());
     }

@@ -34,7 +34,6 @@
 //! neighbour is above half its peak, and per participant.
 
 use super::plot::{self, Axis, Series, Unit};
-use super::proc::{self, field, Exit, Proc};
 use super::report::{self, progress, Csv, Table};
 use super::Ctx;
 use std::path::{Path, PathBuf};
@@ -43,6 +42,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vrange::{Policy, Source, VolatileRegion};
 use vrange_sys::clock::now_ns;
+use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::role::field;
+use vrange_testkit::{cgroup, procfs};
 
 const MIB: u64 = 1 << 20;
 const SEC: u64 = 1_000_000_000;
@@ -101,7 +103,7 @@ fn earlyoom() -> Option<PathBuf> {
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = proc::child_cgroup("vrange-bench-probe", 64 << 20) {
+    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
         ctx.skipped("coordinate", &why);
         return Ok(());
     }

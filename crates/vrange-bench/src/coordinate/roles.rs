@@ -243,7 +243,7 @@ pub fn participant_role(args: &[String]) -> i32 {
     };
     // The OOM killer's first choice, so that the neighbour is spared (lowering the
     // neighbour's score instead would need CAP_SYS_RESOURCE).
-    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+    let _ = vrange_testkit::hog::prefer_oom_kill();
     let mut p = Participant {
         index,
         slots: (0..chunks).map(|_| Slot::default()).collect(),

@@ -277,8 +277,7 @@ pub(super) struct Seat {
 }
 
 pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
-    let cg = proc::child_cgroup("vrange-bench-coord", s.limit)?;
-    let procs = cg.cgroup().file("cgroup.procs");
+    let cg = cgroup::try_child("vrange-bench-coord", s.limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = tempfile::Builder::new()
         .prefix("vrange-bench-coord")
@@ -294,13 +293,13 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         _ => "off".to_string(),
     };
     let spawn = |role: &str, args: &[String]| -> Result<Proc, String> {
-        let mut cmd = proc::clean_command(&exe);
+        let mut cmd = clean_command(&exe);
         cmd.args(["role", role])
             .args(args)
             .env("VRANGE_STATS_DIR", "off")
             .env("VRANGE_COORDINATOR", &setting);
-        proc::join_cgroup_before_exec(&mut cmd, &procs)?;
-        Proc::spawn(cmd)
+        cgroup::join(&mut cmd, cg.cgroup())?;
+        Proc::try_spawn(cmd)
     };
     let epoch = now_ns() + SEC / 2;
     let end = epoch + s.total().as_nanos() as u64;
@@ -439,7 +438,7 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
                 run.samples.push(Sample {
                     t,
                     usage,
-                    neighbour: proc::rss_lazy_kb(neighbour.pid()).0 * 1024,
+                    neighbour: procfs::rss_lazy_kb(neighbour.pid()).0 * 1024,
                 });
             }
         }
@@ -461,7 +460,7 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
     }
     neighbour.wait(Duration::from_secs(10));
     run.oom_kills = cg.cgroup().oom_kills().ok();
-    run.peak = proc::cgroup_peak(cg.cgroup());
+    run.peak = cgroup::peak(cg.cgroup());
     if let Some(c) = coordinator.as_mut() {
         let get = |name| c.metric(name).unwrap_or(0.0) as u64;
         run.coordinator = Some((
