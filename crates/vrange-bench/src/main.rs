@@ -40,12 +40,14 @@ mod ebizzy;
 mod lazyfree;
 mod machine;
 mod markcost;
+mod neighbour;
 mod pagetable;
 mod pairs;
 mod plot;
 mod pressure;
 mod refill;
 mod report;
+mod service;
 mod stress;
 mod tradeoff;
 mod workload;
@@ -377,7 +379,7 @@ fn role(role: &str, args: &[String]) -> i32 {
         "refill" => refill::role(args),
         "cache" => cache::role(args),
         "coordinate-participant" => coordinate::participant_role(args),
-        "coordinate-neighbour" => coordinate::neighbour_role(args),
+        "neighbour" => neighbour::role(args),
         "hog" => ebizzy::hog_role(args),
         "stress" => stress::role(args),
         _ => {

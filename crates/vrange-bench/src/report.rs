@@ -132,6 +132,16 @@ pub fn rate(x: f64) -> String {
     format!("{}{unit}", sig3(v))
 }
 
+/// "96 MiB": whole MiB of `bytes`.
+pub fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+/// "97.3 %": a fraction in percent.
+pub fn pct(x: f64) -> String {
+    format!("{:.1} %", x * 100.0)
+}
+
 /// "4KiB", "2MiB", "1GiB".
 pub fn size(bytes: usize) -> String {
     const KIB: usize = 1 << 10;

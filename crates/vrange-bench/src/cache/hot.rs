@@ -100,10 +100,8 @@ impl Hot {
             // Each thread its own sequence of random keys, made before the clock starts.
             let seqs: Vec<Vec<u32>> = (0..threads)
                 .map(|t| {
-                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
-                    (0..self.ops)
-                        .map(|_| (next(&mut x) % keys) as u32)
-                        .collect()
+                    let mut rng = Rng::new(t as u64 + 1);
+                    (0..self.ops).map(|_| (rng.next() % keys) as u32).collect()
                 })
                 .collect();
             let mut ns = Vec::new();

@@ -14,8 +14,9 @@
 //!   (`service PEER CAPACITY KEYS EPOCH END ZIPF`) answers requests for keys drawn from a
 //!   Zipf-like law over a key space whose values total three times the limit: a hit checks
 //!   every byte of the value, a miss regenerates it (a pattern from the key) and inserts it.
-//!   Beside it a neighbour (`hog PEAK EPOCH WARMUP PERIOD END`) holds no memory during the
-//!   warm-up, then ramps its resident memory 0 → 60 % of the limit → 0 (a raised cosine)
+//!   Beside it a neighbour (`role neighbour`, shared with the coordinate suite) holds no
+//!   memory during the warm-up, then ramps its resident memory 0 → 60 % of the limit → 0 (a
+//!   raised cosine)
 //!   and is spared by the OOM killer (the service makes itself its first choice,
 //!   `oom_score_adj` 1000), as a neighbour an operator cares about would be. Peers:
 //!   quick_cache sized for the container (the limit less an eighth for the process: expect
@@ -33,12 +34,16 @@
 mod hot;
 mod scenario;
 
+use super::neighbour::{Neighbour, Ramp};
 use super::plot::{self, Axis, Series, Unit};
-use super::report::{self, progress, Csv, Table};
+use super::report::{self, mib, pct, progress, Csv, Table};
+use super::service::{
+    headroom, sleep_until, Rng, Sample, Samples, Seat, Second, Seconds, Zipf, MIB, RESTART, SEC,
+};
 use super::Ctx;
 use hot::{hot_path, hot_role};
 pub(super) use scenario::vrange_cache_run;
-use scenario::{hog_role, scenario, service_role};
+use scenario::{scenario, service_role};
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -48,9 +53,6 @@ use vrange_sys::clock::now_ns;
 use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
 use vrange_testkit::{cgroup, procfs};
-
-const MIB: u64 = 1 << 20;
-const SEC: u64 = 1_000_000_000;
 
 /// Value sizes of the hot path, and the bytes of values held per size.
 const SIZES: [usize; 3] = [1 << 10, 64 << 10, 1 << 20];
@@ -74,12 +76,10 @@ const PEERS: [(&str, &str); 4] = [
 ];
 /// The target: a hit within this factor of the fastest peer's.
 const HIT_TARGET: f64 = 1.5;
-/// The hog's peak, in percent of the limit.
-const HOG_PERCENT: u64 = 60;
+/// The neighbour's peak, in percent of the limit.
+const NEIGHBOUR_PERCENT: u64 = 60;
 /// The Zipf exponent of the service's keys.
 const ZIPF: f64 = 0.8;
-/// How long a killed service stays down before its supervisor starts it again.
-const RESTART: Duration = Duration::from_secs(1);
 
 // ---------------------------------------------------------------------------------------
 // Values: a cheap deterministic pattern per key, checkable word by word.
@@ -131,14 +131,6 @@ fn regenerate(key: u64, len: usize) -> Arc<[u8]> {
     let mut a = unsafe { a.assume_init() };
     fill(key, Arc::get_mut(&mut a).expect("still unique"));
     a
-}
-
-/// xorshift64*: the keys' dice.
-fn next(x: &mut u64) -> u64 {
-    *x ^= *x >> 12;
-    *x ^= *x << 25;
-    *x ^= *x >> 27;
-    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
 }
 
 fn minor_faults() -> u64 {
@@ -320,9 +312,8 @@ pub fn role(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
         Some("hot") => hot_role(&args[1..]),
         Some("service") => service_role(&args[1..]),
-        Some("hog") => hog_role(&args[1..]),
         _ => {
-            eprintln!("usage: vrange-bench role cache hot|service|hog ARGS");
+            eprintln!("usage: vrange-bench role cache hot|service ARGS");
             2
         }
     }
@@ -335,7 +326,6 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::scenario::{hog_target, Zipf};
     use super::*;
 
     #[test]
@@ -349,24 +339,5 @@ mod tests {
             assert!(check(3, len, &regenerate(3, len)));
         }
         assert!((4096..=65536).contains(&len_of(12345)));
-    }
-
-    #[test]
-    fn the_hog_ramps_up_and_down() {
-        assert_eq!(hog_target(100, 1000, 10_000, 500), 0);
-        assert_eq!(hog_target(100, 1000, 10_000, 6000), 100);
-        assert!(hog_target(100, 1000, 10_000, 3500) > 40);
-        assert_eq!(hog_target(100, 1000, 10_000, 11_000), 0);
-    }
-
-    #[test]
-    fn zipf_favours_small_keys() {
-        let z = Zipf::new(1000, 0.8);
-        let mut x = 7;
-        let draws: Vec<u64> = (0..10_000).map(|_| z.sample(&mut x)).collect();
-        assert!(draws.iter().all(|&k| k < 1000));
-        let low = draws.iter().filter(|&&k| k < 10).count();
-        let high = draws.iter().filter(|&&k| k >= 990).count();
-        assert!(low > 5 * high, "{low} {high}");
     }
 }

@@ -19,8 +19,8 @@
 //!   (`purge chunk= age_ms=`, the age when it was last seen intact: a scan every
 //!   [`SCAN`]), and the reaction times its own reclaimer reports (`vrange::stats()`: signal to
 //!   bytes freed).
-//! - `coordinate-neighbour PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS`: resident memory 0 → PEAK
-//!   → 0 over the period (a raised cosine) after the warm-up.
+//! - `neighbour PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS` (`neighbour.rs`, the cache suite's
+//!   too): resident memory 0 → PEAK → 0 over the period (a raised cosine) after the warm-up.
 //!
 //! Configurations: per-process reclaimers (`VRANGE_COORDINATOR=off`), the coordinator
 //! (`vrange_coordinator::run` in a thread of this process, watching the child cgroup, with
@@ -33,8 +33,12 @@
 //! each reclaimer's reaction time), and the participants' hit rate, overall, while the
 //! neighbour is above half its peak, and per participant.
 
+use super::neighbour::{Neighbour, Ramp};
 use super::plot::{self, Axis, Series, Unit};
-use super::report::{self, progress, Csv, Table};
+use super::report::{self, mib, pct, progress, Csv, Table};
+use super::service::{
+    headroom, sleep_until, Rng, Sample, Samples, Seat, Second, Seconds, Zipf, MIB, RESTART, SEC,
+};
 use super::Ctx;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -42,12 +46,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vrange::{Policy, Source, VolatileRegion};
 use vrange_sys::clock::now_ns;
-use vrange_testkit::proc::{clean_command, Exit, Proc};
+use vrange_testkit::proc::{clean_command, Proc};
 use vrange_testkit::role::field;
 use vrange_testkit::{cgroup, procfs};
 
-const MIB: u64 = 1 << 20;
-const SEC: u64 = 1_000_000_000;
 /// Bytes of one chunk of a participant's cache.
 const CHUNK: usize = 4 << 20;
 /// Requests per second of each participant: a busy service, then ever quieter ones.
@@ -56,8 +58,6 @@ const RATES: [u64; 4] = [400, 100, 25, 6];
 const ZIPF: f64 = 1.0;
 /// The neighbour's peak, in percent of the limit.
 const NEIGHBOUR_PERCENT: u64 = 50;
-/// How long a killed participant stays down before its supervisor starts it again.
-const RESTART: Duration = Duration::from_secs(1);
 /// Between the participants' start (each fills its cache then).
 const STAGGER: Duration = Duration::from_millis(500);
 /// How often a participant looks for purged chunks (the resolution of the ages).
@@ -66,17 +66,8 @@ const SCAN: Duration = Duration::from_millis(5);
 mod roles;
 mod scenario;
 
-use roles::Second;
-pub use roles::{neighbour_role, participant_role};
+pub use roles::participant_role;
 use scenario::*;
-
-fn mib(b: u64) -> String {
-    format!("{} MiB", b / MIB)
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
-}
 
 /// "45 ms" or "1.23 s" from milliseconds.
 fn ms(v: f64) -> String {
@@ -112,10 +103,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let s = Scenario {
         limit,
         chunks: if quick { 4 } else { 8 },
-        peak: limit * NEIGHBOUR_PERCENT / 100,
-        warmup: Duration::from_secs(if quick { 3 } else { 5 }),
-        period: Duration::from_secs(if quick { 8 } else { 20 }),
-        tail: Duration::from_secs(if quick { 1 } else { 3 }),
+        neighbour: Ramp {
+            peak: limit * NEIGHBOUR_PERCENT / 100,
+            warmup: Duration::from_secs(if quick { 3 } else { 5 }),
+            period: Duration::from_secs(if quick { 8 } else { 20 }),
+            tail: Duration::from_secs(if quick { 1 } else { 3 }),
+        },
     };
     let n = RATES.len();
     let cache = n as u64 * s.chunks as u64 * CHUNK as u64;
@@ -142,13 +135,13 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         STAGGER.as_millis(),
         RATES.map(|r| r.to_string()).join(", "),
         n - 1,
-        s.warmup.as_secs(),
-        mib(s.peak),
-        s.period.as_secs(),
-        s.tail.as_secs(),
+        s.neighbour.warmup.as_secs(),
+        mib(s.neighbour.peak),
+        s.neighbour.period.as_secs(),
+        s.neighbour.tail.as_secs(),
         RESTART.as_secs(),
-        mib(s.threshold()),
-        mib(s.threshold()),
+        mib(headroom(limit)),
+        mib(headroom(limit)),
     ));
     ctx.say(match earlyoom() {
         None => "The kill-based baseline is the kernel OOM killer alone (earlyoom is not \
@@ -165,12 +158,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         progress(format!(
             "coordinate: {} ({} s)",
             config.label(),
-            s.total().as_secs()
+            s.neighbour.total().as_secs()
         ));
         runs.push(run_one(&s, config)?);
     }
-    let secs = s.seconds();
-    let high = |i: usize| s.neighbour_at(i as f64 + 0.5) >= s.peak / 2;
+    let secs = s.neighbour.seconds();
+    let high = |i: usize| s.neighbour.at(i as f64 + 0.5) >= s.neighbour.peak / 2;
     let mut table = Table::new(&[
         "configuration",
         "OOM kills",
@@ -248,7 +241,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let mut series = Vec::new();
     let mut wrong = 0u64;
     for (config, run) in Config::ALL.iter().zip(&runs) {
-        let t = run.total();
+        let t = run.seconds.total();
         wrong += t.wrong;
         let worst = run
             .seconds
@@ -295,7 +288,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             pressure,
             reaction,
             pct(t.rate()),
-            pct(run.rate_where(high)),
+            pct(run.seconds.rate_where(high)),
             pct(worst),
             run.peak.map_or("?".into(), mib),
             t.wrong.to_string(),
@@ -336,7 +329,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             t.req.to_string(),
             t.hit.to_string(),
             format!("{:.4}", t.rate()),
-            format!("{:.4}", run.rate_where(high)),
+            format!("{:.4}", run.seconds.rate_where(high)),
             format!("{worst:.4}"),
             run.peak.map_or(String::new(), |p| p.to_string()),
             t.wrong.to_string(),
@@ -348,7 +341,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             run.coordinator.map_or(String::new(), |c| c.2.to_string()),
         ]);
         for (i, sec) in run.seconds.iter().enumerate() {
-            let mean = |f: fn(&Sample) -> u64| report::opt(run.mean_in(i, f), 0);
+            let mean = |f: fn(&Sample) -> u64| report::opt(run.samples.mean_in(i, f), 0);
             seconds_csv.row([
                 config.label().to_string(),
                 i.to_string(),
@@ -357,7 +350,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 format!("{:.4}", sec.rate()),
                 sec.purged.to_string(),
                 run.youngest_in(i).map_or(String::new(), |a| a.to_string()),
-                s.neighbour_at(i as f64 + 0.5).to_string(),
+                s.neighbour.at(i as f64 + 0.5).to_string(),
                 mean(|x| x.neighbour),
                 mean(|x| x.usage),
             ]);
@@ -502,15 +495,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             by.join(", ")
         ));
     }
-    series.push(Series::new(
-        "neighbour (% of limit)",
-        (0..secs)
-            .filter_map(|i| {
-                let m = runs[0].mean_in(i, |x| x.neighbour)?;
-                Some((i as f64 + 0.5, 100.0 * m / limit as f64))
-            })
-            .collect(),
-    ));
+    series.push(runs[0].samples.neighbour_series(secs, limit));
     csv.write(&ctx.out, "coordinate.csv")?;
     seconds_csv.write(&ctx.out, "coordinate-seconds.csv")?;
     participants_csv.write(&ctx.out, "coordinate-participants.csv")?;

@@ -1,5 +1,5 @@
-//! The processes of the coordinate suite: participants serving from volatile (or plain)
-//! chunks, and the neighbour.
+//! The participant of the coordinate suite: a cache of volatile (or plain) chunks serving
+//! requests. (Its neighbour is the cache suite's too: `neighbour.rs`.)
 
 use super::*;
 // ---------------------------------------------------------------------------------------
@@ -24,39 +24,6 @@ pub(super) fn check(key: u64, buf: &[u8]) -> bool {
             let i = p * page / 8;
             buf[i * 8..i * 8 + 8] == word(key, i).to_le_bytes()
         })
-}
-
-/// splitmix64.
-pub(super) fn next(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Chunk `k` of `n` drawn with probability ∝ 1/(k+1)^s.
-pub(super) struct Zipf {
-    pub(super) cdf: Vec<f64>,
-}
-
-impl Zipf {
-    pub(super) fn new(n: usize, s: f64) -> Zipf {
-        let mut acc = 0.0;
-        let mut cdf: Vec<f64> = (0..n)
-            .map(|k| {
-                acc += 1.0 / ((k + 1) as f64).powf(s);
-                acc
-            })
-            .collect();
-        cdf.iter_mut().for_each(|c| *c /= acc);
-        Zipf { cdf }
-    }
-
-    pub(super) fn sample(&self, x: &mut u64) -> usize {
-        let u = (next(x) >> 11) as f64 / (1u64 << 53) as f64;
-        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -91,34 +58,6 @@ pub(super) enum Outcome {
     Hit,
     Miss,
     Wrong,
-}
-
-/// One second of a participant.
-#[derive(Default, Clone, Copy, Debug)]
-pub(super) struct Second {
-    pub(super) req: u64,
-    pub(super) hit: u64,
-    pub(super) miss: u64,
-    pub(super) wrong: u64,
-    pub(super) purged: u64,
-}
-
-impl Second {
-    pub(super) fn add(&mut self, o: &Second) {
-        self.req += o.req;
-        self.hit += o.hit;
-        self.miss += o.miss;
-        self.wrong += o.wrong;
-        self.purged += o.purged;
-    }
-
-    pub(super) fn rate(&self) -> f64 {
-        if self.req == 0 {
-            0.0
-        } else {
-            self.hit as f64 / self.req as f64
-        }
-    }
 }
 
 pub(super) struct Participant {
@@ -210,13 +149,6 @@ pub(super) fn print_reactions(last: &mut [(u64, u64); 7]) {
     }
 }
 
-pub(super) fn sleep_until(t: u64) {
-    let now = now_ns();
-    if now < t {
-        std::thread::sleep(Duration::from_nanos(t - now));
-    }
-}
-
 /// `coordinate-participant INDEX CHUNKS RATE EPOCH_NS FILL_NS END_NS MODE PREFILL`.
 pub fn participant_role(args: &[String]) -> i32 {
     let usage = "usage: vrange-bench role coordinate-participant INDEX CHUNKS RATE EPOCH_NS \
@@ -259,8 +191,8 @@ pub fn participant_role(args: &[String]) -> i32 {
         }
     }
     println!("serving");
-    let zipf = Zipf::new(p.slots.len().max(1), ZIPF);
-    let mut x = now_ns() ^ (index << 32);
+    let zipf = Zipf::new(p.slots.len(), ZIPF);
+    let mut rng = Rng::new(now_ns() ^ (index << 32));
     let period = SEC / rate.max(1);
     let scan = SCAN.as_nanos() as u64;
     let mut reactions = [(0u64, 0u64); 7];
@@ -279,7 +211,7 @@ pub fn participant_role(args: &[String]) -> i32 {
             next_stats = now + SEC / 10;
         }
         if now >= next_req && now < end {
-            let k = zipf.sample(&mut x);
+            let k = zipf.sample(&mut rng);
             match p.request(k) {
                 Ok(Outcome::Hit) => c.hit += 1,
                 Ok(Outcome::Miss) => c.miss += 1,
@@ -298,10 +230,7 @@ pub fn participant_role(args: &[String]) -> i32 {
         }
         let n = now.saturating_sub(epoch) / SEC;
         if n != sec || now >= end {
-            println!(
-                "sec n={sec} req={} hit={} miss={} wrong={} purged={}",
-                c.req, c.hit, c.miss, c.wrong, c.purged
-            );
+            println!("{}", c.line(sec));
             (sec, c) = (n, Second::default());
         }
         if now >= end {
@@ -324,61 +253,6 @@ pub fn participant_role(args: &[String]) -> i32 {
     0
 }
 
-// ---------------------------------------------------------------------------------------
-// The neighbour.
-
-/// The neighbour's resident bytes at `t_ms` after the epoch: none during the warm-up, then a
-/// raised cosine 0 → `peak` → 0 over `period_ms`, then none.
-pub(super) fn neighbour_target(peak: u64, warmup_ms: u64, period_ms: u64, t_ms: u64) -> u64 {
-    if t_ms < warmup_ms || t_ms >= warmup_ms + period_ms {
-        return 0;
-    }
-    let x = (t_ms - warmup_ms) as f64 / period_ms as f64;
-    (peak as f64 * (1.0 - (2.0 * std::f64::consts::PI * x).cos()) / 2.0) as u64
-}
-
-/// `coordinate-neighbour PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS`: resident memory following
-/// [`neighbour_target`] (pages written as it grows, dropped as it shrinks) until `END_NS`.
-pub fn neighbour_role(args: &[String]) -> i32 {
-    let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let &[peak, epoch, warmup_ms, period_ms, end] = nums.as_slice() else {
-        eprintln!(
-            "usage: vrange-bench role coordinate-neighbour PEAK EPOCH_NS WARMUP_MS PERIOD_MS END_NS"
-        );
-        return 2;
-    };
-    let page = vrange::page_size();
-    let bytes = (peak as usize).next_multiple_of(page).max(page);
-    let Ok(p) = vrange_sys::mem::map_anon(bytes, page) else {
-        eprintln!("coordinate neighbour: cannot map {bytes} bytes");
-        return 1;
-    };
-    println!("ready");
-    let mut held = 0usize;
-    loop {
-        let now = now_ns();
-        if now >= end {
-            break;
-        }
-        let t_ms = now.saturating_sub(epoch) / 1_000_000;
-        let target =
-            (neighbour_target(peak, warmup_ms, period_ms, t_ms) as usize).min(bytes) / page * page;
-        if target > held {
-            for off in (held..target).step_by(page) {
-                // SAFETY: inside the neighbour's own mapping.
-                unsafe { p.as_ptr().add(off).write_volatile(1) };
-            }
-        } else if target < held {
-            // SAFETY: the neighbour's own pages; nothing refers to their content.
-            let _ = unsafe { vrange_sys::mem::purge_forced(p.as_ptr().add(target), held - target) };
-        }
-        held = target;
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    println!("done");
-    0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,24 +266,5 @@ mod tests {
         assert!(!check(2, &buf));
         buf[vrange::page_size() * 3] = 0;
         assert!(!check(1, &buf));
-    }
-
-    #[test]
-    fn the_neighbour_ramps_up_and_down() {
-        assert_eq!(neighbour_target(100, 1000, 10_000, 500), 0);
-        assert_eq!(neighbour_target(100, 1000, 10_000, 6000), 100);
-        assert_eq!(neighbour_target(100, 1000, 10_000, 11_000), 0);
-    }
-
-    #[test]
-    fn zipf_favours_the_first_chunks() {
-        let z = Zipf::new(8, ZIPF);
-        let mut x = 7;
-        let mut counts = [0u32; 8];
-        for _ in 0..10_000 {
-            counts[z.sample(&mut x)] += 1;
-        }
-        assert!(counts[0] > 5 * counts[7], "{counts:?}");
-        assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
     }
 }

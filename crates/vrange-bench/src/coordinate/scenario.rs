@@ -1,6 +1,5 @@
 //! One configuration of the coordinate suite: the cgroup, the processes, the samples.
 
-use super::roles::*;
 use super::*;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -40,49 +39,14 @@ impl Config {
 pub(super) struct Scenario {
     pub(super) limit: u64,
     pub(super) chunks: usize,
-    pub(super) peak: u64,
-    pub(super) warmup: Duration,
-    pub(super) period: Duration,
-    pub(super) tail: Duration,
-}
-
-impl Scenario {
-    pub(super) fn total(&self) -> Duration {
-        self.warmup + self.period + self.tail
-    }
-
-    pub(super) fn seconds(&self) -> usize {
-        self.total().as_secs_f64().ceil() as usize
-    }
-
-    /// The neighbour's target `t` seconds after the epoch.
-    pub(super) fn neighbour_at(&self, t: f64) -> u64 {
-        neighbour_target(
-            self.peak,
-            self.warmup.as_millis() as u64,
-            self.period.as_millis() as u64,
-            (t.max(0.0) * 1e3) as u64,
-        )
-    }
-
-    /// The headroom threshold of the reclaimers and of the coordinator (`auto`).
-    pub(super) fn threshold(&self) -> u64 {
-        (self.limit / 16).clamp(4 * MIB, 256 * MIB)
-    }
-}
-
-#[derive(Clone, Copy, Default)]
-pub(super) struct Sample {
-    pub(super) t: f64,
-    pub(super) usage: u64,
-    pub(super) neighbour: u64,
+    pub(super) neighbour: Ramp,
 }
 
 /// One configuration's run.
 #[derive(Default)]
 pub(super) struct Run {
     /// Per second, every participant summed.
-    pub(super) seconds: Vec<Second>,
+    pub(super) seconds: Seconds,
     /// Per participant, the whole run.
     pub(super) per: Vec<Second>,
     /// Chunks found purged: participant, seconds after the epoch, age (ms).
@@ -110,7 +74,7 @@ pub(super) struct Run {
     pub(super) neighbour_kills: Vec<f64>,
     pub(super) oom_kills: Option<u64>,
     pub(super) peak: Option<u64>,
-    pub(super) samples: Vec<Sample>,
+    pub(super) samples: Samples,
     /// Summed over the participants' `end` lines.
     pub(super) connections: u64,
     pub(super) obeyed: u64,
@@ -142,17 +106,7 @@ impl Run {
 
     pub(super) fn take(&mut self, p: usize, line: &str, t: f64) {
         let get = |k| field::<u64>(line, k).unwrap_or(0);
-        if line.starts_with("sec ") {
-            let s = Second {
-                req: get("req"),
-                hit: get("hit"),
-                miss: get("miss"),
-                wrong: get("wrong"),
-                purged: get("purged"),
-            };
-            if let Some(slot) = self.seconds.get_mut(get("n") as usize) {
-                slot.add(&s);
-            }
+        if let Some(s) = self.seconds.take(line) {
             self.per[p].add(&s);
         } else if line.starts_with("purge ") {
             self.purges.push((p, t, get("age_ms")));
@@ -169,30 +123,6 @@ impl Run {
             self.deferred += get("deferred");
             self.never_connected += usize::from(get("connections") == 0);
         }
-    }
-
-    pub(super) fn total(&self) -> Second {
-        let mut t = Second::default();
-        self.seconds.iter().for_each(|s| t.add(s));
-        t
-    }
-
-    pub(super) fn rate_where(&self, keep: impl Fn(usize) -> bool) -> f64 {
-        let mut t = Second::default();
-        for (_, s) in self.seconds.iter().enumerate().filter(|(n, _)| keep(*n)) {
-            t.add(s);
-        }
-        t.rate()
-    }
-
-    pub(super) fn mean_in(&self, n: usize, f: impl Fn(&Sample) -> u64) -> Option<f64> {
-        let v: Vec<f64> = self
-            .samples
-            .iter()
-            .filter(|s| s.t >= n as f64 && s.t < (n + 1) as f64)
-            .map(|s| f(s) as f64)
-            .collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     }
 
     pub(super) fn youngest_purged(&self) -> Option<u64> {
@@ -269,13 +199,6 @@ impl Drop for InProcess {
     }
 }
 
-/// One participant's process and supervisor state.
-pub(super) struct Seat {
-    pub(super) proc: Option<Proc>,
-    pub(super) restart_at: Option<u64>,
-    pub(super) down_since: Option<f64>,
-}
-
 pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
     let cg = cgroup::try_child("vrange-bench-coord", s.limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -292,9 +215,9 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         Config::Coordinator => socket.display().to_string(),
         _ => "off".to_string(),
     };
-    let spawn = |role: &str, args: &[String]| -> Result<Proc, String> {
+    let spawn = |args: &[String]| -> Result<Proc, String> {
         let mut cmd = clean_command(&exe);
-        cmd.args(["role", role])
+        cmd.arg("role")
             .args(args)
             .env("VRANGE_STATS_DIR", "off")
             .env("VRANGE_COORDINATOR", &setting);
@@ -302,27 +225,11 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         Proc::try_spawn(cmd)
     };
     let epoch = now_ns() + SEC / 2;
-    let end = epoch + s.total().as_nanos() as u64;
-    let neighbour_args: Vec<String> = vec![
-        s.peak.to_string(),
-        epoch.to_string(),
-        s.warmup.as_millis().to_string(),
-        s.period.as_millis().to_string(),
-        end.to_string(),
-    ];
-    let mut neighbour = spawn("coordinate-neighbour", &neighbour_args)?;
-    if neighbour
-        .line("ready", Instant::now() + Duration::from_secs(10))
-        .is_none()
-    {
-        let exit = neighbour.wait(Duration::from_secs(1));
-        return Err(format!(
-            "the neighbour did not start ({exit}): {}",
-            neighbour.stderr()
-        ));
-    }
+    let end = epoch + s.neighbour.total().as_nanos() as u64;
+    let mut neighbour = Neighbour::start(spawn, s.neighbour.role_args(epoch, end))?;
     let participant_args = |i: usize, fill_at: u64, prefill: bool| -> Vec<String> {
         vec![
+            "coordinate-participant".into(),
             i.to_string(),
             s.chunks.to_string(),
             RATES[i].to_string(),
@@ -334,24 +241,19 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         ]
     };
     let mut run = Run {
-        seconds: vec![Second::default(); s.seconds()],
+        seconds: Seconds::new(s.neighbour.seconds()),
         per: vec![Second::default(); RATES.len()],
         ..Run::default()
     };
     let mut seats = Vec::new();
+    // When each participant was killed, until it serves again.
+    let mut down_since: Vec<Option<f64>> = vec![None; RATES.len()];
     for i in 0..RATES.len() {
         let fill_at = epoch + i as u64 * STAGGER.as_nanos() as u64;
-        seats.push(Seat {
-            proc: Some(spawn(
-                "coordinate-participant",
-                &participant_args(i, fill_at, true),
-            )?),
-            restart_at: None,
-            down_since: None,
-        });
+        seats.push(Seat::new(spawn(&participant_args(i, fill_at, true))?));
     }
     let since = |now: u64| (now as f64 - epoch as f64) / 1e9;
-    let threshold = s.threshold();
+    let threshold = headroom(s.limit);
     let mut pressure_since: Option<f64> = None;
     let mut last_response = 0.0f64;
     let mut next_sample = 0u64;
@@ -359,67 +261,34 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         let now = now_ns();
         let t = since(now);
         for (i, seat) in seats.iter_mut().enumerate() {
-            if let Some(p) = seat.proc.as_mut() {
-                while let Some(line) = p.line("", Instant::now()) {
+            let killed = seat
+                .poll(now, end, |line| {
                     if line == "serving" {
-                        if let Some(d) = seat.down_since.take() {
+                        if let Some(d) = down_since[i].take() {
                             run.add_down(d, t, RATES[i] as f64);
                         }
                     }
-                    run.take(i, &line, t);
-                }
-                if let Some(exit) = p.ended() {
-                    while let Some(line) = p.line("", Instant::now() + Duration::from_millis(200)) {
-                        run.take(i, &line, t);
-                    }
-                    if now < end && exit == Exit::Signal(libc::SIGKILL) {
-                        run.kills.push((i, t));
-                        seat.down_since = Some(t);
-                        let at = now + RESTART.as_nanos() as u64;
-                        seat.restart_at = (at + SEC < end).then_some(at);
-                    } else if exit != Exit::Code(0) || now < end {
-                        return Err(format!(
-                            "{}: participant {i} ended: {exit}: {}",
-                            config.label(),
-                            p.stderr().trim()
-                        ));
-                    }
-                    seat.proc = None;
-                }
+                    run.take(i, line, t);
+                })
+                .map_err(|e| format!("{}: participant {i} {e}", config.label()))?;
+            if killed {
+                run.kills.push((i, t));
+                down_since[i] = Some(t);
             }
-            if seat.proc.is_none() && seat.restart_at.is_some_and(|at| now >= at) {
-                seat.proc = Some(spawn(
-                    "coordinate-participant",
-                    &participant_args(i, now, false),
-                )?);
-                seat.restart_at = None;
+            if seat.restart_due(now) {
+                seat.fill(spawn(&participant_args(i, now, false))?);
             }
         }
-        if seats
-            .iter()
-            .all(|x| x.proc.is_none() && x.restart_at.is_none())
-            && now >= end
-        {
+        if seats.iter().all(Seat::done) && now >= end {
             break;
         }
         if now > end + 20 * SEC {
             return Err(format!("{}: the participants did not end", config.label()));
         }
         if now < end {
-            match neighbour.ended() {
-                Some(Exit::Signal(libc::SIGKILL)) => {
-                    run.neighbour_kills.push(t);
-                    neighbour = spawn("coordinate-neighbour", &neighbour_args)?;
-                }
-                Some(e) => {
-                    return Err(format!(
-                        "{}: the neighbour ended: {e}: {}",
-                        config.label(),
-                        neighbour.stderr()
-                    ))
-                }
-                None => {}
-            }
+            neighbour
+                .keep_up(spawn, t)
+                .map_err(|e| format!("{}: {e}", config.label()))?;
         }
         if now >= epoch && now < end {
             // Pressure episodes, sampled every loop (10 ms).
@@ -435,10 +304,11 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
             }
             if now >= next_sample {
                 next_sample = now + SEC / 10;
-                run.samples.push(Sample {
+                run.samples.0.push(Sample {
                     t,
                     usage,
                     neighbour: procfs::rss_lazy_kb(neighbour.pid()).0 * 1024,
+                    service: 0,
                 });
             }
         }
@@ -453,12 +323,13 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         std::thread::sleep(Duration::from_millis(10));
     }
     run.open_episode = pressure_since.map(|from| since(end) - from);
-    for (i, seat) in seats.iter_mut().enumerate() {
-        if let Some(d) = seat.down_since.take() {
+    for (i, down) in down_since.iter().enumerate() {
+        if let Some(d) = *down {
             run.add_down(d, since(end), RATES[i] as f64);
         }
     }
-    neighbour.wait(Duration::from_secs(10));
+    neighbour.wait();
+    run.neighbour_kills = std::mem::take(&mut neighbour.kills);
     run.oom_kills = cg.cgroup().oom_kills().ok();
     run.peak = cgroup::peak(cg.cgroup());
     if let Some(c) = coordinator.as_mut() {
