@@ -1,6 +1,6 @@
 /*
  * churn: the ebizzy 0.3 workload, for comparing allocators by LD_PRELOAD (`vrange-bench
- * ebizzy` compiles and runs it).
+ * ebizzy` runs it; build.rs compiles it).
  *
  * Allocates CHUNKS chunks of CHUNK_SIZE bytes, each filled with 8-byte records in increasing
  * order. THREADS threads then loop for SECONDS seconds: pick a random chunk, malloc a copy
@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "prng.h"
+
 typedef uint64_t record;
 
 static unsigned threads;
@@ -62,27 +64,6 @@ static void die(const char *what)
 	exit(2);
 }
 
-/* xorshift64* (Vigna): the state must never be zero. */
-static uint64_t next(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	*s = x;
-	return x * 0x2545F4914F6CDD1DULL;
-}
-
-/* splitmix64, to turn a thread number into a well-mixed non-zero seed. */
-static uint64_t seed(uint64_t n)
-{
-	uint64_t z = n + 0x9E3779B97F4A7C15ULL;
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-	z ^= z >> 31;
-	return z ? z : 1;
-}
-
 static double now(clockid_t clock)
 {
 	struct timespec ts;
@@ -102,7 +83,7 @@ static void *work(void *arg)
 	pthread_barrier_wait(&start);
 	double begun = now(CLOCK_MONOTONIC), cpu = now(CLOCK_THREAD_CPUTIME_ID);
 	while (!atomic_load_explicit(&done, memory_order_relaxed)) {
-		uint64_t r = classic ? 0 : next(&w->rng);
+		uint64_t r = classic ? 0 : prng_next(&w->rng);
 		const record *src = mem[r % chunks];
 		record key = src[(r >> 32) % records];
 		record *copy = malloc(chunk_size);
@@ -163,13 +144,13 @@ int main(int argc, char **argv)
 	mem = malloc(chunks * sizeof(*mem));
 	if (!mem)
 		die("malloc (chunk table)");
-	uint64_t fill = seed(~0ULL), value = 0;
+	uint64_t fill = prng_seed(~0ULL), value = 0;
 	for (size_t c = 0; c < chunks; c++) {
 		mem[c] = malloc(chunk_size);
 		if (!mem[c])
 			die("malloc (chunk)");
 		for (size_t i = 0; i < records; i++) {
-			value += 1 + (next(&fill) & 15);
+			value += 1 + (prng_next(&fill) & 15);
 			mem[c][i] = value;
 		}
 	}
@@ -181,7 +162,7 @@ int main(int argc, char **argv)
 	if (errno)
 		die("pthread_barrier_init");
 	for (unsigned t = 0; t < threads; t++) {
-		w[t].rng = seed(t);
+		w[t].rng = prng_seed(t);
 		errno = pthread_create(&w[t].tid, NULL, work, &w[t]);
 		if (errno)
 			die("pthread_create");

@@ -1,6 +1,6 @@
 /*
  * pair: the cost of one malloc+free pair of a large block, for comparing allocators by
- * LD_PRELOAD (`vrange-bench pairs` compiles and runs it).
+ * LD_PRELOAD (`vrange-bench pairs` runs it; build.rs compiles it).
  *
  * THREADS threads each loop for SECONDS seconds: p = malloc(SIZE); write one byte of it;
  * free(p). The byte written keeps the block from being optimised away and makes the

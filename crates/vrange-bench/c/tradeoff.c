@@ -1,6 +1,6 @@
 /*
- * tradeoff: the two processes of `vrange-bench tradeoff`, which compiles this file and runs it
- * under each allocator (the churner) in a memory cgroup of its own.
+ * tradeoff: the two processes of `vrange-bench tradeoff`, which runs them (build.rs compiles
+ * this file) under each allocator (the churner) in a memory cgroup of its own.
  *
  *   tradeoff churn -t THREADS -S SECONDS -w STEADY_MIB -p PEAK_MIB
  *     THREADS threads churn a working set of STEADY_MIB MiB (shared out between them): each
@@ -35,6 +35,8 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "prng.h"
 
 #define MIN_BLOCK (64u << 10)
 #define MAX_LOG2 5 /* blocks up to MIN_BLOCK << 5 = 2 MiB */
@@ -75,32 +77,11 @@ static double now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* xorshift64* (Vigna): the state must never be zero. */
-static uint64_t next(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	*s = x;
-	return x * 0x2545F4914F6CDD1DULL;
-}
-
-/* splitmix64, to turn a thread number into a well-mixed non-zero seed. */
-static uint64_t seed(uint64_t n)
-{
-	uint64_t z = n + 0x9E3779B97F4A7C15ULL;
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-	z ^= z >> 31;
-	return z ? z : 1;
-}
-
 /* Log-uniform in [64 KiB, 2 MiB): 2^f for the fraction f by a quadratic that is within 0.3%
  * (no libm needed), so each of the five doublings is equally likely. */
 static size_t block_size(uint64_t *rng)
 {
-	uint64_t r = next(rng);
+	uint64_t r = prng_next(rng);
 	unsigned whole = (unsigned)((r >> 40) % MAX_LOG2);
 	double f = (double)(r & 0xFFFFFFFFu) / 4294967296.0;
 	double scale = 1.0 + f * (0.6565 + 0.3435 * f);
@@ -131,7 +112,7 @@ static void *block(uint64_t *rng, size_t *size)
 
 static void churn_once(struct worker *w)
 {
-	size_t i = next(&w->rng) % w->slots;
+	size_t i = prng_next(&w->rng) % w->slots;
 	free(w->slot[i]);
 	w->slot[i] = block(&w->rng, NULL);
 	w->ops++;
@@ -247,7 +228,7 @@ static int churn(int argc, char **argv)
 	if (errno)
 		die("pthread_barrier_init");
 	for (unsigned t = 0; t < threads; t++) {
-		w[t].rng = seed(t);
+		w[t].rng = prng_seed(t);
 		w[t].slots = slots;
 		w[t].slot = calloc(slots, sizeof *w[t].slot);
 		if (!w[t].slot)

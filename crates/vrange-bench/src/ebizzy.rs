@@ -1,7 +1,7 @@
 //! ebizzy: allocator churn in the shape of ebizzy 0.3, every allocator in one run.
 //!
-//! The workload is `churn.c` beside this file, compiled into the output directory at run
-//! time: T threads each pick a chunk of sorted 8-byte records (10 chunks of 512 KiB), malloc a
+//! The workload is `c/churn.c` (built with vrange-bench, written into the output directory):
+//! T threads each pick a chunk of sorted 8-byte records (10 chunks of 512 KiB), malloc a
 //! 512 KiB buffer, copy the chunk into it, binary-search a key in the copy and free the buffer.
 //! Throughput is ebizzy's "records/s": searches per second, summed over threads. A freed
 //! 512 KiB block that the allocator keeps dirty is reused without a fault; one it gives back
@@ -33,7 +33,6 @@ use vrange_testkit::hog::Hog;
 use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
 
-const SOURCE: &str = include_str!("../c/churn.c");
 const PRESSURE_LIMIT: u64 = 256 << 20;
 const PRESSURE_HEADROOM: u64 = 24 << 20;
 
@@ -293,7 +292,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let threads = a.threads.clone().unwrap_or_else(|| thread_counts(cores));
     let chunk_size = a.chunk_size.unwrap_or(512 << 10);
     let w = Workload {
-        exe: super::workload::compile(&ctx.out, "churn", SOURCE)?,
+        exe: super::workload::CHURN.install(&ctx.out)?,
         chunks: a.chunks.unwrap_or(10),
         chunk_size,
         seconds: a.seconds.unwrap_or(if quick { 0.3 } else { 2.0 }),

@@ -2,7 +2,7 @@
 //! and 2 threads and oversubscribed (16 on the machine's cores), every allocator as shipped
 //! in the same run.
 //!
-//! The workload is `pair.c` beside this file, compiled into the output directory at run time:
+//! The workload is `c/pair.c` (built with vrange-bench, written into the output directory):
 //! each thread loops malloc, write one byte, free. A cell is the median of five runs (one with
 //! `--quick`); its cost is the CPU time the loops could use (their wall time times the threads
 //! that could run at once) per pair.
@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
 
-const SOURCE: &str = include_str!("../c/pair.c");
 const SIZES: [usize; 3] = [64 << 10, 512 << 10, 2 << 20];
 
 fn size_label(size: usize) -> String {
@@ -64,7 +63,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let seconds = ctx.args.seconds.unwrap_or(if quick { 0.1 } else { 0.3 });
     let cores = super::machine::cores();
     let threads = ctx.args.threads.clone().unwrap_or_else(|| vec![1, 2, 16]);
-    let exe = super::workload::compile(&ctx.out, "pair", SOURCE)?;
+    let exe = super::workload::PAIR.install(&ctx.out)?;
     let mut versions = Vec::new();
     let configs: Vec<alloc::Config> = alloc::configs(ctx.lib(), &mut versions)
         .into_iter()

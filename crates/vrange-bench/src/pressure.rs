@@ -6,7 +6,7 @@
 //! killer's first choice, so an allocator that keeps its free memory shows as the next process
 //! killed. Then the peak process callocs its blocks again (memory given back must read zero).
 //!
-//! The C program is `peak_and_next.c` beside this file (compiled at run time), the one the
+//! The C program is `c/peak_and_next.c` (built with vrange-bench), the one the
 //! allocator's own pressure test (`crates/vrange-malloc/tests/pressure.rs`, glibc against
 //! vrange-malloc) runs too; this suite runs it for every allocator and samples the peak
 //! process's RSS every 10 ms while the next process runs (the plot). No published numbers
@@ -23,7 +23,6 @@ use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
 use vrange_testkit::{cgroup, procfs};
 
-const SOURCE: &str = include_str!("../c/peak_and_next.c");
 /// Longer than vrange-malloc's arm delay (1 s), the same for every allocator.
 const IDLE: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -136,7 +135,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             next_mib: 250,
         }
     };
-    let exe = super::workload::compile(&ctx.out, "peak_and_next", SOURCE)?;
+    let exe = super::workload::PEAK_AND_NEXT.install(&ctx.out)?;
     let mut versions = Vec::new();
     let mut configs = alloc::configs(ctx.lib(), &mut versions);
     if ctx.quick() {

@@ -535,7 +535,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     }
     let quick = ctx.quick();
     let trials = ctx.args.reps.unwrap_or(if quick { 3 } else { 20 }).max(1);
-    let exe = super::workload::compile(&ctx.out, "tradeoff", tradeoff::SOURCE)?;
+    let exe = super::workload::TRADEOFF.install(&ctx.out)?;
     let lib = ctx.lib();
     let ours = alloc::configs(lib.clone(), &mut Vec::new())
         .into_iter()

@@ -6,8 +6,8 @@
 //! aim is the top-right corner: the throughput of the best peer as shipped, and the memory of
 //! the eager ones.
 //!
-//! The workload is `tradeoff.c` beside this file, compiled into the output directory at run
-//! time. Each run has a fresh child memory cgroup (no swap) of the peak + 192 MiB (room for
+//! The workload is `c/tradeoff.c` (built with vrange-bench, written into the output
+//! directory). Each run has a fresh child memory cgroup (no swap) of the peak + 192 MiB (room for
 //! the allocators' overheads at the peak):
 //!
 //! 1. The churner (the allocator under test, preloaded) runs T threads over a working set of
@@ -59,7 +59,6 @@ use vrange_testkit::cgroup;
 use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
 
-pub(super) const SOURCE: &str = include_str!("../c/tradeoff.c");
 const STEADY_MIB: u64 = 64;
 /// Room for the allocators' own overheads at the peak (page rounding, huge pages: mimalloc's
 /// large OS pages peak at 638 MiB for 512 MiB of blocks here).
@@ -353,7 +352,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| if quick { vec![1] } else { vec![1, 2] });
     let s = Sizes::new(if quick { 256 } else { 512 });
-    let exe = super::workload::compile(&ctx.out, "tradeoff", SOURCE)?;
+    let exe = super::workload::TRADEOFF.install(&ctx.out)?;
     let mut versions = Vec::new();
     let configs = alloc::with_huge_pages(alloc::configs(ctx.lib(), &mut versions));
     // Whether each huge-page setting was read: a setting the allocator ignored would make a
