@@ -276,6 +276,18 @@ impl Ctx {
         self.say(format!("skipped: {what}: {why}"));
     }
 
+    /// Whether a child memory cgroup can be made here (one is made and removed); if not, says
+    /// that `what` is skipped and why.
+    pub fn memory_cgroups(&self, what: &str) -> bool {
+        match vrange_testkit::cgroup::try_child("vrange-bench-probe", 64 << 20) {
+            Ok(_) => true,
+            Err(why) => {
+                self.skipped(what, &why);
+                false
+            }
+        }
+    }
+
     /// A plot's frame: its title, the machine and date, and the smoke-test marking of
     /// `--quick`.
     pub fn figure(&self, title: impl Into<String>) -> plot::Figure {

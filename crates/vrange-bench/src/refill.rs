@@ -194,14 +194,8 @@ fn fault_role(kind: &str) -> i32 {
                     return 1;
                 }
             };
-            // SAFETY: a handler for this process's own SIGBUS region, async-signal-safe.
-            unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = fill_from_handler as *const () as usize;
-                sa.sa_flags = libc::SA_SIGINFO;
-                libc::sigemptyset(&mut sa.sa_mask);
-                libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-            }
+            // The handler fills this process's own SIGBUS region, async-signal-safe.
+            vrange_testkit::signal::on_sigbus(fill_from_handler);
             // SAFETY: nothing refers into the region.
             if unsafe { r.mark() }.is_err() || vrange::purge(usize::MAX) < len {
                 eprintln!("fault role: could not purge the region");

@@ -106,29 +106,22 @@ fn sig3(v: f64) -> String {
 
 /// "1.23 µs": a duration in nanoseconds with a unit.
 pub fn ns(ns: f64) -> String {
-    let (v, unit) = if ns >= 1e9 {
-        (ns / 1e9, "s")
-    } else if ns >= 1e6 {
-        (ns / 1e6, "ms")
-    } else if ns >= 1e3 {
-        (ns / 1e3, "µs")
-    } else {
-        (ns, "ns")
-    };
-    format!("{} {unit}", sig3(v))
+    scaled(ns, [" s", " ms", " µs", " ns"])
 }
 
 /// "3.57 G": a rate with a decimal prefix.
 pub fn rate(x: f64) -> String {
-    let (v, unit) = if x >= 1e9 {
-        (x / 1e9, " G")
-    } else if x >= 1e6 {
-        (x / 1e6, " M")
-    } else if x >= 1e3 {
-        (x / 1e3, " k")
-    } else {
-        (x, "")
-    };
+    scaled(x, [" G", " M", " k", ""])
+}
+
+/// `x` in three significant digits and the unit of its power of 1000: `units` for 10⁹, 10⁶,
+/// 10³ and 1.
+fn scaled(x: f64, units: [&str; 4]) -> String {
+    let (v, unit) = [1e9, 1e6, 1e3]
+        .into_iter()
+        .zip(units)
+        .find(|&(scale, _)| x >= scale)
+        .map_or((x, units[3]), |(scale, unit)| (x / scale, unit));
     format!("{}{unit}", sig3(v))
 }
 

@@ -339,8 +339,7 @@ impl Cell {
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
-        ctx.skipped("tradeoff", &why);
+    if !ctx.memory_cgroups("tradeoff") {
         return Ok(());
     }
     let quick = ctx.quick();

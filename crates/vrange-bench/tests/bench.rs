@@ -220,6 +220,29 @@ fn files(out: &Out, names: &[&str]) {
     }
 }
 
+/// The index of the column `name` in a table's header.
+fn column(header: &[String], name: &str) -> usize {
+    header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+}
+
+/// `suite` at --quick, for a suite that needs root and a memory cgroup; `None` once skipped,
+/// here or by the suite itself (`skipped: SUITE` in its output).
+fn bench_in_cgroups(suite: &str) -> Option<Out> {
+    if let Some(why) = needs_cgroups() {
+        skip(&why);
+        return None;
+    }
+    let out = bench(suite, &[]);
+    if out.text.contains(&format!("skipped: {suite}")) {
+        skip(format!("{suite} suite skipped (see its output)"));
+        return None;
+    }
+    Some(out)
+}
+
 fn needs_cgroups() -> Option<String> {
     if !is_root() {
         return Some("not root".into());
@@ -346,13 +369,9 @@ fn pagetable_quick_reports_vmpte_per_method() {
 #[test]
 fn pressure_quick_runs_the_peak_and_the_next_process() {
     let _s = serial();
-    if let Some(why) = needs_cgroups() {
-        return skip(&why);
-    }
-    let out = bench("pressure", &[]);
-    if out.text.contains("skipped: pressure") {
-        return skip("pressure suite skipped (see its output)");
-    }
+    let Some(out) = bench_in_cgroups("pressure") else {
+        return;
+    };
     let (header, rows) = table(&out, "allocator");
     assert_eq!(header[2], "next process");
     assert_eq!(rows.len(), 2, "quick: glibc and vrange-malloc");
@@ -416,7 +435,7 @@ fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
         .iter()
         .find(|r| r[0].starts_with("vrange-cache"))
         .unwrap_or_else(|| panic!("no vrange-cache row:\n{}", out.text));
-    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let col = |name: &str| column(&header, name);
     assert_eq!(vr[col("OOM kills")], "0", "{vr:?}");
     assert_eq!(rows.len(), 3, "three peers");
     for r in &rows {
@@ -436,20 +455,11 @@ fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
 #[test]
 fn coordinate_quick_compares_reclaimers_coordinator_and_kills() {
     let _s = serial();
-    if let Some(why) = needs_cgroups() {
-        return skip(&why);
-    }
-    let out = bench("coordinate", &[]);
-    if out.text.contains("skipped: coordinate") {
-        return skip("coordinate suite skipped (see its output)");
-    }
-    let (header, rows) = table(&out, "configuration");
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| h == name)
-            .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    let Some(out) = bench_in_cgroups("coordinate") else {
+        return;
     };
+    let (header, rows) = table(&out, "configuration");
+    let col = |name: &str| column(&header, name);
     assert_eq!(rows.len(), 3, "three configurations:\n{}", out.text);
     for (row, label) in rows.iter().zip([
         "per-process reclaimers",
@@ -488,20 +498,11 @@ fn coordinate_quick_compares_reclaimers_coordinator_and_kills() {
 #[test]
 fn tradeoff_quick_puts_every_configuration_on_both_axes() {
     let _s = serial();
-    if let Some(why) = needs_cgroups() {
-        return skip(&why);
-    }
-    let out = bench("tradeoff", &[]);
-    if out.text.contains("skipped: tradeoff") {
-        return skip("tradeoff suite skipped (see its output)");
-    }
-    let (header, rows) = table(&out, "allocator");
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| h == name)
-            .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    let Some(out) = bench_in_cgroups("tradeoff") else {
+        return;
     };
+    let (header, rows) = table(&out, "allocator");
+    let col = |name: &str| column(&header, name);
     let ops = col("ops/s");
     // Every configuration has its row; one whose allocator is not installed says so, any
     // other ran (a failed one fails this test).
@@ -546,21 +547,12 @@ fn tradeoff_quick_puts_every_configuration_on_both_axes() {
 #[test]
 fn stress_quick_runs_every_scenario_without_an_oom_kill() {
     let _s = serial();
-    if let Some(why) = needs_cgroups() {
-        return skip(&why);
-    }
     // A kill or a failed trial makes the suite, and so `bench`, fail: that is its point.
-    let out = bench("stress", &[]);
-    if out.text.contains("skipped: stress") {
-        return skip("stress suite skipped (see its output)");
-    }
-    let (header, rows) = table(&out, "scenario");
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| h == name)
-            .unwrap_or_else(|| panic!("no column {name:?} in {header:?}"))
+    let Some(out) = bench_in_cgroups("stress") else {
+        return;
     };
+    let (header, rows) = table(&out, "scenario");
+    let col = |name: &str| column(&header, name);
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(names, ["burst", "python-bytearrays", "tradeoff", "cache"]);
     for r in rows.iter().filter(|r| !r[1].starts_with("skipped")) {

@@ -22,15 +22,13 @@ pub(super) fn hot_role(args: &[String]) -> i32 {
     let r = match peer.as_str() {
         "vrange-cache" => h.run(|| Vr(Cache::new(Options::default()))),
         "moka" => h.run(|| {
-            Moka(
-                moka::sync::Cache::builder()
-                    .max_capacity(cap)
-                    .weigher(|_, v: &Arc<[u8]>| u32::try_from(v.len()).unwrap_or(u32::MAX))
-                    .build(),
-            )
+            Moka::builder()
+                .max_capacity(cap)
+                .weigher(|_, v: &Arc<[u8]>| u32::try_from(v.len()).unwrap_or(u32::MAX))
+                .build()
         }),
-        "quick_cache" => h.run(|| Qc(quick(cap, size as u64))),
-        "lru" => h.run(|| Lru(Mutex::new(lru::LruCache::unbounded()))),
+        "quick_cache" => h.run(|| quick(cap, size as u64)),
+        "lru" => h.run(|| Mutex::new(lru::LruCache::unbounded())),
         other => Err(format!("unknown peer {other}")),
     };
     match r {

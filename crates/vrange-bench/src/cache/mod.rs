@@ -209,100 +209,101 @@ impl Store for Vr {
     }
 }
 
-struct Moka(moka::sync::Cache<u64, Arc<[u8]>>);
+/// A peer: a map of `u64` keys to shared values (`Arc<[u8]>`), as a Rust service holds them
+/// without vrange. Every peer is the same [`Store`].
+trait Peer: Sync {
+    fn put(&self, key: u64, value: Arc<[u8]>);
+    /// The value's handle, a clone of its `Arc`: read outside any lock of the peer's.
+    fn get(&self, key: u64) -> Option<Arc<[u8]>>;
+    /// Finishes deferred work (moka's pending tasks).
+    fn settle(&self) {}
+    /// Bytes of values the peer holds by its own account.
+    fn bytes(&self) -> u64;
+}
 
-impl Store for Moka {
+impl<P: Peer> Store for P {
     fn insert(&self, key: u64, value: &[u8]) -> bool {
-        self.0.insert(key, Arc::from(value));
+        self.put(key, Arc::from(value));
         true
     }
 
     fn regenerate(&self, key: u64, len: usize) -> bool {
-        self.0.insert(key, regenerate(key, len));
+        self.put(key, regenerate(key, len));
         true
     }
 
     #[inline]
     fn with<R>(&self, key: u64, with: impl FnOnce(Found) -> R) -> R {
-        match self.0.get(&key) {
+        match self.get(key) {
             Some(v) => with(Found::Hit(&v[..])),
             None => with(Found::Absent),
         }
     }
 
     fn settle(&self) {
-        self.0.run_pending_tasks();
+        Peer::settle(self);
     }
 
     fn bytes(&self) -> u64 {
-        self.0.weighted_size()
+        Peer::bytes(self)
     }
 }
 
-struct Qc(Quick);
+type Moka = moka::sync::Cache<u64, Arc<[u8]>>;
 
-impl Store for Qc {
-    fn insert(&self, key: u64, value: &[u8]) -> bool {
-        self.0.insert(key, Arc::from(value));
-        true
-    }
-
-    fn regenerate(&self, key: u64, len: usize) -> bool {
-        self.0.insert(key, regenerate(key, len));
-        true
+impl Peer for Moka {
+    fn put(&self, key: u64, value: Arc<[u8]>) {
+        self.insert(key, value);
     }
 
     #[inline]
-    fn with<R>(&self, key: u64, with: impl FnOnce(Found) -> R) -> R {
-        match self.0.get(&key) {
-            Some(v) => with(Found::Hit(&v[..])),
-            None => with(Found::Absent),
-        }
+    fn get(&self, key: u64) -> Option<Arc<[u8]>> {
+        Moka::get(self, &key)
+    }
+
+    fn settle(&self) {
+        self.run_pending_tasks();
     }
 
     fn bytes(&self) -> u64 {
-        self.0.weight()
+        self.weighted_size()
     }
 }
 
-struct Lru(Mutex<lru::LruCache<u64, Arc<[u8]>>>);
-
-impl Store for Lru {
-    fn insert(&self, key: u64, value: &[u8]) -> bool {
-        let v = Arc::from(value);
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .put(key, v);
-        true
-    }
-
-    fn regenerate(&self, key: u64, len: usize) -> bool {
-        let v = regenerate(key, len);
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .put(key, v);
-        true
+impl Peer for Quick {
+    fn put(&self, key: u64, value: Arc<[u8]>) {
+        self.insert(key, value);
     }
 
     #[inline]
-    fn with<R>(&self, key: u64, with: impl FnOnce(Found) -> R) -> R {
-        // The clone is the handle, as the other peers return one: read outside the lock.
-        let v = self
-            .0
-            .lock()
+    fn get(&self, key: u64) -> Option<Arc<[u8]>> {
+        Quick::get(self, &key)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.weight()
+    }
+}
+
+type Lru = Mutex<lru::LruCache<u64, Arc<[u8]>>>;
+
+impl Peer for Lru {
+    fn put(&self, key: u64, value: Arc<[u8]>) {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .put(key, value);
+    }
+
+    #[inline]
+    fn get(&self, key: u64) -> Option<Arc<[u8]>> {
+        self.lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&key)
-            .cloned();
-        match v {
-            Some(v) => with(Found::Hit(&v[..])),
-            None => with(Found::Absent),
-        }
+            .cloned()
     }
 
     fn bytes(&self) -> u64 {
-        let c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = self.lock().unwrap_or_else(PoisonError::into_inner);
         c.iter().map(|(_, v)| v.len() as u64).sum()
     }
 }

@@ -39,7 +39,7 @@ pub(super) fn service_role(args: &[String]) -> i32 {
     let seed = u64::from(std::process::id());
     match peer.as_str() {
         "vrange-cache" => serve(&Vr(Cache::new(Options::default())), &zipf, epoch, end, seed),
-        "quick_cache" => serve(&Qc(quick(capacity, 34 << 10)), &zipf, epoch, end, seed),
+        "quick_cache" => serve(&quick(capacity, 34 << 10), &zipf, epoch, end, seed),
         other => {
             eprintln!("cache service role: unknown peer {other}");
             2
@@ -259,8 +259,7 @@ pub(crate) fn vrange_cache_run(quick: bool) -> Result<VrangeCacheRun, String> {
 }
 
 pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
-        ctx.skipped("cache scenario", &why);
+    if !ctx.memory_cgroups("cache scenario") {
         return Ok(());
     }
     let s = Scenario::new(ctx.quick());

@@ -94,8 +94,7 @@ fn earlyoom() -> Option<PathBuf> {
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    if let Err(why) = cgroup::try_child("vrange-bench-probe", 64 << 20) {
-        ctx.skipped("coordinate", &why);
+    if !ctx.memory_cgroups("coordinate") {
         return Ok(());
     }
     let quick = ctx.quick();
