@@ -5,13 +5,14 @@
 //! `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`,
 //! `stress`, `markcost`); the shared pieces are the machine description (`machine`), CSV and
 //! number formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
-//! preloaded (`alloc`), and the C workloads (`c/`, compiled by build.rs and carried in the
-//! binary: `workload`); child processes, memory cgroups and hogs are vrange-testkit's, as the
-//! tests' are. Every
-//! suite prints the machine first, then aligned tables with the published numbers beside ours
-//! where they exist, and writes the same report in Markdown (`SUITE.md`), CSV files and an SVG
-//! plot into `--out`. A suite that cannot run here (no root, no memory cgroup) prints
-//! `skipped: <reason>` and still succeeds; a measurement that fails is an error (exit status 1).
+//! preloaded (`alloc`), the C workloads (`c/`, compiled by build.rs and carried in the binary:
+//! `workload`), and the neighbour and services of the cache and coordinate scenarios
+//! (`neighbour`, `service`); child processes, memory cgroups and hogs are vrange-testkit's, as
+//! the tests' are. Every suite prints the machine first, then aligned tables with the
+//! published numbers beside ours where they exist, and writes the same report in Markdown
+//! (`SUITE.md`), CSV files and an SVG plot into `--out`. A suite that cannot run here (no root,
+//! no memory cgroup) prints `skipped: <reason>` and still succeeds; a measurement that fails
+//! is an error (exit status 1).
 //!
 //! Processes that must run in a cgroup of their own (the page-table loop, the memory hog of
 //! `ebizzy --pressure`, the cache suite's service and its neighbour, the coordinate suite's
