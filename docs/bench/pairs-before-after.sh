@@ -13,7 +13,7 @@ for size in 64K 512K 2M; do
       b+=("$(LD_PRELOAD=$before "$pair" -t $t -s $size -S 0.3 | sed 's/ns_per_pair=\([0-9.]*\).*/\1/')")
       a+=("$(LD_PRELOAD=$after "$pair" -t $t -s $size -S 0.3 | sed 's/ns_per_pair=\([0-9.]*\).*/\1/')")
     done
-    # pair.c prints wall time summed over threads per pair; scale to CPU time as `vrange bench pairs` does.
+    # pair.c prints wall time summed over threads per pair; scale to CPU time as `vrange-bench pairs` does.
     scale=$(( t < $(nproc) ? t : $(nproc) ))
     G=$(printf '%s\n' "${g[@]}" | med); B=$(printf '%s\n' "${b[@]}" | med); A=$(printf '%s\n' "${a[@]}" | med)
     awk -v s=$size -v t=$t -v g=$G -v b=$B -v a=$A -v c=$scale -v n=$t 'BEGIN{f=c/n; printf "| %s | %d | %.0f ns | %.0f ns | %.0f ns | %.2f× |\n", s, t, g*f, b*f, a*f, a/b}'

@@ -1,29 +1,15 @@
 //! `vrange`: run programs with their free memory volatile, see what a process's memory really
-//! is, and reproduce the classic volatile-range experiments side by side with other allocators.
+//! is, and coordinate the purges of a container's processes. (The benchmark suites are
+//! `vrange-bench`, a separate, unpublished command: nothing of them ships here.)
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// std's printing macros, redefined for every module below (textual scope comes first): they
-// write through `out`, which ends the command quietly on a closed pipe instead of panicking.
-macro_rules! print {
-    ($($arg:tt)*) => { $crate::out::stdout(format_args!($($arg)*)) };
-}
-macro_rules! println {
-    () => { $crate::out::stdout(format_args!("\n")) };
-    ($($arg:tt)*) => { $crate::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
-}
-#[allow(unused_macros)]
-macro_rules! eprint {
-    ($($arg:tt)*) => { $crate::out::stderr(format_args!($($arg)*)) };
-}
-macro_rules! eprintln {
-    () => { $crate::out::stderr(format_args!("\n")) };
-    ($($arg:tt)*) => { $crate::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
-}
+// First: its printing macros replace std's in every module below (textual scope).
+#[macro_use]
+mod print;
 
 mod out;
 
-mod bench;
 mod clock;
 mod coord;
 mod demo;
@@ -119,15 +105,6 @@ enum Command {
         )]
         count: Option<u64>,
     },
-    /// Run a benchmark suite beside the published numbers; peers measured in the same run.
-    Bench(bench::Args),
-    /// A process a benchmark suite starts in a cgroup of its own (internal).
-    #[command(hide = true)]
-    BenchRole {
-        role: String,
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
     /// Coordinate a container's processes: purge the oldest volatile data of any of them first.
     #[command(
         after_help = "Runs in the foreground until SIGINT or SIGTERM. Processes using vrange \
@@ -168,8 +145,6 @@ fn main() {
             interval,
             count,
         } => stat::main(pid, watch, interval, count),
-        Command::Bench(args) => bench::main(args),
-        Command::BenchRole { role, args } => bench::role(&role, &args),
         Command::Daemon(args) => coord::daemon(args),
         Command::Top(args) => coord::top(args),
         Command::Demo(args) => demo::main(&args),

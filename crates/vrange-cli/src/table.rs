@@ -1,5 +1,6 @@
-//! The one table type of the `vrange` command: aligned plain text for the terminal, Markdown
-//! for files. Column widths are computed from the cells; a column whose cells are numbers
+//! The one table type of the `vrange` command (and of vrange-bench's reports, which compile this
+//! file into themselves, `#[path]`: it must use nothing else of this crate but the printing
+//! macros of `print.rs`): aligned plain text for the terminal, Markdown for files. Column widths are computed from the cells; a column whose cells are numbers
 //! (they start with a digit, or are a placeholder such as "–") is right-aligned, so that
 //! magnitudes line up. `vrange stat --watch` prints one row at a time with the same layout
 //! ([`Layout`]), its widths fixed from the header and the first row.
@@ -35,6 +36,7 @@ impl Table {
         self.rows.push((cells, given));
     }
 
+    #[allow(dead_code)] // vrange-bench's reports; the command prints to terminals only
     pub fn to_markdown(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "| {} |", self.headers.join(" | "));
@@ -82,6 +84,7 @@ impl Table {
     }
 
     /// Prints the table as aligned text, after a blank line.
+    #[allow(dead_code)] // vrange-bench's reports
     pub fn print(&self) {
         println!("\n{}", self.to_text());
     }

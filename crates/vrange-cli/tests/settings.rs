@@ -33,17 +33,6 @@ fn run_refuses_a_malformed_budget_with_status_2() {
 }
 
 #[test]
-fn bench_refuses_a_malformed_chunk_size_with_status_2() {
-    for bad in ["12Q", "1.5M", "0", "12"] {
-        refused(
-            &["bench", "ebizzy", "--chunk-size", bad],
-            "--chunk-size",
-            bad,
-        );
-    }
-}
-
-#[test]
 fn run_passes_a_budget_in_any_spelling_as_bytes() {
     for (budget, bytes) in [("64MiB", "67108864"), ("64m", "67108864"), ("1 KB", "1024")] {
         let out = vrange()

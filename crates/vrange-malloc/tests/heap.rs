@@ -248,7 +248,7 @@ fn double_free_aborts() {
     }
 }
 
-/// Regression (`vrange bench pagetable` in CI, OOM-killed in its memory cgroup): frees kept
+/// Regression (vrange-bench's `pagetable` in CI, OOM-killed in its memory cgroup): frees kept
 /// free memory resident beyond the budget for as long as the reclaimer thread did not run.
 #[test]
 fn frees_keep_the_budget_while_the_reclaimer_thread_cannot_run() {

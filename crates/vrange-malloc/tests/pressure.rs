@@ -3,8 +3,8 @@
 //!
 //! # Scenario
 //! A child memory cgroup (v1 or v2) with a hard limit of `LIMIT_MIB` and no swap. Two processes of
-//! `peak_and_next.c` (compiled at test time; the `vrange bench pressure` suite's workload,
-//! kept in `crates/vrange-cli/src/bench/`) run in it, both under the shim or both without it:
+//! `peak_and_next.c` (compiled at test time; the workload of vrange-bench's `pressure` suite,
+//! kept in `crates/vrange-bench/c/`) run in it, both under the shim or both without it:
 //!
 //! 1. the *peak* process allocates `PEAK_MIB` in blocks of `PEAK_BLOCK_KIB` (below glibc's
 //!    128 KiB mmap threshold, so glibc serves them from its heap), each followed by a small

@@ -95,7 +95,7 @@ fn map(len: usize, align: usize, flags: libc::c_int) -> io::Result<NonNull<u8>> 
 }
 
 /// Maps the first `len` bytes of `file` read-only and shared (its page cache), for readers of
-/// a file the kernel caches (`vrange bench refill`'s peer).
+/// a file the kernel caches (the peer of vrange-bench's `refill`).
 ///
 /// # Errors
 /// The errno of mmap(2).

@@ -2,7 +2,8 @@
 //! shim (`libvrange_malloc.so`) and the C library (`libvrange.so`) are cdylibs, which cargo
 //! builds for no integration test, hence the nested `cargo build` into the target directory
 //! the test itself was built in (a no-op when they are up to date). Only tests do this: the
-//! shipped `vrange` command finds its shim beside itself and never runs cargo.
+//! shipped `vrange` command and the vrange-bench suites find the shim beside themselves and
+//! never run cargo.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -18,12 +19,10 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A C workload of the `vrange bench` suites (`crates/vrange-cli/src/bench/NAME`), which tests
-/// run too: one copy, kept by the command that ships it.
+/// A C workload of the vrange-bench suites (`crates/vrange-bench/c/NAME`), which tests run
+/// too: one copy, kept with the suites that run it.
 pub fn bench_workload(name: &str) -> PathBuf {
-    workspace_root()
-        .join("crates/vrange-cli/src/bench")
-        .join(name)
+    workspace_root().join("crates/vrange-bench/c").join(name)
 }
 
 /// Where cargo put the running test or bench executable,

@@ -1,9 +1,11 @@
-//! Child memory cgroups for tests: where a test gets one, and why it cannot here.
+//! Child memory cgroups for tests and benchmarks: where one gets one, and why it cannot here.
 //!
 //! Reading and managing cgroups is `vrange_sys::cgroup`'s (the library uses it too); this
-//! module holds the test fixtures around it: unique names, the one judgement of which failures
+//! module holds the fixtures around it: unique names, the one judgement of which failures
 //! mean "this environment does not allow it" (a skip reason) rather than a bug (a panic), and
-//! the counters tests report.
+//! the counters tests and benchmarks report.
+
+use std::process::Command;
 
 use std::io;
 use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
@@ -49,12 +51,16 @@ pub fn v1_lacking() -> bool {
 pub fn child_of(parent: &MemCgroup, prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
     match parent.create_child(&unique_name(prefix), limit) {
         Ok(child) => Ok(child),
-        Err(e) if not_allowed(&e) => Err(format!(
-            "cannot create a memory cgroup under {}: {e}",
-            parent.path().display()
-        )),
+        Err(e) if not_allowed(&e) => Err(cannot_create(parent, &e)),
         Err(e) => panic!("create a child of {}: {e}", parent.path().display()),
     }
+}
+
+fn cannot_create(parent: &MemCgroup, e: &io::Error) -> String {
+    format!(
+        "cannot create a memory cgroup under {}: {e}",
+        parent.path().display()
+    )
 }
 
 /// Where tests make their child cgroups: the directory `VRANGE_TEST_CGROUP` names, if set, else
@@ -76,6 +82,30 @@ pub fn parent() -> Result<MemCgroup, String> {
 /// A fresh child for a test: [`parent`], then [`child_of`].
 pub fn child(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
     child_of(&parent()?, prefix, limit)
+}
+
+/// A fresh child of [`parent`] for a benchmark, or why there cannot be one: unlike [`child`],
+/// every failure is a reason (a suite reports it and goes on; a v2 cgroup holding processes,
+/// say, cannot give its children a memory controller), and without root that is said first.
+pub fn try_child(prefix: &str, limit: u64) -> Result<ChildCgroup, String> {
+    if !crate::is_root() {
+        return Err("not root: creating a memory cgroup needs root".into());
+    }
+    let parent = parent()?;
+    parent
+        .create_child(&unique_name(prefix), limit)
+        .map_err(|e| cannot_create(&parent, &e))
+}
+
+/// Makes the child of `cmd` join `cg` before it execs, so that everything it faults in is
+/// charged there.
+///
+/// # Errors
+/// `cg`'s `cgroup.procs` cannot be opened.
+pub fn join(cmd: &mut Command, cg: &MemCgroup) -> Result<(), String> {
+    let procs = cg.file("cgroup.procs");
+    vrange_sys::cgroup::join_before_exec(cmd, &procs)
+        .map_err(|e| format!("open {}: {e}", procs.display()))
 }
 
 /// A fresh child for a test of cgroup v2's `memory.high`: throttled above `high` bytes, with a

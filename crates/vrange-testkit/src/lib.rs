@@ -1,4 +1,6 @@
-//! Test tooling shared by every crate of the workspace (a dev-dependency only; never shipped).
+//! Test tooling shared by every crate of the workspace, and by the benchmark suites (a
+//! dev-dependency of the published crates and a dependency of vrange-bench, unpublished too;
+//! never shipped).
 //!
 //! What lives here is what more than one test file, crate or benchmark needs; what only one
 //! crate's tests need stays in that crate's `tests/common`. It builds on `vrange-sys` (the OS
@@ -13,7 +15,7 @@
 //! - [`hog`]: a process that takes memory, and makes itself the OOM killer's choice;
 //! - [`procfs`]: kernel counters only tests read;
 //! - [`build`]: the workspace's artifacts cargo does not build for a test (the shim, the C
-//!   library), and the C workloads the `vrange bench` suites ship;
+//!   library), and the C workloads of the vrange-bench suites;
 //! - [`sched`]: starving a thread of this process (the reclaimer falling behind);
 //! - [`scratch`]: scratch directories;
 //! - [`signal`]: SIGBUS handlers for tests of SIGBUS mode and refill regions;

@@ -1,5 +1,7 @@
 //! Spawned processes: how a process ended ([`Exit`]), a running process read line by line and
-//! reaped on every path ([`Proc`]), and small helpers for commands a test runs to completion.
+//! reaped on every path ([`Proc`]), the environment a started process must not inherit, and
+//! small helpers for commands a test runs to completion. The tests and vrange-bench's suites
+//! use the same ones.
 
 // `inherit_fd` clears close-on-exec on a descriptor by number in the child between fork and
 // exec: the test plays the program that passes a descriptor on, not vrange.
@@ -26,8 +28,10 @@ pub enum Exit {
 }
 
 impl Exit {
-    /// The exit code a forked child uses when its body panicked ([`crate::fork::fork_linked`]).
-    pub const PANICKED: i32 = 2;
+    /// The exit code a forked child uses when its body panicked ([`crate::fork::fork_linked`]):
+    /// the one Rust's runtime exits with after a panic in `main`, so that it reads the same for
+    /// a spawned Rust program, and a program's usage error (2) is not taken for a panic.
+    pub const PANICKED: i32 = 101;
 
     /// From a `waitpid` status. Allocation-free.
     pub fn from_wait_status(status: i32) -> Exit {
@@ -68,9 +72,7 @@ impl Exit {
 impl std::fmt::Display for Exit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Exit::Code(Exit::PANICKED) => {
-                write!(f, "exit {} (a forked child's panic)", Exit::PANICKED)
-            }
+            Exit::Code(Exit::PANICKED) => write!(f, "exit {} (a panic)", Exit::PANICKED),
             Exit::Code(c) => write!(f, "exit {c}"),
             Exit::Signal(libc::SIGKILL) => write!(f, "SIGKILL"),
             Exit::Signal(libc::SIGSEGV) => write!(f, "SIGSEGV"),
@@ -95,13 +97,19 @@ pub struct Proc {
 
 impl Proc {
     /// Spawns `cmd` with piped stdin, stdout and stderr; panics if it cannot be started.
-    pub fn spawn(mut cmd: Command) -> Proc {
+    pub fn spawn(cmd: Command) -> Proc {
+        Proc::try_spawn(cmd).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Spawns `cmd` with piped stdin, stdout and stderr, or says why it cannot be started (a
+    /// benchmark reports it and goes on).
+    pub fn try_spawn(mut cmd: Command) -> Result<Proc, String> {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+            .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let mut stderr_pipe = child.stderr.take().expect("piped stderr");
         let (tx, lines) = std::sync::mpsc::channel();
@@ -127,14 +135,14 @@ impl Proc {
                 }
             }
         });
-        Proc {
+        Ok(Proc {
             stdin: child.stdin.take(),
             child,
             lines,
             stderr,
             stderr_reader: Some(stderr_reader),
             ended: None,
-        }
+        })
     }
 
     pub fn pid(&self) -> i32 {
@@ -249,8 +257,34 @@ pub fn show(out: &Output) -> String {
 /// Keeps every `VRANGE_*` variable of the test's own environment out of `cmd`: each test
 /// decides the settings of the processes it starts.
 pub fn without_vrange_env(cmd: &mut Command) -> &mut Command {
+    without_env(cmd, |n| n.starts_with("VRANGE_"))
+}
+
+/// Keeps every variable that steers some allocator out of `cmd` (`LD_PRELOAD`,
+/// `GLIBC_TUNABLES`, `MALLOC_*`, `MIMALLOC_*`, `TCMALLOC_*`, `VRANGE_*`): a benchmark's run is
+/// exactly its configuration, whatever the caller's environment.
+pub fn without_allocator_env(cmd: &mut Command) -> &mut Command {
+    without_env(cmd, |n| {
+        n == "LD_PRELOAD"
+            || n == "GLIBC_TUNABLES"
+            || ["MALLOC_", "MIMALLOC_", "TCMALLOC_", "VRANGE_"]
+                .iter()
+                .any(|p| n.starts_with(p))
+    })
+}
+
+/// A command for `program` without any allocator variable of this process's environment
+/// ([`without_allocator_env`]).
+pub fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    without_allocator_env(&mut cmd);
+    cmd
+}
+
+/// Removes from `cmd` the variables of this process's environment whose names `steers`.
+fn without_env(cmd: &mut Command, steers: impl Fn(&str) -> bool) -> &mut Command {
     for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("VRANGE_")) {
+        if steers(&name.to_string_lossy()) {
             cmd.env_remove(name);
         }
     }

@@ -1,4 +1,5 @@
-//! Kernel counters only tests read. The library's own `/proc` readers are `vrange_sys::procfs`.
+//! Kernel counters only tests and benchmarks read. The library's own `/proc` readers are
+//! `vrange_sys::procfs`.
 
 use vrange_sys::procfs;
 
@@ -14,6 +15,17 @@ pub fn vmstat(name: &str) -> Option<u64> {
 /// The Rss and LazyFree KiB of a process (zeros once it is gone).
 pub fn rss_lazy_kb(pid: i32) -> (u64, u64) {
     procfs::smaps_rollup(Some(pid)).map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
+}
+
+/// This process's (minor, major) page faults so far (getrusage).
+pub fn page_faults() -> (u64, u64) {
+    // SAFETY: all-zero bytes are a valid `rusage`; getrusage fills the struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    (u.ru_minflt as u64, u.ru_majflt as u64)
 }
 
 /// LazyFree KiB of the mapping of this process containing `ptr`.

@@ -8,6 +8,9 @@
 //! writes commands to the child's stdin ([`Role::send`]), the child answers on stdout with
 //! [`say`] ("VRT TAG key=value ..."). Everything else the child prints is kept for failure
 //! messages.
+//!
+//! [`Reply`] reads such a line, and any line of the same shape: vrange-bench's processes and C
+//! workloads report in `TAG key=value ...` lines too ([`field`]), its services one a second.
 
 use crate::proc::{without_vrange_env, Exit, Proc};
 use std::io::Write;
@@ -63,7 +66,8 @@ pub fn command() -> Option<String> {
     }
 }
 
-/// One answer of a role process: a tag and `key=value` fields.
+/// One answer of a role process, or any line of the same shape: a tag and `key=value` fields
+/// ("sec n=3 req=120 hit=97"; a line whose first word has a `=` has no tag).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub tag: String,
@@ -71,9 +75,14 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn parse(line: &str) -> Reply {
-        let mut words = line.split_whitespace();
-        let tag = words.next().unwrap_or_default().to_string();
+    /// Reads `line`: the tag, then the fields (a word without `=` is a field with an empty
+    /// value).
+    pub fn parse(line: &str) -> Reply {
+        let mut words = line.split_whitespace().peekable();
+        let tag = match words.peek() {
+            Some(w) if !w.contains('=') => words.next().unwrap_or_default().to_string(),
+            _ => String::new(),
+        };
         let fields = words
             .map(|w| match w.split_once('=') {
                 Some((k, v)) => (k.to_string(), v.to_string()),
@@ -83,12 +92,21 @@ impl Reply {
         Reply { tag, fields }
     }
 
-    /// The field `key` as text.
-    pub fn str(&self, key: &str) -> &str {
+    /// The field `key` as a `T`, if the line has it and it parses.
+    pub fn get<T: std::str::FromStr>(&self, key: &str) -> Option<T> {
+        self.value(key)?.parse().ok()
+    }
+
+    fn value(&self, key: &str) -> Option<&str> {
         self.fields
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The field `key` as text.
+    pub fn str(&self, key: &str) -> &str {
+        self.value(key)
             .unwrap_or_else(|| panic!("no field {key} in {self:?}"))
     }
 
@@ -194,5 +212,30 @@ impl Role {
             self.name,
             self.proc.stderr_so_far()
         )
+    }
+}
+
+/// The field `key` of a `TAG key=value ...` line as a `T` (`done vmpte_kb=608 secs=22.7`):
+/// [`Reply::parse`] then [`Reply::get`].
+pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
+    Reply::parse(line).get(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{field, Reply};
+
+    #[test]
+    fn lines_with_and_without_a_tag() {
+        let r = Reply::parse("sec n=3 req=120 hit=97 note");
+        assert_eq!(r.tag, "sec");
+        assert_eq!(r.get::<u64>("req"), Some(120));
+        assert_eq!(r.str("note"), "");
+        assert_eq!(r.get::<u64>("miss"), None);
+        let r = Reply::parse("records_per_s=1234 seconds=0.301");
+        assert_eq!(r.tag, "");
+        assert_eq!(r.get::<f64>("seconds"), Some(0.301));
+        assert_eq!(field::<u64>("done us=-1", "us"), None);
+        assert_eq!(field::<i64>("done us=-1", "us"), Some(-1));
     }
 }

@@ -1,5 +1,5 @@
-//! SIGBUS handlers for tests of SIGBUS mode and refill regions (vrange installs none: the
-//! program, here the test, does).
+//! SIGBUS handlers for tests and benchmarks of SIGBUS mode and refill regions (vrange installs
+//! none: the program, here the test or the benchmark's process, does).
 
 /// A `SA_SIGINFO` handler.
 pub type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);

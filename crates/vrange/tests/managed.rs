@@ -139,7 +139,7 @@ fn budget_purges_the_oldest_beyond_it() {
 
 /// Regression: the budget was kept by the reclaimer thread alone, so a process marking memory
 /// while that thread could not run (a busy machine) held any amount of volatile memory, and in
-/// a memory cgroup was OOM-killed with memory only vrange could free (`vrange bench pagetable`
+/// a memory cgroup was OOM-killed with memory only vrange could free (vrange-bench's `pagetable`
 /// in CI). Now the marking thread purges by itself once the thread is a budget behind.
 #[test]
 fn budget_holds_while_the_reclaimer_thread_cannot_run() {

@@ -1,5 +1,5 @@
 //! What the `vrange` command's integration tests share: the command with a clean environment,
-//! and `libvrange_malloc.so` for `vrange run --lib` and `vrange bench --lib`.
+//! and `libvrange_malloc.so` for `vrange run --lib`.
 #![allow(dead_code)] // each test file uses its own subset
 
 use std::process::Command;

@@ -1,0 +1,76 @@
+//! vrange-bench's command line: the suites it lists and refuses, its size grammar, and the role
+//! subcommand, which its own processes use and its help does not show.
+
+mod common;
+use common::vrange_bench;
+
+use vrange_testkit::proc::show;
+
+const SUITES: [&str; 12] = [
+    "ebizzy",
+    "pressure",
+    "lazyfree",
+    "pagetable",
+    "markcost",
+    "refill",
+    "cache",
+    "coordinate",
+    "pairs",
+    "tradeoff",
+    "stress",
+    "all",
+];
+
+#[test]
+fn rejects_unknown_suites_and_lists_the_suites() {
+    let out = vrange_bench().arg("nonsense").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&SUITES.join(", ")), "{err}");
+    let help = vrange_bench().arg("--help").output().unwrap();
+    assert!(help.status.success(), "{}", show(&help));
+    let help = String::from_utf8_lossy(&help.stdout);
+    for suite in SUITES {
+        assert!(
+            help.contains(&format!("- {suite}:")),
+            "{suite} not listed:\n{help}"
+        );
+    }
+    assert!(
+        !help.contains("role"),
+        "the role subcommand is internal:\n{help}"
+    );
+}
+
+#[test]
+fn refuses_a_malformed_chunk_size_with_status_2() {
+    for bad in ["12Q", "1.5M", "0", "12"] {
+        let out = vrange_bench()
+            .args(["ebizzy", "--chunk-size", bad])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+        assert!(
+            stderr.contains("--chunk-size") && stderr.contains(bad),
+            "does not say what is wrong: {}",
+            show(&out)
+        );
+    }
+}
+
+#[test]
+fn a_role_runs_instead_of_a_suite() {
+    let out = vrange_bench()
+        .args(["role", "nonsense", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "vrange-bench role: unknown role \"nonsense\"\n",
+        "{}",
+        show(&out)
+    );
+    assert!(out.stdout.is_empty(), "{}", show(&out));
+}
