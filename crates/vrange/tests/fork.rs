@@ -68,7 +68,7 @@
 //! this test's pages and change what MADV_PAGEOUT does to them.
 
 mod common;
-use common::{force_purge, Mapping};
+use common::{force_purge, force_purge_all, Mapping};
 use std::time::Duration;
 use vrange::{mark_volatile, page_size, unmark, volatile_pages};
 use vrange_testkit::fork::{fork_linked, Forked, Link};
@@ -219,7 +219,7 @@ fn case2b_pageout_discards_once_the_child_is_gone() {
     // The child still maps the pages (it may not have reached exit yet, and is not reaped):
     // nothing can be discarded. Once it is reaped, the pages are the parent's alone again.
     finish(child);
-    force_purge(ptr, len);
+    force_purge_all(ptr, len);
     // SAFETY: our mapping, unreferenced.
     let r = unsafe { unmark(ptr, len).unwrap() };
     assert_eq!((r.volatile, r.purged), (PAGES, PAGES));

@@ -12,6 +12,23 @@ pub fn force_purge(ptr: *mut u8, len: usize) {
     mem::reclaim_now(ptr, len).expect("MADV_PAGEOUT");
 }
 
+/// [`force_purge`] until no page of the range is resident (at most 50 tries, 10 ms apart):
+/// for a test that expects every lazily freed page discarded, where a page the kernel has
+/// isolated for a moment (compaction, migration) is skipped by that one MADV_PAGEOUT. Returns
+/// the pages still resident (0 unless something keeps them).
+pub fn force_purge_all(ptr: *mut u8, len: usize) -> usize {
+    let mut resident = usize::MAX;
+    for _ in 0..50 {
+        force_purge(ptr, len);
+        resident = mem::resident_pages(ptr, len).expect("mincore");
+        if resident == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    resident
+}
+
 /// Pins the calling thread to the CPU it runs on (once per thread), so that MADV_FREE and
 /// MADV_PAGEOUT share a CPU and forced purges are deterministic (see
 /// `vrange_sys::mem::reclaim_now`). Mappings made by the helpers below call it first.
