@@ -20,20 +20,14 @@
 //! again, with the hidden `role` subcommand.
 //!
 //! Not published and never installed: the `vrange` command ships none of this (no peers, no
-//! workloads, no hidden subcommand). It prints through the command's `print.rs` and shares its
-//! `table.rs` and `clock.rs` (compiled in from `crates/vrange-cli/src`, one copy of each).
+//! workloads, no hidden subcommand). It prints as the command does, through the command's
+//! library (`vrange_cli`: printing, tables, times).
 
-// First: its printing macros replace std's in every module below (textual scope).
+// The command's printing macros replace std's in every module.
 #[macro_use]
-#[path = "../../vrange-cli/src/print.rs"]
-mod print;
+extern crate vrange_cli;
 
-// Shared with the `vrange` command (each item says which of the two uses it, where only one
-// does).
-#[path = "../../vrange-cli/src/clock.rs"]
-mod clock;
-#[path = "../../vrange-cli/src/table.rs"]
-mod table;
+use vrange_cli::{clock, table};
 
 mod alloc;
 mod cache;

@@ -1,6 +1,6 @@
 //! Local wall-clock time for what the command prints: the HH:MM:SS column of `vrange stat
-//! --watch`, and the date on vrange-bench's plots (it compiles this file into itself, `#[path]`:
-//! this file must use nothing else of this crate). Local, not UTC: a person compares it with
+//! --watch`, and the date on vrange-bench's plots (through this crate's library). Local, not
+//! UTC: a person compares it with
 //! the clock on their screen and with their own logs.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,13 +41,11 @@ impl Local {
     }
 
     /// "2026-05-02".
-    #[allow(dead_code)] // vrange-bench's plots; the command prints times only
     pub fn date(&self) -> String {
         format!("{:04}-{:02}-{:02}", self.year, self.month, self.day)
     }
 
     /// "14:03:59".
-    #[allow(dead_code)] // `vrange stat --watch`; vrange-bench prints dates only
     pub fn time(&self) -> String {
         format!("{:02}:{:02}:{:02}", self.hour, self.minute, self.second)
     }

@@ -4,19 +4,19 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// First: its printing macros replace std's in every module below (textual scope).
+// Its printing macros (the crate's library) replace std's in every module.
 #[macro_use]
-mod print;
+extern crate vrange_cli;
 
 mod out;
 
-mod clock;
 mod coord;
 mod demo;
 mod man;
 mod run;
 mod stat;
-mod table;
+
+use vrange_cli::{clock, table};
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;

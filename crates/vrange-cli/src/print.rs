@@ -1,7 +1,7 @@
 //! Everything the command prints goes through here: `print!`, `println!`, `eprint!` and
-//! `eprintln!` are redefined below, for every module declared after this one (`#[macro_use]`
-//! first in `main.rs`), to call [`stdout`] and [`stderr`], so that no subcommand can panic on a
-//! closed pipe. std's macros panic ("failed printing to stdout: Broken pipe", exit status 101)
+//! `eprintln!` are redefined below (exported: a binary's `#[macro_use] extern crate
+//! vrange_cli;` puts them before std's in every module) to call [`stdout`] and [`stderr`], so
+//! that no subcommand can panic on a closed pipe. std's macros panic ("failed printing to stdout: Broken pipe", exit status 101)
 //! because the Rust runtime ignores SIGPIPE; `vrange top | head` must end as `yes | head` does
 //! instead: quietly, killed by SIGPIPE.
 //!
@@ -9,21 +9,22 @@
 //! coordinator write to sockets whose readers may go away, and those must see EPIPE, not die.
 //! Here only the command's own standard output and error end it.
 //!
-//! vrange-bench prints the same way and compiles this file into itself (`#[path]`), as it does
-//! `table.rs` and `clock.rs`: it must use nothing else of this crate.
+//! vrange-bench prints the same way, through this crate.
 
-#[allow(unused_macros)] // each crate uses its own subset
+#[macro_export]
 macro_rules! print {
     ($($arg:tt)*) => { $crate::print::stdout(format_args!($($arg)*)) };
 }
+#[macro_export]
 macro_rules! println {
     () => { $crate::print::stdout(format_args!("\n")) };
     ($($arg:tt)*) => { $crate::print::stdout(format_args!("{}\n", format_args!($($arg)*))) };
 }
-#[allow(unused_macros)]
+#[macro_export]
 macro_rules! eprint {
     ($($arg:tt)*) => { $crate::print::stderr(format_args!($($arg)*)) };
 }
+#[macro_export]
 macro_rules! eprintln {
     () => { $crate::print::stderr(format_args!("\n")) };
     ($($arg:tt)*) => { $crate::print::stderr(format_args!("{}\n", format_args!($($arg)*))) };
@@ -43,10 +44,20 @@ pub fn stdout(args: std::fmt::Arguments) {
         }
         stderr(format_args!(
             "{}: cannot write to standard output: {e}\n",
-            env!("CARGO_BIN_NAME")
+            program()
         ));
         std::process::exit(1);
     }
+}
+
+/// This program's name, as it was started (for messages).
+fn program() -> String {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .map_or_else(|| "vrange".into(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Writes to standard error. A broken pipe ends the process as SIGPIPE would; other errors are

@@ -1,6 +1,5 @@
-//! The one table type of the `vrange` command (and of vrange-bench's reports, which compile this
-//! file into themselves, `#[path]`: it must use nothing else of this crate but the printing
-//! macros of `print.rs`): aligned plain text for the terminal, Markdown for files. Column widths are computed from the cells; a column whose cells are numbers
+//! The one table type of the `vrange` command (and of vrange-bench's reports, through this
+//! crate's library): aligned plain text for the terminal, Markdown for files. Column widths are computed from the cells; a column whose cells are numbers
 //! (they start with a digit, or are a placeholder such as "–") is right-aligned, so that
 //! magnitudes line up. `vrange stat --watch` prints one row at a time with the same layout
 //! ([`Layout`]), its widths fixed from the header and the first row.
@@ -35,8 +34,6 @@ impl Table {
         cells.resize(self.headers.len(), String::new());
         self.rows.push((cells, given));
     }
-
-    #[allow(dead_code)] // vrange-bench's reports; the command prints to terminals only
     pub fn to_markdown(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "| {} |", self.headers.join(" | "));
@@ -84,7 +81,6 @@ impl Table {
     }
 
     /// Prints the table as aligned text, after a blank line.
-    #[allow(dead_code)] // vrange-bench's reports
     pub fn print(&self) {
         println!("\n{}", self.to_text());
     }
