@@ -76,6 +76,13 @@ impl Conn {
         sock::send(self.fd.as_fd(), &buf[..n])
     }
 
+    /// Whether its open request has waited `patience` or longer: a participant that may be
+    /// stopped, whose data a room round cannot count on now (until its request times out it
+    /// stays in the plans of ordinary rounds).
+    fn late(&self, patience: Duration) -> bool {
+        self.pending.is_some_and(|r| r.sent.elapsed() >= patience)
+    }
+
     /// Sends purge request `r`; `false` if the participant cannot be told.
     fn ask(&mut self, r: Request) -> bool {
         let m = Message::Purge {
@@ -498,7 +505,7 @@ impl<'a> Server<'a> {
             .map(|r| r.bytes)
             .max()
             .unwrap_or(0);
-        let merged = self.merged();
+        let merged = self.merged(None);
         let volatile: u64 = merged.iter().flatten().sum();
         for e in events.iter().flatten() {
             self.shared.event(*e);
@@ -512,28 +519,38 @@ impl<'a> Server<'a> {
             .publish(&self.status, self.metrics_rows(now), self.watch.oom_kills());
         self.shared.refused(self.refused.0);
         if self.round.is_none() && target.max(asked) > 0 {
-            let (cut, ids) = self.send_round(&merged, target.max(asked), now);
+            let (cut, ids) = self.send_round(&merged, target.max(asked), now, None);
             if let (Some(cut), false) = (cut, ids.is_empty()) {
                 self.round = Some(Round { started: now, cut });
             }
             self.plan_rooms(cut, ids);
         } else if asked > 0 {
             // Room wanted during a round: a round of its own over the same order. Those busy
-            // with the round's request keep their place in it: what they hold before the new
-            // cut is asked of them as soon as they answer.
-            let (cut, ids) = self.send_round(&merged, asked, now);
+            // with the round's request keep their place in it (what they hold before the new
+            // cut is asked of them as soon as they answer), unless their request has waited
+            // as long as a room may (they may be stopped): the room comes from the others.
+            let patience = self.room_patience();
+            let free = self.merged(Some(patience));
+            let (cut, ids) = self.send_round(&free, asked, now, Some(patience));
             self.plan_rooms(cut, ids);
         }
         self.answer_rooms();
     }
 
+    /// How long a `Room` request waits for the purges planned for it: two ping intervals (the
+    /// participant waiting gives up after three).
+    fn room_patience(&self) -> Duration {
+        self.opts.ping.saturating_mul(2)
+    }
+
     /// Every inventory aged by the time since it came (so that all share one clock), of the
-    /// participants that answer, and the shared regions of those that do not (the coordinator
-    /// purges those itself), merged.
-    fn merged(&self) -> [[u64; BUCKETS]; CLASSES] {
+    /// participants that answer (less those whose open request is older than `late`, if
+    /// given), and the shared regions of those that do not (the coordinator purges those
+    /// itself), merged.
+    fn merged(&self, late: Option<Duration>) -> [[u64; BUCKETS]; CLASSES] {
         let live: Vec<Inventory> = self
             .participants()
-            .filter(|c| c.responsive)
+            .filter(|c| c.responsive && !late.is_some_and(|p| c.late(p)))
             .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
             .collect();
         let mut orphans = Inventory::default();
@@ -551,13 +568,15 @@ impl<'a> Server<'a> {
     /// Cuts the order where `target` bytes are reached, purges the shared regions of
     /// participants that do not answer that come before the cut, and asks every participant
     /// that answers to purge what it holds before the cut: at once if it has no request open,
-    /// else when it answers (unless the open one reaches as far). Returns the cut (`None`:
-    /// nothing volatile) and the ids of the requests that will free that data.
+    /// else when it answers (unless the open one reaches as far); those whose open request is
+    /// older than `late`, if given, are not asked. Returns the cut (`None`: nothing volatile)
+    /// and the ids of the requests that will free that data.
     fn send_round(
         &mut self,
         merged: &[[u64; BUCKETS]; CLASSES],
         target: u64,
         now: Instant,
+        late: Option<Duration>,
     ) -> (Option<Cut>, Vec<u64>) {
         let Some(cut) = plan::cut(merged, target) else {
             return (None, Vec::new());
@@ -578,6 +597,7 @@ impl<'a> Server<'a> {
         let mut sent = Vec::new();
         for c in self.conns.iter_mut() {
             let holds = c.responsive
+                && !late.is_some_and(|p| c.late(p))
                 && matches!(c.role, Role::Participant)
                 && c.inventory
                     .as_deref()
@@ -629,7 +649,7 @@ impl<'a> Server<'a> {
     /// waiting gives up after three, and asked again, it gets a round over the others).
     fn answer_rooms(&mut self) {
         let answered = std::mem::take(&mut self.answered);
-        let patience = self.opts.ping.saturating_mul(2);
+        let patience = self.room_patience();
         let open: Vec<u64> = self
             .conns
             .iter()
