@@ -108,7 +108,15 @@ pub(super) fn run() {
         .into_iter()
         .enumerate()
         {
-            if ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
+            // A source switched off since its descriptor was opened (the settings changed
+            // while this thread could not run): its event is stale, not pressure to answer.
+            let enabled = match source {
+                Source::VmpressureCritical | Source::VmpressureMedium => {
+                    cfg.vmpressure.load(Relaxed)
+                }
+                _ => cfg.psi_kind.load(Relaxed) != 0,
+            };
+            if enabled && ready.contains(signal) && t.saturating_sub(answered[i]) >= gap {
                 answered[i] = t;
                 let short = source != Source::Psi || machine_short();
                 if short {
