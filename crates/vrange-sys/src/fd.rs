@@ -827,11 +827,10 @@ mod tests {
     fn an_eventfd_put_in_its_place_is_not_ours() {
         let g = GuestFd::adopt(eventfd(), Inherit::Private).unwrap();
         let fd = g.raw();
-        // The program closes it and puts an eventfd of its own at the same number.
+        // The program puts an eventfd of its own at the same number. dup2 closes ours and
+        // installs theirs in one step: a close then a dup2 would leave the number free for a
+        // moment, for another test thread's descriptor to take and lose.
         let theirs = eventfd();
-        // SAFETY: closing by number is what the program under test does; dup2 onto the freed
-        // number then gives it a different eventfd.
-        unsafe { libc::close(fd) };
         // SAFETY: dup2 between two descriptors of this test.
         assert_eq!(unsafe { libc::dup2(theirs.as_raw_fd(), fd) }, fd);
         let lost = counts().lost;
@@ -850,8 +849,7 @@ mod tests {
         let g = GuestFd::adopt(eventfd(), Inherit::Private).unwrap();
         let fd = g.raw();
         let theirs = std::fs::File::open("/proc/self/status").unwrap();
-        // SAFETY: as above.
-        unsafe { libc::close(fd) };
+        // As above, dup2 replaces ours in one step.
         // SAFETY: dup2 between two descriptors of this test.
         assert_eq!(unsafe { libc::dup2(theirs.as_raw_fd(), fd) }, fd);
         assert!(!g.is_intact());

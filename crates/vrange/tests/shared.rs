@@ -656,11 +656,10 @@ fn purge_with_the_descriptor_closed_by_the_program_frees_the_region_not_the_prog
     let mine = tempfile_of(LEN + page_size(), 1);
     // SAFETY: no reference into the region is held while it is volatile.
     unsafe { r.mark() }.unwrap();
-    // SAFETY: closing by number and dup2 onto it is what the program under test does.
-    unsafe {
-        libc::close(number);
-        assert_eq!(libc::dup2(mine.as_raw_fd(), number), number);
-    }
+    // The program puts its own file at the region's number: dup2 closes and replaces in one
+    // step (a close first would leave the number free for another thread for a moment).
+    // SAFETY: dup2 between descriptors of this process; no memory effects.
+    assert_eq!(unsafe { libc::dup2(mine.as_raw_fd(), number) }, number);
     let lost_before = vrange::stats().descriptors_lost;
     let freed = vrange::purge(usize::MAX);
     assert_eq!(freed, LEN, "the purge did not free the region");
