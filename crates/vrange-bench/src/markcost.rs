@@ -14,8 +14,8 @@
 //!
 //! Timer: iterations per sample calibrated so one sample takes at least a few milliseconds,
 //! one warm-up sample discarded, the median of the samples' per-iteration times reported
-//! (with the fastest and slowest sample in the CSV). The same measurement as
-//! `crates/vrange/benches/managed.rs` (criterion), with the eager peer added.
+//! (with the fastest and slowest sample in the CSV). The kernel path's pair (the classic call,
+//! `Region`, 4 KiB and huge pages) is `crates/vrange/benches/classic.rs` (criterion).
 
 use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, progress, Csv, Table};

@@ -1,5 +1,7 @@
-//! markcost: the cost of one mark+unmark pair on the kernel purge path, with no memory
-//! pressure, compared with what raw madvise users pay to make memory discardable and reuse it.
+//! classic: the cost of one mark+unmark pair on the kernel purge path (the classic call and
+//! [`Region`]), with no memory pressure, compared with what raw madvise users pay to make memory
+//! discardable and reuse it. The managed, hybrid and lazy policies' pair cost is
+//! `vrange-bench markcost`.
 //!
 //! Methods, per page kind and range size (every page written with a non-zero pattern before
 //! the group, so pages are resident and every page's witness is its first word):
@@ -57,7 +59,7 @@ impl Kind {
     }
 
     fn group(self) -> String {
-        format!("markcost/{}", self.name())
+        format!("classic/{}", self.name())
     }
 }
 
@@ -159,19 +161,19 @@ fn check(what: &str, ptr: *mut u8, len: usize, kind: Kind) {
     match mem::resident_pages(ptr, len) {
         Ok(n) if n == len / page => {}
         Ok(n) => eprintln!(
-            "markcost: WARNING: {what}: {n} of {} pages resident",
+            "classic: WARNING: {what}: {n} of {} pages resident",
             len / page
         ),
-        Err(e) => eprintln!("markcost: WARNING: {what}: mincore failed (errno {e})"),
+        Err(e) => eprintln!("classic: WARNING: {what}: mincore failed (errno {e})"),
     }
     let smaps = match procfs::smaps_of(ptr as usize) {
         Ok(Some(s)) => s,
         Ok(None) => {
-            eprintln!("markcost: WARNING: {what}: no VMA in /proc/self/smaps");
+            eprintln!("classic: WARNING: {what}: no VMA in /proc/self/smaps");
             return;
         }
         Err(e) => {
-            eprintln!("markcost: WARNING: {what}: reading /proc/self/smaps: {e}");
+            eprintln!("classic: WARNING: {what}: reading /proc/self/smaps: {e}");
             return;
         }
     };
@@ -179,14 +181,14 @@ fn check(what: &str, ptr: *mut u8, len: usize, kind: Kind) {
     match kind {
         Kind::Thp if smaps.anon_huge_kb < len_kb || smaps.anon_huge_kb < smaps.rss_kb => {
             eprintln!(
-                "markcost: WARNING: {what}: THP not fully in use: AnonHugePages {} kB, Rss {} kB, \
+                "classic: WARNING: {what}: THP not fully in use: AnonHugePages {} kB, Rss {} kB, \
                  range {len_kb} kB",
                 smaps.anon_huge_kb, smaps.rss_kb
             );
         }
         Kind::Small if smaps.anon_huge_kb > 0 => {
             eprintln!(
-                "markcost: WARNING: {what}: 4 KiB group has AnonHugePages {} kB",
+                "classic: WARNING: {what}: 4 KiB group has AnonHugePages {} kB",
                 smaps.anon_huge_kb
             );
         }
@@ -259,7 +261,7 @@ fn bench_size(c: &mut Criterion, kind: Kind, size: usize, quick: bool, list_only
     let plain_volatile = vrange::volatile_pages(pp, size).unwrap_or(usize::MAX);
     if !list_only && (region_volatile != 0 || plain_volatile != 0 || purged != 0) {
         eprintln!(
-            "markcost: WARNING: {}/{label}: {region_volatile} + {plain_volatile} pages left \
+            "classic: WARNING: {}/{label}: {region_volatile} + {plain_volatile} pages left \
              volatile, {purged} purges reported",
             kind.name()
         );
@@ -349,7 +351,7 @@ fn summary(groups: &[(Kind, Vec<usize>)], since: SystemTime) {
         }
     }
     if found {
-        println!("\nmarkcost summary (medians from {}):{out}", dir.display());
+        println!("\nclassic summary (medians from {}):{out}", dir.display());
     }
 }
 
@@ -368,7 +370,7 @@ fn main() {
     if !list_only {
         let f = vrange::features();
         eprintln!(
-            "markcost: page {} B, MADV_FREE {}, THP {:?}, PROCMAP_QUERY {}{}",
+            "classic: page {} B, MADV_FREE {}, THP {:?}, PROCMAP_QUERY {}{}",
             f.page_size,
             f.madv_free,
             f.thp,
