@@ -50,9 +50,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vrange::{Options, VolatileRegion};
 use vrange_sys::cgroup::ChildCgroup;
+use vrange_testkit::cgroup;
 use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
-use vrange_testkit::{cgroup, hog};
+use vrange_testkit::thrash::{self, Thrash};
 
 const MIB: u64 = 1 << 20;
 const BURST_LIMIT: u64 = 48 * MIB;
@@ -71,7 +72,7 @@ const PYTHON_SCRIPT: &str = "bufs = [bytearray(1 << 20) for _ in range(100)]\n\
                              b[i] = 1\nprint('done', len(bufs))\n";
 const THRASH_LIMIT: u64 = 64 * MIB;
 const THRASH_ANON: usize = 48 << 20;
-const THRASH_FILE: u64 = 32 << 20;
+const THRASH_FILE: usize = 32 << 20;
 const THRASH_CHUNK: usize = 1 << 20;
 const CPU_HOGS: usize = 2;
 /// Deadline of each hand-over with a process of a trial.
@@ -108,48 +109,20 @@ fn spin_role() -> i32 {
     }
 }
 
-/// The thrasher: fills `THRASH_ANON` of anonymous memory (small pages, so the charge grows a
-/// page at a time), says "ready", then cycles an unnamed `THRASH_FILE` file in `dir` through
-/// the page cache until killed.
+/// The thrasher (`vrange_testkit::thrash`): `THRASH_ANON` held, says "ready", then cycles an
+/// unnamed `THRASH_FILE` file in `dir` through the page cache until killed.
 fn thrash_role(dir: &Path) -> i32 {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    if hog::touch(THRASH_ANON, THRASH_ANON, Duration::ZERO).is_err() {
-        eprintln!("stress thrash: cannot map {THRASH_ANON} bytes");
-        return 1;
-    }
-    // O_TMPFILE: a file without a name, freed when the thrasher ends however it ends.
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .mode(0o600)
-        .open(dir)
-    {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!(
-                "stress thrash: cannot make a file in {}: {e}",
-                dir.display()
-            );
-            return 1;
-        }
+    let t = Thrash {
+        anon: THRASH_ANON,
+        file: THRASH_FILE,
+        chunk: THRASH_CHUNK,
     };
-    let mut buf = vec![0x5au8; THRASH_CHUNK];
-    println!("ready");
-    loop {
-        for off in (0..THRASH_FILE).step_by(THRASH_CHUNK) {
-            if let Err(e) = file.write_all_at(&buf, off) {
-                eprintln!("stress thrash: write: {e}");
-                return 1;
-            }
-        }
-        for off in (0..THRASH_FILE).step_by(THRASH_CHUNK) {
-            if let Err(e) = file.read_exact_at(&mut buf, off) {
-                eprintln!("stress thrash: read: {e}");
-                return 1;
-            }
-        }
-    }
+    let err = match t.run(&thrash::dir(dir), || println!("ready"), || true) {
+        Ok(()) => return 0,
+        Err(e) => e,
+    };
+    eprintln!("stress thrash in {}: {err:?}", dir.display());
+    1
 }
 
 /// The burst's holder: a `BURST_REGION` region with default options, each page filled with
@@ -570,7 +543,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
          thrashing cgroup's are not counted). Any kill fails the suite.",
         THRASH_LIMIT / MIB,
         THRASH_ANON >> 20,
-        THRASH_FILE / MIB,
+        THRASH_FILE >> 20,
         BURST_LIMIT / MIB,
         BURST_DELAYS_MS.map(|d| d.to_string()).join(", "),
         BURST_OVER / MIB,

@@ -13,6 +13,7 @@
 //! - [`role`]: the test binary re-executed to play a role, talking in lines;
 //! - [`cgroup`]: child memory cgroups for tests (the cgroup access itself is `vrange_sys`'s);
 //! - [`hog`]: a process that takes memory, and makes itself the OOM killer's choice;
+//! - [`thrash`]: a memory cgroup thrashing at its limit (what the pressure sources answer);
 //! - [`procfs`]: kernel counters only tests read;
 //! - [`build`]: the workspace's artifacts cargo does not build for a test (the shim, the C
 //!   library), and the C workloads of the vrange-bench suites;
@@ -45,6 +46,7 @@ pub mod role;
 pub mod sched;
 pub mod scratch;
 pub mod signal;
+pub mod thrash;
 
 use std::fmt::Display;
 use std::io::Write;

@@ -15,20 +15,19 @@
 //! Every test holds `serial()`: the pressure tests must not overlap (their timings are the
 //! point), and a fork must not inherit another test's descriptors.
 
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vrange_sys::cgroup::{unique_name, ChildCgroup, MemCgroup, Version};
-use vrange_sys::mem;
 use vrange_sys::pressure::{
     has_cap_sys_resource, psi_window_us, Headroom, Level, Poller, Propagation, PsiTrigger, Signal,
     VmPressure, Waker, PSI_UNPRIVILEGED_STEP_US, SYSTEM_PSI_FILE,
 };
 use vrange_testkit::fork::{fork_linked, Forked, Link};
 use vrange_testkit::serial;
+use vrange_testkit::thrash::{self, Failed, Thrash};
 
 const MIB: usize = 1 << 20;
 /// The child cgroup's hard limit.
@@ -55,46 +54,28 @@ fn ms(d: Duration) -> String {
 
 // ---- The thrasher ----
 
-/// The thrasher's body (see the module documentation): waits for the word, fills `ANON`, then
-/// cycles a `FILE`-sized unnamed file in `dir` through the page cache until `THRASH` is over.
-/// Only system calls: it runs in a fork of a multi-threaded process.
-fn thrash(link: &Link, dir: &CString) -> i32 {
+/// The thrasher's body (see the module documentation): waits for the word, then thrashes
+/// (`vrange_testkit::thrash`) until `THRASH` is over. Only system calls: it runs in a fork of
+/// a multi-threaded process.
+fn thrash(link: &Link, dir: &CStr) -> i32 {
     if link.recv::<1>(SYNC).is_err() {
         return 3;
     }
-    let page = mem::page_size();
-    let Ok(anon) = mem::map_anon(ANON, page) else {
-        return 4;
+    let t = Thrash {
+        anon: ANON,
+        file: FILE,
+        chunk: CHUNK,
     };
-    // Small pages, so the charge grows a page at a time.
-    let _ = mem::advise_huge(anon.as_ptr(), ANON, false);
-    for off in (0..ANON).step_by(page) {
-        // SAFETY: inside the fresh mapping.
-        unsafe { anon.as_ptr().add(off).write_volatile(1) };
-    }
-    let Ok(buf) = mem::map_anon(CHUNK, page) else {
-        return 5;
-    };
-    // SAFETY: the fresh CHUNK-byte mapping.
-    unsafe { buf.as_ptr().write_bytes(0x5a, CHUNK) };
-    // SAFETY: dir is NUL-terminated; O_TMPFILE makes a file without a name, freed at exit.
-    let fd = unsafe { libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
-    if fd < 0 {
-        return 6;
-    }
-    link.send(&[1]);
     let deadline = Instant::now() + THRASH;
-    while Instant::now() < deadline {
-        for off in (0..FILE).step_by(CHUNK) {
-            // SAFETY: buf holds CHUNK bytes; fd is the file opened above.
-            unsafe { libc::pwrite(fd, buf.as_ptr().cast(), CHUNK, off as libc::off_t) };
-        }
-        for off in (0..FILE).step_by(CHUNK) {
-            // SAFETY: as above.
-            unsafe { libc::pread(fd, buf.as_ptr().cast(), CHUNK, off as libc::off_t) };
-        }
+    let ready = || {
+        let _ = link.send(&[1]);
+    };
+    match t.run(dir, ready, || Instant::now() < deadline) {
+        Ok(()) => 0,
+        Err(Failed::Map(_)) => 4,
+        Err(Failed::File(_)) => 6,
+        Err(Failed::Io(_)) => 7,
     }
-    0
 }
 
 /// A thrasher running in its own child memory cgroup; dropping it kills and reaps the
@@ -115,31 +96,8 @@ fn thrasher_cgroup() -> Result<ChildCgroup, String> {
 /// Forks a thrasher, moves it into `cgroup` (and into `also`, a v2 cgroup's directory, if
 /// given), and lets it go once it is there; returns when it has filled its anonymous memory
 /// and opened its file.
-/// Where the thrasher's file goes: a file system with O_TMPFILE whose pages the kernel can
-/// write back and drop. Cargo's target directory (a disk, usually) unless it lacks O_TMPFILE
-/// (9p or virtiofs in a test guest), then the system's temporary directory (the guest's is a
-/// disk). Not tmpfs where avoidable: without swap its pages stay.
-fn thrash_dir() -> CString {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let _ = fs::create_dir_all(target);
-    let has_tmpfile = |dir: &Path| {
-        fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_TMPFILE)
-            .open(dir)
-            .is_ok()
-    };
-    let dir = if has_tmpfile(target) {
-        target.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    CString::new(dir.as_os_str().as_encoded_bytes()).unwrap()
-}
-
 fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
-    let dir = thrash_dir();
+    let dir = thrash::dir(Path::new(env!("CARGO_TARGET_TMPDIR")));
     let (proc, link) = fork_linked(|l| thrash(l, &dir));
     cgroup
         .add_pid(proc.pid())
