@@ -25,6 +25,13 @@
 //!   forgotten, not closed, and counted ([`Counts::lost`]); its owner recovers by opening a new
 //!   one (the reclaimer reopens its sources, see `reclaim`).
 //!
+//! **Types.** A descriptor something owns for its whole life (a coordinator's socket, a test's
+//! file) is an `OwnedFd`, lent as `BorrowedFd`. A guest descriptor's number is a `RawFd` on
+//! purpose: the program may close it at any moment, so no lifetime can promise it stays open,
+//! which is what a `BorrowedFd` would claim. The functions that act on one (the userfaultfd
+//! operations, poll sets, the pressure sources' `fd()`) take the `RawFd` right after
+//! [`Ident::verify`]; a number the program closes in between gets `EBADF`.
+//!
 //! Private descriptors (the reclaimer's pressure sources) are listed in a small table so that a
 //! fork child, which has no reclaimer, closes its copies ([`close_private_after_fork`]).
 //!
