@@ -194,11 +194,19 @@ pub struct Args {
     /// pagetable: 2 MiB blocks touched and freed per method (default 25600 = 50 GiB).
     #[arg(long)]
     pub blocks: Option<usize>,
+    /// cache: only the hit ratio on this key trace (ARC's format, or one key per line as
+    /// LIRS's traces), every cache at the same memory (default: every part, the hit ratio on a
+    /// synthetic trace).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// cache: the bytes of each value of the trace, a size such as 4K (default 4K, a block).
+    #[arg(long, value_name = "SIZE", value_parser = chunk_size_arg)]
+    pub value_size: Option<usize>,
 }
 
-/// `--chunk-size`: a size in vrange's one grammar (`512K`, `1MiB`: powers of 1024, as
-/// `vrange_sys::settings::parse_size` reads them), positive and a multiple of 8 (the workload
-/// copies 8-byte records).
+/// `--chunk-size`, `--value-size`: a size in vrange's one grammar (`512K`, `1MiB`: powers of
+/// 1024, as `vrange_sys::settings::parse_size` reads them), positive and a multiple of 8 (the
+/// workloads copy and check 8-byte words).
 fn chunk_size_arg(s: &str) -> Result<usize, String> {
     let n = vrange_sys::settings::parse_size(s.as_bytes()).map_err(|e| e.to_string())?;
     match usize::try_from(n) {

@@ -441,6 +441,16 @@ fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
     for r in &rows {
         assert_eq!(r[col("wrong values")], "0", "{r:?}");
     }
+    // The hit ratio on the synthetic trace: every cache at five memory sizes.
+    let (header, rows) = table(&out, "memory");
+    assert_eq!(header[1], "vrange-cache");
+    assert_eq!(rows.len(), 5, "{}", out.text);
+    for r in &rows {
+        for cell in &r[1..5] {
+            let ratio = positive(cell, "hit ratio");
+            assert!(ratio <= 100.0, "{r:?}");
+        }
+    }
     files(
         &out,
         &[
@@ -448,8 +458,44 @@ fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
             "cache-scenario.csv",
             "cache-seconds.csv",
             "cache.svg",
+            "cache-trace.csv",
+            "cache-trace.svg",
+            "trace-synthetic.txt",
         ],
     );
+}
+
+/// `--trace FILE` in ARC's format: a loop over 16384 blocks (64 MiB of 4 KiB values), five
+/// times, replayed alone. Each size is a quarter of the footprint at most, so an exact LRU
+/// evicts every block before its next request: it never hits. The others are measured, not
+/// predicted.
+#[test]
+fn cache_trace_replays_an_arc_file_alone() {
+    let dir = Scratch::new("bench-trace");
+    let trace = dir.join("loop.arc");
+    // Each loop in two requests of 8192 blocks.
+    let lines: String = (0..10)
+        .map(|i| format!("{} 8192 0 {i}\n", (i % 2) * 8192))
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let out = bench("cache", &["--trace", trace.to_str().unwrap()]);
+    assert!(
+        out.text.contains("81920 requests, 16384 distinct keys"),
+        "{}",
+        out.text
+    );
+    assert!(
+        !out.md.contains("| requests/s"),
+        "the scenario ran:\n{}",
+        out.md
+    );
+    let (header, rows) = table(&out, "memory");
+    let lru = column(&header, "lru");
+    assert_eq!(rows.len(), 5);
+    for r in &rows {
+        assert_eq!(r[lru], "0.0 %", "{r:?}");
+    }
+    files(&out, &["cache-trace.csv", "cache-trace.svg"]);
 }
 
 #[test]

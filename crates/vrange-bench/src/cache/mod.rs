@@ -33,6 +33,7 @@
 
 mod hot;
 mod scenario;
+mod trace;
 
 use super::neighbour::{Neighbour, Ramp};
 use super::plot::{self, Axis, Series, Unit};
@@ -320,9 +321,14 @@ pub fn role(args: &[String]) -> i32 {
     }
 }
 
+/// With `--trace FILE`, the hit ratio on that trace; else the hot path, the scenario and the
+/// hit ratio on the synthetic trace.
 pub fn run(ctx: &Ctx) -> Result<(), String> {
-    hot_path(ctx)?;
-    scenario(ctx)
+    if ctx.args.trace.is_none() {
+        hot_path(ctx)?;
+        scenario(ctx)?;
+    }
+    trace::hit_ratio(ctx)
 }
 
 #[cfg(test)]
