@@ -195,8 +195,8 @@ pub struct Args {
     #[arg(long)]
     pub blocks: Option<usize>,
     /// cache: only the hit ratio on this key trace (ARC's format, or one key per line as
-    /// LIRS's traces), every cache at the same memory (default: every part, the hit ratio on a
-    /// synthetic trace).
+    /// LIRS's traces; `synthetic`: the built-in Zipf-and-scan trace), every cache at the same
+    /// memory (default: every part, the hit ratio on the synthetic trace).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// cache: the bytes of each value of the trace, a size such as 4K (default 4K, a block).

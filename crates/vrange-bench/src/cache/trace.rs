@@ -1,7 +1,8 @@
 //! The hit ratio on a key trace: every cache replays the same requests at the same memory, a
 //! miss regenerating the value and inserting it, as a service would.
 //!
-//! Traces (`--trace FILE`; without one, a synthetic trace written to `trace-synthetic.txt`):
+//! Traces (`--trace FILE`; without one, or with `--trace synthetic`, the synthetic trace below,
+//! written to `trace-synthetic.txt`):
 //! - ARC's format (Megiddo and Modha's traces): `start count ignored request` per line, a
 //!   request for the blocks `start .. start + count`; recognised by four integers on the first
 //!   line;
@@ -205,12 +206,13 @@ fn slab_for(memory: usize) -> usize {
     (memory / 16).clamp(64 << 10, Options::default().slab_bytes)
 }
 
-/// The replay part of the cache suite: `--trace FILE`, or the synthetic trace.
+/// The replay part of the cache suite: `--trace FILE`, or the synthetic trace (no `--trace`,
+/// or `--trace synthetic`).
 pub(super) fn hit_ratio(ctx: &Ctx) -> Result<(), String> {
     let value = ctx.args.value_size.unwrap_or(4096);
     let trace = match &ctx.args.trace {
-        Some(path) => Trace::read(path)?,
-        None => {
+        Some(path) if path.as_os_str() != "synthetic" => Trace::read(path)?,
+        _ => {
             let (requests, keys) = if ctx.quick() {
                 (100_000, 10_000)
             } else {
