@@ -2,62 +2,48 @@
 //! points (scatter). Enough to see a suite's shape at a glance; the numbers are in the tables
 //! and CSV files.
 //!
-//! `plotters` draws them (its SVG backend, into a `String`; no font library: the SVG viewer
-//! lays the text out). What this module adds is the choices a figure needs to be read right:
+//! `plotters` draws them: its SVG backend into a `String` (no font library: the SVG viewer
+//! lays the text out), its linear and log coordinates, grid, marker shapes and legend. What
+//! this module adds is the choices a figure needs to be read right:
 //!
-//! - Every figure says what it shows and where it was measured: a title, a line with the
-//!   machine and the date, and for `--quick` runs a "SMOKE TEST" banner and a watermark over
-//!   the data, so a smoke run's plot is never mistaken for a measurement.
-//! - Tick labels carry the axis unit with one prefix rule per axis (`4 KiB`, `2 MiB`; `10 ns`,
-//!   `1 µs`; `0, 20 k, ..., 120 k`): the axes are a coordinate of our own ([`Scale`]) whose
-//!   ticks are powers of the unit's base on a log axis (the measured values themselves where a
-//!   log x axis has few), and a log axis's title says so.
-//! - Every series stays visible when series coincide (managed and hybrid mark costs are the
-//!   same line): each has its own colour, hollow marker shape and dash pattern, earlier series
-//!   are drawn wider underneath later ones, and markers are drawn over all the lines.
-//! - A scatter plot's points are labelled beside them where the label covers no other label
-//!   or marker, and its target corner is shaded.
+//! - A title, a line with the machine and the date, and for `--quick` runs a "SMOKE TEST"
+//!   banner and a faint watermark, so a smoke run's plot is never mistaken for a measurement.
+//! - Tick labels in the axis's unit with one prefix rule per axis: each its own on a log axis
+//!   (`4 KiB`, `64 KiB`; `10 ns`, `1 µs`), the top's for all on a linear one (`0, 20 k, ...,
+//!   120 k`); a log x axis is ticked at the measured values where they are few, and a log
+//!   axis's title says "log scale".
+//! - Series stay visible when they coincide: each has its own colour, hollow marker shape and
+//!   dash pattern, earlier series are drawn wider underneath later ones, markers over all lines.
+//! - The legend goes in the plot area's corner with the fewest points; a scatter plot's points
+//!   are labelled beside them where the label covers no other label or marker, and its target
+//!   corner is shaded.
 
-use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
-use plotters::element::{DashedPathElement, Drawable, PointCollection};
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use plotters_backend::{BackendCoord, DrawingErrorKind};
 use std::ops::Range;
 
 const W: u32 = 820;
 const H: u32 = 500;
 /// The y axis's labels and title, left of the plot area.
 const LEFT: u32 = 84;
-/// The legend, right of the plot area.
-const RIGHT: u32 = 220;
 /// The title, the machine line and the smoke-test banner.
 const TOP: u32 = 76;
+/// Right of the plot area.
+const RIGHT: u32 = 24;
 /// The x axis's labels and title.
 const BOTTOM: u32 = 50;
-const COLORS: [RGBColor; 10] = [
-    RGBColor(0x1f, 0x77, 0xb4),
-    RGBColor(0xd6, 0x27, 0x28),
-    RGBColor(0x2c, 0xa0, 0x2c),
-    RGBColor(0xff, 0x7f, 0x0e),
-    RGBColor(0x94, 0x67, 0xbd),
-    RGBColor(0x8c, 0x56, 0x4b),
-    RGBColor(0xe3, 0x77, 0xc2),
-    RGBColor(0x7f, 0x7f, 0x7f),
-    RGBColor(0xbc, 0xbd, 0x22),
-    RGBColor(0x17, 0xbe, 0xcf),
+/// The series' colours (as matplotlib's), by series.
+const COLORS: [u32; 10] = [
+    0x1f77b4, 0xd62728, 0x2ca02c, 0xff7f0e, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
+    0x17becf,
 ];
-/// Dash patterns (dash, gap in pixels), by series: solid first (ours, in the suites), then
-/// patterns that let a line underneath show through.
-const DASHES: [Option<(u32, u32)>; 6] = [
-    None,
-    Some((10, 4)),
-    Some((3, 3)),
-    Some((18, 5)),
-    Some((6, 2)),
-    Some((2, 5)),
-];
+/// Dash patterns (dash, gap in pixels; 0: solid), by series: solid first (ours, in the
+/// suites), then patterns that let a line underneath show through.
+const DASHES: [(u32, u32); 5] = [(0, 0), (10, 4), (3, 3), (18, 5), (6, 2)];
 const GREY: RGBColor = RGBColor(0x44, 0x44, 0x44);
 const SMOKE_RED: RGBColor = RGBColor(0xc0, 0x00, 0x00);
 const TARGET_GREEN: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
@@ -99,9 +85,12 @@ pub enum Unit {
     Count,
 }
 
+/// A prefix: its divisor and suffix.
+type Prefix = (f64, &'static str);
+
 impl Unit {
-    /// The prefixes: divisor and suffix, smallest first.
-    fn prefixes(self) -> &'static [(f64, &'static str)] {
+    /// The prefixes, smallest first.
+    fn prefixes(self) -> &'static [Prefix] {
         const KI: f64 = 1024.0;
         match self {
             Unit::Plain => &[(1.0, "")],
@@ -118,7 +107,7 @@ impl Unit {
     }
 
     /// The largest prefix `v` reaches (the smallest for 0).
-    fn prefix(self, v: f64) -> (f64, &'static str) {
+    fn prefix(self, v: f64) -> Prefix {
         let p = self.prefixes();
         p.iter()
             .rev()
@@ -127,58 +116,26 @@ impl Unit {
             .unwrap_or(p[0])
     }
 
-    /// The logarithm base of this unit's natural ticks.
-    fn base(self) -> f64 {
-        if self == Unit::Bytes {
-            2.0
-        } else {
-            10.0
-        }
-    }
-
-    /// Tick labels. A log axis writes each tick with its own prefix and only the digits it
-    /// needs ("10 ns", "100 ns", "1 µs"); a linear axis writes all with the prefix of the
-    /// largest and the decimals of the step ("0", "20 k", ..., "120 k").
-    fn labels(self, ticks: &[f64], log: bool) -> Vec<String> {
-        let with = |number: String, suffix: &str| {
-            if suffix.is_empty() || number == "0" {
-                number
-            } else {
-                format!("{number} {suffix}")
+    /// The label of tick `v`: with `fixed`'s prefix and decimals (a linear axis: those of its
+    /// top and step, "0", "20 k", ..., "120 k"), else with its own prefix and only the digits
+    /// it needs ("10 ns", "100 ns", "1 µs").
+    fn label(self, v: f64, fixed: Option<(Prefix, usize)>) -> String {
+        let ((_, suffix), n) = match fixed {
+            Some((p, decimals)) => (p, format!("{:.decimals$}", v / p.0)),
+            None => {
+                let p = self.prefix(v);
+                (p, trim(v / p.0))
             }
         };
-        if log {
-            return ticks
-                .iter()
-                .map(|&t| {
-                    let (d, suffix) = self.prefix(t);
-                    with(self.number(trim(t / d)), suffix)
-                })
-                .collect();
+        if n.chars().all(|c| "-0.".contains(c)) {
+            return "0".into();
         }
-        let top = ticks.iter().fold(0f64, |m, t| m.max(t.abs()));
-        let (d, suffix) = self.prefix(top);
-        let step = ticks
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .fold(f64::MAX, f64::min);
-        let decimals = if step.is_finite() && step > 0.0 {
-            (-(step / d).log10().floor()).max(0.0) as usize
+        let n = self.number(n);
+        if suffix.is_empty() {
+            n
         } else {
-            0
-        };
-        ticks
-            .iter()
-            .map(|&t| {
-                let t = if t.abs() < step * 1e-9 { 0.0 } else { t };
-                let n = if t == 0.0 {
-                    "0".to_string()
-                } else {
-                    format!("{:.decimals$}", t / d)
-                };
-                with(self.number(n), suffix)
-            })
-            .collect()
+            format!("{n} {suffix}")
+        }
     }
 
     /// Thousands separators for plain numbers (as the tables write kB).
@@ -188,12 +145,8 @@ impl Unit {
         }
         let (sign, n) = n.strip_prefix('-').map_or(("", n.as_str()), |r| ("-", r));
         let (int, frac) = n.split_once('.').unwrap_or((n, ""));
-        let mut out = format!("{sign}{}", super::report::thousands(int));
-        if !frac.is_empty() {
-            out.push('.');
-            out.push_str(frac);
-        }
-        out
+        let dot = if frac.is_empty() { "" } else { "." };
+        format!("{sign}{}{dot}{frac}", super::report::thousands(int))
     }
 }
 
@@ -236,154 +189,123 @@ impl Axis {
             None => format!("{} (log scale)", self.label),
         }
     }
-}
 
-/// An axis's coordinate, for plotters: its range, linear or logarithmic, and its ticks (the
-/// grid lines) with their labels in the axis's unit.
-#[derive(Clone)]
-struct Scale {
-    lo: f64,
-    hi: f64,
-    log: bool,
-    ticks: Vec<f64>,
-    labels: Vec<String>,
-    unit: Unit,
-}
-
-impl Scale {
-    /// The axis over `values`: from powers of the unit's base around them on a log axis, from 0
-    /// (or below) to a little above the largest on a linear one.
-    fn new(values: impl Iterator<Item = f64>, axis: &Axis) -> Scale {
-        let log = axis.log;
-        let base = axis.unit.base();
-        let (mut lo, mut hi) = values
-            .filter(|v| v.is_finite() && (!log || *v > 0.0))
+    /// The coordinate over `values`: on a log axis from and to powers of the unit's base around
+    /// them, ticked at powers (every few if many); on a linear one from 0 (or below) to a little
+    /// above the largest, ticked where plotters chooses.
+    fn coord(&self, values: impl Iterator<Item = f64>) -> Coord {
+        let (lo, hi) = values
+            .filter(|v| v.is_finite() && (!self.log || *v > 0.0))
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
                 (a.min(v), b.max(v))
             });
-        if !lo.is_finite() {
-            (lo, hi) = (1.0, 10.0);
-        }
-        if log {
-            lo = base.powf(lo.log(base).floor());
-            hi = base.powf(hi.log(base).ceil());
-            if hi <= lo {
-                hi = lo * base;
-            }
+        let (lo, hi) = if lo.is_finite() {
+            (lo, hi)
         } else {
-            lo = lo.min(0.0);
-            if hi <= lo {
-                hi = lo + 1.0;
-            }
-            hi += (hi - lo) * 0.05;
-        }
-        let ticks = if log {
-            // Powers of the base, every few if there are many.
-            let (a, b) = (lo.log(base).round() as i32, hi.log(base).round() as i32);
-            let step = ((b - a) as f64 / 9.0).ceil().max(1.0) as usize;
-            (a..=b).step_by(step).map(|e| base.powi(e)).collect()
-        } else {
-            // Multiples of 1, 2 or 5 times a power of ten.
-            let span = hi - lo;
-            let mag = 10f64.powf((span / 6.0).log10().floor());
-            let step = [1.0, 2.0, 5.0, 10.0]
-                .iter()
-                .map(|m| m * mag)
-                .find(|s| span / s <= 8.0)
-                .unwrap_or(mag * 10.0);
-            let mut v = Vec::new();
-            let mut k = (lo / step).ceil();
-            while k * step <= hi + step * 1e-9 {
-                v.push(k * step);
-                k += 1.0;
-            }
-            v
+            (1.0, 10.0)
         };
-        Scale::spanning(lo, hi, ticks, axis)
-    }
-
-    /// From `lo` to `hi` with grid lines and labels at `ticks`.
-    fn spanning(lo: f64, hi: f64, ticks: Vec<f64>, axis: &Axis) -> Scale {
-        Scale {
-            lo,
-            hi,
-            log: axis.log,
-            labels: axis.unit.labels(&ticks, axis.log),
-            ticks,
-            unit: axis.unit,
+        if !self.log {
+            let (lo, hi) = (lo.min(0.0), hi.max(lo.min(0.0) + 1.0));
+            return Coord::Linear(lo..hi + (hi - lo) * 0.05);
         }
-    }
-
-    /// Where `v` lies between the ends: 0 at `lo`, 1 at `hi`.
-    fn fraction(&self, v: f64) -> f64 {
-        if self.log {
-            (v.ln() - self.lo.ln()) / (self.hi.ln() - self.lo.ln())
-        } else {
-            (v - self.lo) / (self.hi - self.lo)
-        }
-    }
-
-    /// The label of tick `v` (of any value: with its own prefix).
-    fn label(&self, v: f64) -> String {
-        match self.ticks.iter().position(|t| t.to_bits() == v.to_bits()) {
-            Some(i) => self.labels[i].clone(),
-            None => self.unit.labels(&[v], true).remove(0),
-        }
+        let base = if self.unit == Unit::Bytes { 2.0 } else { 10.0 };
+        let (a, b) = (lo.log(base).floor() as i32, hi.log(base).ceil() as i32);
+        let b = b.max(a + 1);
+        let step = ((b - a) as f64 / 9.0).ceil().max(1.0) as usize;
+        let ticks = (a..=b).step_by(step).map(|e| base.powi(e)).collect();
+        Coord::Log(base.powi(a)..base.powi(b), ticks)
     }
 }
 
-impl Ranged for Scale {
-    type FormatOption = DefaultFormatting;
-    type ValueType = f64;
+/// An axis's coordinate, made a plotters coordinate by `with_coord!`.
+enum Coord {
+    Linear(Range<f64>),
+    /// The range and the ticks.
+    Log(Range<f64>, Vec<f64>),
+}
 
-    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
-        let (a, b) = (f64::from(limit.0), f64::from(limit.1));
-        (a + self.fraction(*v) * (b - a)).round() as i32
-    }
-
-    /// Our ticks, as the bold grid lines that plotters labels; no light lines between them.
-    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
-        if hint.weight().allow_light_points() {
-            Vec::new()
-        } else {
-            self.ticks.clone()
+impl Coord {
+    fn range(&self) -> Range<f64> {
+        match self {
+            Coord::Linear(r) | Coord::Log(r, _) => r.clone(),
         }
     }
 
-    fn range(&self) -> Range<f64> {
-        self.lo..self.hi
+    /// The tick labels in `unit`; a linear axis's share the prefix of its largest tick and
+    /// the decimals of its step.
+    fn labels(&self, unit: Unit) -> impl Fn(&f64) -> String {
+        let fixed = match self {
+            Coord::Log(..) => None,
+            Coord::Linear(r) => {
+                let ticks = RangedCoordf64::from(r.clone()).key_points(11);
+                let top = ticks.iter().fold(0f64, |m, t| m.max(t.abs()));
+                let p = unit.prefix(top);
+                let step = ticks.get(1).zip(ticks.first()).map_or(1.0, |(b, a)| b - a);
+                Some((p, (-(step / p.0).log10().floor()).max(0.0) as usize))
+            }
+        };
+        move |v: &f64| unit.label(*v, fixed)
     }
+}
+
+/// `$body` with `$c` the plotters coordinate of `$coord` (linear or log: a type each, so
+/// `$body` is compiled for each).
+macro_rules! with_coord {
+    ($coord:expr, |$c:ident| $body:expr) => {
+        match $coord {
+            Coord::Linear(r) => {
+                let $c = r;
+                $body
+            }
+            Coord::Log(r, ticks) => {
+                let $c = r.log_scale().with_key_points(ticks);
+                $body
+            }
+        }
+    };
 }
 
 type Area<'s> = DrawingArea<SVGBackend<'s>, Shift>;
-type Chart<'a, 's> = ChartContext<'a, SVGBackend<'s>, Cartesian2d<Scale, Scale>>;
+type Chart<'a, 's, X, Y> = ChartContext<'a, SVGBackend<'s>, Cartesian2d<X, Y>>;
 type Drawn = Result<(), DrawingAreaErrorKind<std::io::Error>>;
+/// A tick label formatter.
+type Labels<'f> = &'f dyn Fn(&f64) -> String;
 
-/// Text of `px` pixels: plotters writes font-size = size / 1.24 (the sizes used here come
-/// back whole: "16", not "15.000000000000002").
+/// Text of `px` pixels: plotters writes font-size = size / 1.24.
 fn font(px: f64) -> FontDesc<'static> {
     FontDesc::new(FontFamily::SansSerif, px * 1.24, FontStyle::Normal)
 }
 
 /// `font` in `color`, anchored at its `h` side and its vertical middle.
-fn text_style(font: &FontDesc<'static>, color: &RGBColor, h: HPos) -> TextStyle<'static> {
+fn text_style(font: FontDesc<'static>, color: &RGBColor, h: HPos) -> TextStyle<'static> {
     font.color(color).pos(Pos::new(h, VPos::Center))
 }
 
-/// A figure `height` pixels high: its frame (title, machine, smoke banner) and what `draw`
-/// draws in it, as an SVG document. Drawing into a String fails only by a bug; a figure that
+/// A figure `height` pixels high: its title, machine line and smoke banner, and what `draw`
+/// draws, as an SVG document. Drawing into a String fails only by a bug; a figure that
 /// failed says so in itself rather than failing the suite that measured it.
 fn render(fig: &Figure, height: u32, draw: impl FnOnce(&Area) -> Drawn) -> String {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, height)).into_drawing_area();
-        let drawn = root
-            .fill(&WHITE)
-            .and_then(|()| header(&root, fig))
-            .and_then(|()| draw(&root));
+        let mid = (W / 2) as i32;
+        let bold = |px| font(px).style(FontStyle::Bold);
+        let banner = if fig.smoke { SMOKE } else { "" };
+        let header = [
+            (fig.title.as_str(), bold(16.0), BLACK, 18),
+            (&fig.about, font(11.0), GREY, 37),
+            (banner, bold(14.0), SMOKE_RED, 57),
+        ];
+        let drawn = root.fill(&WHITE).and_then(|()| {
+            for (text, font, color, y) in header.into_iter().filter(|h| !h.0.is_empty()) {
+                let style = text_style(font, &color, HPos::Center);
+                root.draw(&Text::new(text, (mid, y), style))?;
+            }
+            draw(&root)
+        });
         if let Err(e) = drawn {
-            let style = text_style(&font(14.0), &SMOKE_RED, HPos::Center);
-            let at = ((W / 2) as i32, (height / 2) as i32);
+            let style = text_style(font(14.0), &SMOKE_RED, HPos::Center);
+            let at = (mid, (height / 2) as i32);
             let _ = root.draw(&Text::new(format!("plot failed: {e}"), at, style));
         }
         let _ = root.present();
@@ -391,51 +313,43 @@ fn render(fig: &Figure, height: u32, draw: impl FnOnce(&Area) -> Drawn) -> Strin
     svg
 }
 
-/// The title, the machine and date, and the smoke-test banner.
-fn header(root: &Area, fig: &Figure) -> Drawn {
-    let mid = (W / 2) as i32;
-    let bold = |px| font(px).style(FontStyle::Bold);
-    let title = text_style(&bold(16.0), &BLACK, HPos::Center);
-    root.draw(&Text::new(fig.title.as_str(), (mid, 18), title))?;
-    let about = text_style(&font(11.0), &GREY, HPos::Center);
-    root.draw(&Text::new(fig.about.as_str(), (mid, 37), about))?;
-    if fig.smoke {
-        let banner = text_style(&bold(14.0), &SMOKE_RED, HPos::Center);
-        root.draw(&Text::new(SMOKE, (mid, 57), banner))?;
-    }
-    Ok(())
-}
-
-/// The chart in `root` over `x` and `y` with `bottom` pixels under it for the x axis: the
-/// grid at the scales' ticks, their labels, the axis titles and the plot area's frame.
-fn frame<'a, 's>(
+/// The chart in `root` with `bottom` pixels under it for the x axis: the grid at the axes'
+/// ticks, their labels (under the middles of `groups` categories if any) and titles, and the
+/// plot area's frame.
+fn frame<'a, 's, X, Y>(
     root: &'a Area<'s>,
-    (x, x_title): (Scale, Option<String>),
-    (y, y_title): (Scale, String),
-    bottom: u32,
-) -> Result<Chart<'a, 's>, DrawingAreaErrorKind<std::io::Error>> {
+    (x, x_labels, x_title): (X, Labels, String),
+    (y, y_labels, y_title): (Y, Labels, String),
+    (bottom, groups): (u32, usize),
+) -> Result<Chart<'a, 's, X::CoordDescType, Y::CoordDescType>, DrawingAreaErrorKind<std::io::Error>>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
     let mut chart = ChartBuilder::on(root)
         .margin_top(TOP)
         .margin_right(RIGHT)
         .x_label_area_size(bottom)
         .y_label_area_size(LEFT)
-        .build_cartesian_2d(x.clone(), y.clone())?;
-    let label_x = |v: &f64| x.label(*v);
-    let label_y = |v: &f64| y.label(*v);
-    let grid = RGBColor(0xe2, 0xe2, 0xe2);
+        .build_cartesian_2d(x, y)?;
     let mut mesh = chart.configure_mesh();
-    mesh.bold_line_style(grid)
+    // Categories: grid lines between the groups, a label under each group's middle.
+    if let Some(group) = (W - LEFT - RIGHT).checked_div(groups as u32) {
+        mesh.x_labels(groups + 1).x_label_offset(group as i32 / 2);
+    }
+    mesh.bold_line_style(RGBColor(0xe2, 0xe2, 0xe2))
+        .max_light_lines(0)
         .axis_style(BLACK)
         .set_all_tick_mark_size(4)
         .label_style(font(12.0))
         .axis_desc_style(font(12.0))
-        .x_label_formatter(&label_x)
-        .y_label_formatter(&label_y)
-        .y_desc(y_title);
-    if let Some(title) = x_title {
-        mesh.x_desc(title);
-    }
-    mesh.draw()?;
+        .x_label_formatter(x_labels)
+        .y_label_formatter(y_labels)
+        .x_desc(x_title)
+        .y_desc(y_title)
+        .draw()?;
     let (xs, ys) = chart.plotting_area().get_pixel_range();
     root.draw(&Rectangle::new(
         [(xs.start, ys.start), (xs.end, ys.end)],
@@ -444,199 +358,102 @@ fn frame<'a, 's>(
     Ok(chart)
 }
 
-/// What a legend line shows beside its text.
-enum Key<'t> {
-    /// A line series: a piece of its line with its marker.
-    Line(Style, &'t str),
-    /// A series of bars: a swatch of their colour.
-    Bar(RGBColor, &'t str),
-    /// A scatter plot's point: its marker.
-    Point(Style, &'t str),
-    /// A scatter plot's target corner: a swatch of its shade, and its caption's lines.
-    Target(&'t str),
-}
-
-/// What every chart ends with: a smoke test's watermark across the plot area (over the data,
-/// faint enough to read the data through it), and the legend right of the plot area (drawn
-/// here: plotters' own legend is kept within the plot area, over the data).
-fn finish(root: &Area, chart: &Chart, fig: &Figure, keys: &[Key]) -> Drawn {
+/// What every chart ends with: the legend in the plot area's corner with the fewest of
+/// `points`, and a smoke test's watermark across the plot area (over the data, faint enough
+/// to read the data through it).
+fn finish<'a, 's: 'a, X, Y>(
+    root: &Area<'s>,
+    chart: &mut Chart<'a, 's, X, Y>,
+    fig: &Figure,
+    points: &[(f64, f64)],
+) -> Drawn
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    use SeriesLabelPosition::{LowerLeft, LowerRight, UpperLeft, UpperRight};
     let (xs, ys) = chart.plotting_area().get_pixel_range();
+    // Which fifths of the plot area's width and height each point is in.
+    let fifths: Vec<(i32, i32)> = points
+        .iter()
+        .map(|p| chart.backend_coord(p))
+        .map(|(x, y)| {
+            (
+                5 * (x - xs.start) / xs.len() as i32,
+                5 * (y - ys.start) / ys.len() as i32,
+            )
+        })
+        .collect();
+    let corners = [
+        (UpperRight, 3, 0),
+        (UpperLeft, 0, 0),
+        (LowerRight, 3, 3),
+        (LowerLeft, 0, 3),
+    ];
+    let near = |(_, x, y): &(_, i32, i32)| {
+        let near = |a: i32, b: i32| a == b || a == b + 1;
+        fifths
+            .iter()
+            .filter(|f| near(f.0, *x) && near(f.1, *y))
+            .count()
+    };
+    let (corner, ..) = corners.into_iter().min_by_key(near).expect("four corners");
+    chart
+        .configure_series_labels()
+        .position(corner)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(font(12.0))
+        .draw()?;
     if fig.smoke {
-        let mark = font(56.0).style(FontStyle::Bold);
-        let mark = mark.color(&SMOKE_RED.mix(0.12));
-        let at = ((xs.start + xs.end) / 2, (ys.start + ys.end) / 2);
-        let style = mark.pos(Pos::new(HPos::Center, VPos::Center));
-        root.draw(&Text::new("SMOKE TEST", at, style))?;
-    }
-    let x = xs.end + 12;
-    let mut y = ys.start + 10;
-    let label = text_style(&font(12.0), &BLACK, HPos::Left);
-    for key in keys {
-        let text = match *key {
-            Key::Line(style, text) => {
-                let line = [(x, y), (x + 26, y)];
-                match style.dash {
-                    None => root.draw(&PathElement::new(line, style.line()))?,
-                    Some((on, off)) => {
-                        root.draw(&DashedPathElement::new(line, on, off, style.line()))?;
-                    }
-                }
-                root.draw(&style.marker((x + 13, y)))?;
-                text
-            }
-            Key::Bar(color, text) => {
-                root.draw(&Rectangle::new(
-                    [(x, y - 6), (x + 26, y + 6)],
-                    color.filled(),
-                ))?;
-                text
-            }
-            Key::Point(style, text) => {
-                root.draw(&style.marker((x + 13, y)))?;
-                text
-            }
-            Key::Target(caption) => {
-                y += 4;
-                shade(root, (x, y - 6), (x + 26, y + 6))?;
-                let green = text_style(&font(12.0), &RGBColor(0x1a, 0x6e, 0x1a), HPos::Left);
-                for line in caption.lines() {
-                    root.draw(&Text::new(line, (x + 34, y), green.clone()))?;
-                    y += 15;
-                }
-                continue;
-            }
-        };
-        root.draw(&Text::new(text, (x + 34, y), label.clone()))?;
-        y += 20;
+        let mark = font(56.0)
+            .style(FontStyle::Bold)
+            .color(&SMOKE_RED.mix(0.12));
+        let mark = mark.pos(Pos::new(HPos::Center, VPos::Center));
+        let mid = ((xs.start + xs.end) / 2, (ys.start + ys.end) / 2);
+        root.draw(&Text::new("SMOKE TEST", mid, mark))?;
     }
     Ok(())
 }
 
-/// The target corner's shade over the pixels from `a` to `b`, edged with a dashed line.
-fn shade(root: &Area, a: (i32, i32), b: (i32, i32)) -> Drawn {
-    root.draw(&Rectangle::new([a, b], TARGET_GREEN.mix(0.10).filled()))?;
-    let edge = vec![a, (b.0, a.1), b, (a.0, b.1), a];
-    root.draw(&DashedPathElement::new(
-        edge,
-        6,
-        3,
-        TARGET_GREEN.stroke_width(1),
-    ))
+/// Series `i`'s colour.
+fn color(i: usize) -> RGBColor {
+    let c = COLORS[i % COLORS.len()];
+    RGBColor((c >> 16) as u8, (c >> 8) as u8, c as u8)
 }
 
-/// How series `i` is drawn.
-#[derive(Clone, Copy)]
-struct Style {
-    color: RGBColor,
-    dash: Option<(u32, u32)>,
-    width: u32,
-    marker: usize,
-    size: i32,
+/// Series `i`'s line: wider for earlier series, so a later one on the same values leaves an
+/// edge of it showing.
+fn line(i: usize) -> ShapeStyle {
+    color(i).mix(0.85).stroke_width([5, 4, 3, 2][i.min(3)])
 }
 
-/// The number of marker shapes: circle, square, triangle, diamond, inverted triangle, ×, +.
-const MARKERS: usize = 7;
-
-impl Style {
-    fn of(i: usize) -> Style {
-        Style {
-            color: COLORS[i % COLORS.len()],
-            dash: DASHES[i % DASHES.len()],
-            // Wider first: a later series on the same values leaves an edge of it showing.
-            width: [5, 4, 3, 2][i.min(3)],
-            marker: i % MARKERS,
-            // Smaller later, to fit inside an earlier marker at the same point.
-            size: [6, 6, 5, 5, 4, 4, 3][i.min(6)],
-        }
-    }
-
-    fn line(&self) -> ShapeStyle {
-        self.color.mix(0.85).stroke_width(self.width)
-    }
-
-    /// The marker at `at`.
-    fn marker<C>(self, at: C) -> Marker<C> {
-        Marker { at, style: self }
-    }
-}
-
-/// A series' marker, an element plotters draws at a point: hollow (a faint white inside), so
-/// markers at one point do not cover each other.
-struct Marker<C> {
-    at: C,
-    style: Style,
-}
-
-impl<'a, C> PointCollection<'a, C> for &'a Marker<C> {
-    type Point = &'a C;
-    type IntoIter = std::iter::Once<&'a C>;
-    fn point_iter(self) -> Self::IntoIter {
-        std::iter::once(&self.at)
-    }
-}
-
-impl<C, DB: DrawingBackend> Drawable<DB> for Marker<C> {
-    fn draw<I: Iterator<Item = BackendCoord>>(
-        &self,
-        mut pos: I,
-        backend: &mut DB,
-        _: (u32, u32),
-    ) -> Result<(), DrawingErrorKind<DB::ErrorType>> {
-        let Some((x, y)) = pos.next() else {
-            return Ok(());
-        };
-        let r = self.style.size;
-        let f = f64::from(r);
-        let p = |dx: f64, dy: f64| (x + (dx * f).round() as i32, y + (dy * f).round() as i32);
-        let inside = WHITE.mix(0.6).filled();
-        let edge = self.style.color.stroke_width(2);
-        let mut polygon = |points: Vec<(i32, i32)>| {
-            backend.fill_polygon(points.iter().copied(), &inside)?;
-            backend.draw_path(points.iter().chain(points.first()).copied(), &edge)
-        };
-        match self.style.marker {
-            0 => {
-                let r = r.unsigned_abs();
-                backend.draw_circle((x, y), r, &inside, true)?;
-                backend.draw_circle((x, y), r, &edge, false)
-            }
-            1 => polygon(vec![
-                p(-0.85, -0.85),
-                p(0.85, -0.85),
-                p(0.85, 0.85),
-                p(-0.85, 0.85),
-            ]),
-            2 => polygon(vec![p(0.0, -1.0), p(1.0, 0.8), p(-1.0, 0.8)]),
-            3 => polygon(vec![p(0.0, -1.2), p(1.0, 0.0), p(0.0, 1.2), p(-1.0, 0.0)]),
-            4 => polygon(vec![p(0.0, 1.0), p(1.0, -0.8), p(-1.0, -0.8)]),
-            5 => {
-                backend.draw_path([p(-1.0, -1.0), p(1.0, 1.0)], &edge)?;
-                backend.draw_path([p(-1.0, 1.0), p(1.0, -1.0)], &edge)
-            }
-            _ => {
-                backend.draw_path([p(-1.2, 0.0), p(1.2, 0.0)], &edge)?;
-                backend.draw_path([p(0.0, -1.2), p(0.0, 1.2)], &edge)
-            }
-        }
-    }
+/// Series `i`'s marker at pixel `(x, y)`: hollow, so markers at one point do not cover each
+/// other, of a shape of its own (circle, square, triangle, diamond, ×) drawn as one path,
+/// and smaller for later series, to fit inside an earlier one.
+fn marker(i: usize, (x, y): (i32, i32)) -> PathElement<(i32, i32)> {
+    let r = f64::from([6, 6, 5, 5, 4][i.min(4)]);
+    let circle: Vec<f64> = (0..=16)
+        .map(|k| f64::from(k) * std::f64::consts::PI / 8.0)
+        .flat_map(|a| [a.cos(), a.sin()])
+        .collect();
+    // Corners (x, y in radii) one after the other.
+    let shape: &[f64] = match i % 5 {
+        0 => &circle,
+        1 => &[
+            -0.85, -0.85, 0.85, -0.85, 0.85, 0.85, -0.85, 0.85, -0.85, -0.85,
+        ],
+        2 => &[0.0, -1.1, 1.0, 0.7, -1.0, 0.7, 0.0, -1.1],
+        3 => &[0.0, -1.2, 1.0, 0.0, 0.0, 1.2, -1.0, 0.0, 0.0, -1.2],
+        _ => &[-1.0, -1.0, 1.0, 1.0, 0.0, 0.0, -1.0, 1.0, 1.0, -1.0],
+    };
+    let pixel = |c: &[f64]| (x + (c[0] * r).round() as i32, y + (c[1] * r).round() as i32);
+    let style = color(i).stroke_width(2);
+    PathElement::new(shape.chunks(2).map(pixel).collect::<Vec<_>>(), style)
 }
 
 /// A line plot of `series` against numeric x values.
 pub fn lines(fig: &Figure, x: &Axis, y: &Axis, series: &[Series]) -> String {
-    let all = || series.iter().flat_map(|s| s.points.iter());
-    let mut xs = Scale::new(all().map(|p| p.0), x);
-    // A log axis over a few sizes is labelled at the sizes themselves.
-    let mut xvals: Vec<f64> = all()
-        .map(|p| p.0)
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .collect();
-    xvals.sort_by(f64::total_cmp);
-    xvals.dedup();
-    if x.log && !xvals.is_empty() && xvals.len() <= 12 {
-        let (lo, hi) = (xvals[0] / 1.25, xvals[xvals.len() - 1] * 1.25);
-        xs = Scale::spanning(lo, hi, xvals, x);
-    }
-    let ys = Scale::new(all().map(|p| p.1), y);
     let drawn: Vec<Vec<(f64, f64)>> = series
         .iter()
         .map(|ser| {
@@ -648,133 +465,122 @@ pub fn lines(fig: &Figure, x: &Axis, y: &Axis, series: &[Series]) -> String {
                 .collect()
         })
         .collect();
+    let all = drawn.concat();
+    // A log axis over a few values is ticked at the values themselves.
+    let mut xvals: Vec<f64> = all.iter().map(|p| p.0).collect();
+    xvals.sort_by(f64::total_cmp);
+    xvals.dedup();
+    let xc = match (xvals.first(), xvals.last()) {
+        (Some(&lo), Some(&hi)) if x.log && xvals.len() <= 12 => {
+            Coord::Log(lo / 1.25..hi * 1.25, xvals.clone())
+        }
+        _ => x.coord(xvals.iter().copied()),
+    };
+    let yc = y.coord(all.iter().map(|p| p.1));
+    let (x_labels, y_labels) = (xc.labels(x.unit), yc.labels(y.unit));
     render(fig, H, |root| {
-        let mut chart = frame(root, (xs, Some(x.title())), (ys, y.title()), BOTTOM)?;
-        // Every line first, widest first; then every marker, so none hides under a line.
-        for (i, pts) in drawn.iter().enumerate() {
-            let style = Style::of(i);
-            let points = pts.iter().copied();
-            match style.dash {
-                None => chart.draw_series(LineSeries::new(points, style.line()))?,
-                Some((on, off)) => {
-                    chart.draw_series(DashedLineSeries::new(points, on, off, style.line()))?
-                }
-            };
-        }
-        for (i, pts) in drawn.iter().enumerate() {
-            // Long series get a marker every `every` points, each series at its own phase so
-            // that series running together still show each one's markers.
-            let every = pts.len().div_ceil(15).max(1);
-            let phase = i * every / series.len().max(1);
-            let last = pts.len().saturating_sub(1);
-            let style = Style::of(i);
-            chart.draw_series(
-                pts.iter()
-                    .enumerate()
-                    .filter(|&(j, _)| (j + phase) % every == 0 || j == last)
-                    .map(|(_, &p)| style.marker(p)),
+        with_coord!(xc, |cx| with_coord!(yc, |cy| {
+            let mut chart = frame(
+                root,
+                (cx, &x_labels, x.title()),
+                (cy, &y_labels, y.title()),
+                (BOTTOM, 0),
             )?;
-        }
-        let keys: Vec<Key> = series
-            .iter()
-            .enumerate()
-            .map(|(i, ser)| Key::Line(Style::of(i), &ser.name))
-            .collect();
-        finish(root, &chart, fig, &keys)
+            // Every line first, widest first; then every marker, so none hides under a line.
+            for (i, (pts, ser)) in drawn.iter().zip(series).enumerate() {
+                let points = pts.iter().copied();
+                let (on, off) = DASHES[i % DASHES.len()];
+                match on {
+                    0 => chart.draw_series(LineSeries::new(points, line(i)))?,
+                    _ => chart.draw_series(DashedLineSeries::new(points, on, off, line(i)))?,
+                }
+                .label(ser.name.as_str())
+                .legend(move |(x, y)| {
+                    // A solid line: one dash longer than the sample.
+                    let (on, off) = if on == 0 { (30, 1) } else { (on, off) };
+                    let sample = DashedPathElement::new([(0, 0), (26, 0)], on, off, line(i));
+                    EmptyElement::at((x, y)) + sample + marker(i, (13, 0))
+                });
+            }
+            for (i, pts) in drawn.iter().enumerate() {
+                // Long series get a marker every `every` points, each series at its own phase
+                // so that series running together still show each one's markers.
+                let every = pts.len().div_ceil(15).max(1);
+                let phase = i * every / drawn.len();
+                let last = pts.len().saturating_sub(1);
+                let shown = pts.iter().enumerate();
+                for (_, p) in shown.filter(|&(j, _)| (j + phase) % every == 0 || j == last) {
+                    root.draw(&marker(i, chart.backend_coord(p)))?;
+                }
+            }
+            finish(root, &mut chart, fig, &all)
+        }))
     })
 }
 
 /// The width of a character of 12-pixel sans-serif text, roughly.
 const CHAR: f64 = 6.6;
 
-/// The categories' labels in lines as wide as a group of bars (`group` pixels), split at
-/// spaces, at most three lines each; `None` where a label does not fit so.
-fn wrapped(categories: &[String], group: f64) -> Option<Vec<Vec<String>>> {
-    let chars = ((group - 6.0) / CHAR).floor().max(1.0) as usize;
-    categories
-        .iter()
-        .map(|c| {
-            let mut lines: Vec<String> = Vec::new();
-            for word in c.split_whitespace() {
-                match lines.last_mut() {
-                    Some(l) if l.chars().count() + 1 + word.chars().count() <= chars => {
-                        l.push(' ');
-                        l.push_str(word);
-                    }
-                    _ => lines.push(word.to_string()),
-                }
-            }
-            let fits = lines.len() <= 3 && lines.iter().all(|l| l.chars().count() <= chars);
-            fits.then_some(lines)
-        })
-        .collect()
-}
-
-/// Grouped bars: one group per category, one bar per series (`None`: no bar). A category's
-/// label is written under its group, in lines as wide as the group, or, where labels do not
-/// fit so (many categories), all upwards.
+/// Grouped bars: one group per category, one bar per series (`None`: no bar). The categories'
+/// labels are written across under their groups, or all upwards where one is wider than a
+/// group.
 pub fn bars(
     fig: &Figure,
     categories: &[String],
     y: &Axis,
     series: &[(String, Vec<Option<f64>>)],
 ) -> String {
-    let ys = Scale::new(
-        series.iter().flat_map(|(_, v)| v.iter().flatten().copied()),
-        y,
-    );
-    let n = categories.len().max(1) as f64;
-    let xs = Scale::spanning(0.0, n, Vec::new(), &Axis::linear("", Unit::Plain));
-    let across = wrapped(categories, f64::from(W - LEFT - RIGHT) / n);
-    // Room under the plot area for the labels; the plot area keeps its height.
-    let bottom = match &across {
-        Some(lines) => 14 + 15 * lines.iter().map(Vec::len).max().unwrap_or(1) as u32,
-        None => {
-            let longest = categories.iter().map(|c| c.chars().count()).max();
-            16 + (CHAR * longest.unwrap_or(0) as f64).ceil() as u32
-        }
-    }
-    .max(BOTTOM);
+    let n = categories.len();
+    let shown = |v: &Option<f64>| v.filter(|v| v.is_finite() && (!y.log || *v > 0.0));
+    let yc = y.coord(series.iter().flat_map(|(_, v)| v.iter().filter_map(shown)));
+    let base = if y.log { yc.range().start } else { 0.0 };
+    let longest = categories.iter().map(|c| c.chars().count()).max();
+    let longest = longest.unwrap_or(0) as f64 * CHAR;
+    let upwards = longest > f64::from(W - LEFT - RIGHT) / n.max(1) as f64 - 6.0;
+    let bottom = if upwards { longest as u32 + 20 } else { 0 }.max(BOTTOM);
+    let x_labels = |v: &f64| match categories.get(*v as usize) {
+        Some(c) if !upwards => c.clone(),
+        _ => String::new(),
+    };
+    let y_labels = yc.labels(y.unit);
+    let bar = 0.8 / series.len().max(1) as f64;
     render(fig, H - BOTTOM + bottom, |root| {
-        let mut chart = frame(root, (xs, None), (ys.clone(), y.title()), bottom)?;
-        let base = if y.log { ys.lo } else { ys.lo.max(0.0) };
-        let bar = 0.8 / series.len().max(1) as f64;
-        for (k, (_, values)) in series.iter().enumerate() {
-            let color = Style::of(k).color;
-            let left = |c: usize| c as f64 + 0.1 + k as f64 * bar;
-            let bars = values.iter().take(categories.len()).enumerate();
-            let bars = bars.filter_map(|(c, v)| {
-                let v = v.filter(|v| v.is_finite() && (!y.log || *v > 0.0))?;
-                let corners = [(left(c), base), (left(c) + bar, v)];
-                Some(Rectangle::new(corners, color.filled()))
-            });
-            chart.draw_series(bars)?;
-        }
-        let (_, plot) = chart.plotting_area().get_pixel_range();
-        let font = font(12.0);
-        for (c, cat) in categories.iter().enumerate() {
-            let (cx, _) = chart.backend_coord(&(c as f64 + 0.5, base));
-            match &across {
-                Some(lines) => {
-                    for (k, line) in lines[c].iter().enumerate() {
-                        let at = (cx, plot.end + 14 + 15 * k as i32);
-                        let style = text_style(&font, &BLACK, HPos::Center);
-                        root.draw(&Text::new(line.as_str(), at, style))?;
-                    }
-                }
-                None => {
-                    let upwards = font.transform(FontTransform::Rotate270);
-                    let style = text_style(&upwards, &BLACK, HPos::Right);
-                    root.draw(&Text::new(cat.as_str(), (cx, plot.end + 8), style))?;
+        with_coord!(yc, |cy| {
+            let cx = 0.0..n.max(1) as f64;
+            let mut chart = frame(
+                root,
+                (cx, &x_labels, String::new()),
+                (cy, &y_labels, y.title()),
+                (bottom, n),
+            )?;
+            let mut ends = Vec::new();
+            for (k, (name, values)) in series.iter().enumerate() {
+                let color = color(k).filled();
+                let left = |c: usize| c as f64 + 0.1 + k as f64 * bar;
+                let bars = values.iter().take(n).enumerate().filter_map(|(c, v)| {
+                    ends.extend([(c as f64 + 0.5, shown(v)?), (c as f64 + 0.5, base)]);
+                    Some(Rectangle::new(
+                        [(left(c), base), (left(c) + bar, shown(v)?)],
+                        color,
+                    ))
+                });
+                chart
+                    .draw_series(bars)?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 26, y + 6)], color));
+            }
+            if upwards {
+                // Plotters centres a rotated label on its tick: these end under the axis.
+                let style = font(12.0).transform(FontTransform::Rotate270).color(&BLACK);
+                let style = style.pos(Pos::new(HPos::Right, VPos::Center));
+                let under = chart.plotting_area().get_pixel_range().1.end + 8;
+                for (c, cat) in categories.iter().enumerate() {
+                    let x = chart.backend_coord(&(c as f64 + 0.5, base)).0;
+                    root.draw(&Text::new(cat.as_str(), (x, under), style.clone()))?;
                 }
             }
-        }
-        let keys: Vec<Key> = series
-            .iter()
-            .enumerate()
-            .map(|(k, (name, _))| Key::Bar(Style::of(k).color, name))
-            .collect();
-        finish(root, &chart, fig, &keys)
+            finish(root, &mut chart, fig, &ends)
+        })
     })
 }
 
@@ -788,7 +594,7 @@ pub struct Labelled {
 }
 
 /// The corner of a scatter plot a suite aims for: x at least `x`, y at least `y`, shaded, and
-/// captioned under the legend (inside the plot the caption would cover points); `caption`'s
+/// captioned in the legend (inside the plot the caption would cover points); `caption`'s
 /// lines are separated by `\n`.
 pub struct Target {
     pub x: f64,
@@ -823,16 +629,15 @@ fn overlap(a: Box4, b: Box4) -> f64 {
 fn place(text: &str, (px, py): (f64, f64), taken: &[Box4], area: Box4) -> (f64, f64, HPos) {
     let mut best: Option<(f64, f64, f64, HPos)> = None;
     for reach in [0.0, 14.0, 28.0, 42.0, 56.0] {
-        for (dx, dy, anchor) in [
-            (9.0, 0.0, HPos::Left),
-            (-9.0, 0.0, HPos::Right),
-            (0.0, -14.0, HPos::Center),
-            (0.0, 14.0, HPos::Center),
-            (9.0, -12.0, HPos::Left),
-            (-9.0, -12.0, HPos::Right),
-            (9.0, 12.0, HPos::Left),
-            (-9.0, 12.0, HPos::Right),
-        ] {
+        // Right, left, above, below, then the four diagonals: dx, dy and the side
+        // anchored (right, centre, left).
+        let offsets = [
+            9.0, 0.0, 2.0, -9.0, 0.0, 0.0, 0.0, -14.0, 1.0, 0.0, 14.0, 1.0, 9.0, -12.0, 2.0, -9.0,
+            -12.0, 0.0, 9.0, 12.0, 2.0, -9.0, 12.0, 0.0f64,
+        ];
+        for d in offsets.chunks(3) {
+            let (dx, dy) = (d[0], d[1]);
+            let anchor = [HPos::Right, HPos::Center, HPos::Left][d[2] as usize];
             let (lx, ly) = (px + dx + reach * dx.signum(), py + dy + reach * dy.signum());
             let b = text_box(text, lx, ly, anchor);
             let outside = (area.0 - b.0).max(0.0)
@@ -869,82 +674,93 @@ pub fn scatter(
         .filter(|p| p.x.is_finite() && p.y.is_finite())
         .filter(|p| (!x.log || p.x > 0.0) && (!y.log || p.y > 0.0))
         .collect();
-    let corner = target.map(|t| (t.x, t.y));
-    let xs = Scale::new(
+    let xc = x.coord(
         shown
             .iter()
             .map(|p| p.x)
-            .chain(corner.map(|c| c.0))
+            .chain(target.map(|t| t.x))
             .chain(mark.map(|m| m.0)),
-        x,
     );
-    let ys = Scale::new(shown.iter().map(|p| p.y).chain(corner.map(|c| c.1)), y);
+    let yc = y.coord(shown.iter().map(|p| p.y).chain(target.map(|t| t.y)));
+    let (xr, yr) = (xc.range(), yc.range());
+    let (x_labels, y_labels) = (xc.labels(x.unit), yc.labels(y.unit));
+    // The points, and the target corner's far end (for the legend to avoid).
+    let mut at: Vec<(f64, f64)> = shown.iter().map(|p| (p.x, p.y)).collect();
+    at.extend(target.map(|_| (xr.end, yr.end)));
     render(fig, H, |root| {
-        let mut chart = frame(root, (xs, Some(x.title())), (ys, y.title()), BOTTOM)?;
-        let (px, py) = chart.plotting_area().get_pixel_range();
-        let area = (
-            f64::from(px.start),
-            f64::from(py.start),
-            f64::from(px.end),
-            f64::from(py.end),
-        );
-        let pixel = |x: f64, y: f64| {
-            let (a, b) = chart.backend_coord(&(x, y));
-            (f64::from(a), f64::from(b))
-        };
-        let at: Vec<(f64, f64)> = shown.iter().map(|p| pixel(p.x, p.y)).collect();
-        let corner = corner.map(|(x, y)| pixel(x, y));
-        let mark_at = mark.map(|(x, caption)| (pixel(x, 1.0).0, caption));
-        if let Some((left, bottom)) = corner {
-            // Clipped to the plot area: the corner may lie outside the data's range.
-            let left = left.clamp(area.0, area.2) as i32;
-            let bottom = bottom.clamp(area.1, area.3) as i32;
-            shade(root, (left, py.start), (px.end, bottom))?;
-        }
-        let mut taken: Vec<Box4> = at
-            .iter()
-            .map(|&(x, y)| (x - 6.0, y - 6.0, x + 6.0, y + 6.0))
-            .collect();
-        let small = font(11.0);
-        if let Some((x, caption)) = mark_at {
-            let x = x.round() as i32;
-            let line = vec![(x, py.start), (x, py.end)];
-            let grey = RGBColor(0x66, 0x66, 0x66).stroke_width(1);
-            root.draw(&DashedPathElement::new(line, 3, 3, grey))?;
-            let (cx, cy) = (x - 4, py.end - 10);
-            let style = text_style(&small, &GREY, HPos::Right);
-            root.draw(&Text::new(caption, (cx, cy), style))?;
-            taken.push(text_box(caption, f64::from(cx), f64::from(cy), HPos::Right));
-        }
-        for (i, (p, &(x, y))) in shown.iter().zip(&at).enumerate() {
-            let text = if p.note.is_empty() {
-                p.label.clone()
-            } else {
-                format!("{} {}", p.label, p.note)
-            };
-            let (lx, ly, anchor) = place(&text, (x, y), &taken, area);
-            taken.push(text_box(&text, lx, ly, anchor));
-            let to = |x: f64, y: f64| (x.round() as i32, y.round() as i32);
-            if (lx - x).abs() > 20.0 || (ly - y).abs() > 22.0 {
-                let leader = RGBColor(0x99, 0x99, 0x99).stroke_width(1);
-                root.draw(&PathElement::new(vec![to(x, y), to(lx, ly)], leader))?;
+        with_coord!(xc, |cx| with_coord!(yc, |cy| {
+            let mut chart = frame(
+                root,
+                (cx, &x_labels, x.title()),
+                (cy, &y_labels, y.title()),
+                (BOTTOM, 0),
+            )?;
+            let shade = TARGET_GREEN.mix(0.10).filled();
+            if let Some(t) = target {
+                // Clipped to the plot area: the corner may lie outside the data's range.
+                let (tx, ty) = (t.x.clamp(xr.start, xr.end), t.y.clamp(yr.start, yr.end));
+                chart.draw_series([Rectangle::new([(tx, ty), (xr.end, yr.end)], shade)])?;
+                let edge = [(tx, yr.end), (tx, ty), (xr.end, ty)];
+                chart.draw_series(DashedLineSeries::new(edge, 6, 3, TARGET_GREEN.into()))?;
             }
-            let style = text_style(&small, &Style::of(i).color, anchor);
-            root.draw(&Text::new(text, to(lx, ly), style))?;
-        }
-        chart.draw_series(
-            shown
+            if let Some((x, _)) = mark {
+                let grey = RGBColor(0x66, 0x66, 0x66).into();
+                let line = [(x, yr.start), (x, yr.end)];
+                chart.draw_series(DashedLineSeries::new(line, 3, 3, grey))?;
+            }
+            let (px, py) = chart.plotting_area().get_pixel_range();
+            let f = f64::from;
+            let area = (f(px.start), f(py.start), f(px.end), f(py.end));
+            let pixel = |p: (f64, f64)| {
+                let (a, b) = chart.backend_coord(&p);
+                (f(a), f(b))
+            };
+            let mut taken: Vec<Box4> = shown
                 .iter()
-                .enumerate()
-                .map(|(i, p)| Style::of(i).marker((p.x, p.y))),
-        )?;
-        let mut keys: Vec<Key> = shown
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Key::Point(Style::of(i), &p.label))
-            .collect();
-        keys.extend(target.map(|t| Key::Target(&t.caption)));
-        finish(root, &chart, fig, &keys)
+                .map(|p| pixel((p.x, p.y)))
+                .map(|(x, y)| (x - 6.0, y - 6.0, x + 6.0, y + 6.0))
+                .collect();
+            if let Some((x, caption)) = mark {
+                let (cx, cy) = (pixel((x, yr.start)).0 - 4.0, area.3 - 10.0);
+                let style = text_style(font(11.0), &GREY, HPos::Right);
+                root.draw(&Text::new(caption, (cx as i32, cy as i32), style))?;
+                taken.push(text_box(caption, cx, cy, HPos::Right));
+            }
+            for (i, p) in shown.iter().enumerate() {
+                let text = format!("{} {}", p.label, p.note);
+                let text = text.trim_end();
+                let (x, y) = pixel((p.x, p.y));
+                let (lx, ly, anchor) = place(text, (x, y), &taken, area);
+                taken.push(text_box(text, lx, ly, anchor));
+                let to = |x: f64, y: f64| (x.round() as i32, y.round() as i32);
+                if (lx - x).abs() > 20.0 || (ly - y).abs() > 22.0 {
+                    let leader = RGBColor(0x99, 0x99, 0x99);
+                    root.draw(&PathElement::new(vec![to(x, y), to(lx, ly)], leader))?;
+                }
+                let style = text_style(font(11.0), &color(i), anchor);
+                root.draw(&Text::new(text, to(lx, ly), style))?;
+            }
+            for (i, p) in shown.iter().enumerate() {
+                root.draw(&marker(i, chart.backend_coord(&(p.x, p.y))))?;
+                chart
+                    .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
+                    .label(p.label.as_str())
+                    .legend(move |(x, y)| marker(i, (x + 13, y)));
+            }
+            if let Some(t) = target {
+                // The caption's first line beside a swatch of the shade, the others under it.
+                for (k, caption) in t.caption.lines().enumerate() {
+                    let entry = chart.draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?;
+                    entry.label(caption);
+                    if k == 0 {
+                        entry.legend(move |(x, y)| {
+                            Rectangle::new([(x, y - 6), (x + 26, y + 6)], shade)
+                        });
+                    }
+                }
+            }
+            finish(root, &mut chart, fig, &at)
+        }))
     })
 }
 
@@ -974,32 +790,34 @@ mod tests {
         tag.split(&format!(" {name}=\"")).nth(1)?.split('"').next()
     }
 
-    /// The `<polyline` elements whose stroke is `color` ("#1F77B4").
-    fn polylines<'s>(svg: &'s str, color: &str) -> Vec<&'s str> {
+    /// The `<polyline` elements whose stroke is `color` ("#1F77B4") `width` pixels wide.
+    fn polylines<'s>(svg: &'s str, color: &str, width: &str) -> Vec<&'s str> {
         svg.lines()
             .filter(|l| l.starts_with("<polyline") && attr(l, "stroke") == Some(color))
+            .filter(|l| attr(l, "stroke-width") == Some(width))
             .collect()
     }
 
-    #[test]
-    fn svg_is_well_formed_enough() {
+    fn log_lines(series: &[Series]) -> String {
         let x = Axis::log("size", Unit::Bytes);
-        let y = Axis::log("time", Unit::Nanoseconds);
-        let svg = lines(
+        lines(
             &fig(false),
             &x,
-            &y,
-            &[Series::new("a <b>", vec![(4096.0, 2.0), (65536.0, 300.0)])],
-        );
+            &Axis::log("time", Unit::Nanoseconds),
+            series,
+        )
+    }
+
+    #[test]
+    fn svg_is_well_formed_and_says_what_and_where() {
+        let svg = log_lines(&[Series::new("a <b>", vec![(4096.0, 2.0), (65536.0, 300.0)])]);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
-        assert_eq!(
-            polylines(&svg, "#1F77B4").len(),
-            2,
-            "the line and its legend sample"
-        );
         let t = texts(&svg);
-        assert!(t.contains(&"a &lt;b&gt;"), "escaped: {t:?}");
+        assert!(
+            t.contains(&"a &lt;b&gt;") && t.contains(&"t"),
+            "escaped: {t:?}"
+        );
         assert!(t.contains(&"AMD EPYC, 2 cores; 2026-01-02"), "{t:?}");
         assert!(!svg.contains("SMOKE"), "{svg}");
         let b = bars(
@@ -1009,7 +827,7 @@ mod tests {
             &[("x".into(), vec![Some(1.0), None])],
         );
         assert!(b.starts_with("<svg") && b.trim_end().ends_with("</svg>"));
-        // One bar and one legend swatch: none for the category without a value.
+        // One bar and the legend's swatch: none for the category without a value.
         let filled = b
             .lines()
             .filter(|l| l.starts_with("<rect") && attr(l, "fill") == Some("#1F77B4"));
@@ -1019,36 +837,30 @@ mod tests {
             t.contains(&SMOKE) && t.contains(&"SMOKE TEST"),
             "banner and watermark: {t:?}"
         );
-        assert!(
-            t.contains(&"1") && t.contains(&"2") && t.contains(&"x"),
-            "{t:?}"
-        );
+        assert!(["1", "2", "x"].iter().all(|s| t.contains(s)), "{t:?}");
     }
 
     #[test]
-    fn log_ticks_carry_their_own_prefix_and_no_padding() {
-        let ns = Unit::Nanoseconds.labels(&[10.0, 100.0, 1e3, 1e4, 1e6, 1e9], true);
+    fn tick_labels_carry_the_unit_with_one_prefix_rule_per_axis() {
+        let log = |unit: Unit, ticks: &[f64]| -> Vec<String> {
+            ticks.iter().map(|&v| unit.label(v, None)).collect()
+        };
+        let ns = log(Unit::Nanoseconds, &[10.0, 100.0, 1e3, 1e4, 1e6, 1e9]);
         assert_eq!(ns, ["10 ns", "100 ns", "1 µs", "10 µs", "1 ms", "1 s"]);
-        let b = Unit::Bytes.labels(&[4096.0, 65536.0, 2.0 * 1048576.0, 1073741824.0], true);
+        let b = log(
+            Unit::Bytes,
+            &[4096.0, 65536.0, 2.0 * 1048576.0, 1073741824.0],
+        );
         assert_eq!(b, ["4 KiB", "64 KiB", "2 MiB", "1 GiB"]);
-        let kb = Unit::Plain.labels(&[100.0, 1e3, 1e4, 1e5, 1e6], true);
+        let kb = log(Unit::Plain, &[100.0, 1e3, 1e4, 1e5, 1e6]);
         assert_eq!(kb, ["100", "1,000", "10,000", "100,000", "1,000,000"]);
-    }
-
-    #[test]
-    fn linear_ticks_share_one_prefix_and_the_step_decimals() {
-        let s = Scale::new(
-            [0.0, 117_000.0].into_iter(),
-            &Axis::linear("r", Unit::Count),
-        );
-        let labels = &s.labels;
-        assert_eq!(labels[0], "0");
-        assert!(labels[1..].iter().all(|l| l.ends_with(" k")), "{labels:?}");
-        assert!(labels.iter().all(|l| !l.contains('.')), "{labels:?}");
-        assert_eq!(
-            Unit::Plain.labels(&[0.0, 0.5, 1.0, 1.5], false),
-            ["0", "0.5", "1.0", "1.5"]
-        );
+        // Linear: the prefix of the largest tick and the decimals of the step, for all.
+        let linear = |unit, top| {
+            let f = Coord::Linear(0.0..top).labels(unit);
+            [0.0, 0.5, 1.0, 1.5].map(|v| f(&(v * top / 1.5)))
+        };
+        assert_eq!(linear(Unit::Plain, 1.5), ["0", "0.5", "1.0", "1.5"]);
+        assert_eq!(linear(Unit::Count, 120e3), ["0", "40 k", "80 k", "120 k"]);
     }
 
     #[test]
@@ -1076,50 +888,37 @@ mod tests {
     #[test]
     fn coinciding_series_stay_visible() {
         let same = vec![(4096.0, 80.0), (65536.0, 80.0)];
-        let svg = lines(
-            &fig(false),
-            &Axis::log("size", Unit::Bytes),
-            &Axis::log("time", Unit::Nanoseconds),
-            &[
-                Series::new("managed", same.clone()),
-                Series::new("hybrid", same),
-            ],
+        let svg = log_lines(&[
+            Series::new("managed", same.clone()),
+            Series::new("hybrid", same),
+        ]);
+        // The first solid and wider underneath, the second dashed: their lines and legend
+        // samples in one piece each and in many.
+        let (first, second) = (
+            polylines(&svg, "#1F77B4", "5"),
+            polylines(&svg, "#D62728", "4"),
         );
-        let (first, second) = (polylines(&svg, "#1F77B4"), polylines(&svg, "#D62728"));
-        let width = |l: &str| attr(l, "stroke-width").unwrap().parse::<u32>().unwrap();
-        assert!(
-            width(first[0]) > width(second[0]),
-            "the first is wider, drawn under: {first:?} {second:?}"
-        );
-        // The second is dashed: its line and its legend sample in many pieces.
-        assert_eq!(first.len(), 2, "solid: {first:?}");
-        assert!(second.len() > 10, "dashed: {second:?}");
-        // Distinct hollow markers: a circle and a square.
-        let circle = svg.find("<circle").expect("a circle marker");
-        assert!(svg[circle..].contains(r##"stroke="#1F77B4""##));
-        let square = svg
-            .lines()
-            .find(|l| {
-                l.starts_with("<polyline") && attr(l, "stroke") == Some("#D62728") && width(l) == 2
-            })
-            .expect("a square's edge");
+        assert_eq!(first.len(), 2, "{svg}");
+        assert!(second.len() > 10, "{svg}");
+        // Hollow markers of different shapes (a circle, a square), over every line: each point's
+        // and the legend's.
+        let points = |l: &str| attr(l, "points").unwrap().split_whitespace().count();
+        let circles = polylines(&svg, "#1F77B4", "2");
+        let squares = polylines(&svg, "#D62728", "2");
         assert_eq!(
-            attr(square, "points").unwrap().split_whitespace().count(),
-            5
+            circles.iter().map(|l| points(l)).collect::<Vec<_>>(),
+            [17; 3]
         );
-        // Every line in the plot area comes before the first marker (the legend's samples,
-        // right of the plot area, come after).
-        let in_plot = |l: &str| {
-            let x = attr(l, "points").unwrap().split(',').next().unwrap();
-            x.parse::<u32>().unwrap() < W - RIGHT
-        };
-        let (before, after) = svg.split_at(circle);
-        let lines_after = after
-            .lines()
-            .filter(|l| l.starts_with("<polyline") && width(l) > 2 && in_plot(l))
-            .count();
-        assert_eq!(lines_after, 0, "{svg}");
-        assert!(polylines(before, "#D62728").len() > 5, "{svg}");
+        assert_eq!(
+            squares.iter().map(|l| points(l)).collect::<Vec<_>>(),
+            [5; 3]
+        );
+        let (lines, markers) = svg.split_at(svg.find(circles[0]).unwrap());
+        assert!(
+            lines.contains(first[0]) && lines.contains(second[10]),
+            "{svg}"
+        );
+        assert!(markers.contains(squares[1]) && !svg.contains("fill=\"#D62728\""));
     }
 
     #[test]
@@ -1151,78 +950,72 @@ mod tests {
         );
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         let t = texts(&svg);
+        let count = |s: &str| t.iter().filter(|t| **t == s).count();
         // Each label twice: beside its point (the first with its note) and in the legend.
-        assert_eq!(
-            t.iter().filter(|s| **s == "p0 &lt;x&gt;").count(),
-            1,
-            "{t:?}"
-        );
-        assert_eq!(
-            t.iter().filter(|s| **s == "p0 &lt;x&gt; (note)").count(),
-            1,
-            "{t:?}"
-        );
-        for i in 1..4 {
-            let label = format!("p{i} &lt;x&gt;");
-            assert_eq!(t.iter().filter(|s| **s == label).count(), 2, "{t:?}");
+        assert_eq!(count("p0 &lt;x&gt; (note)"), 1, "{t:?}");
+        assert_eq!(svg.matches("(note)").count(), 1, "{t:?}");
+        for i in 0..4 {
+            assert_eq!(
+                count(&format!("p{i} &lt;x&gt;")),
+                2 - usize::from(i == 0),
+                "{t:?}"
+            );
         }
-        assert_eq!(
-            svg.matches("(note)").count(),
-            1,
-            "a note is not in the legend"
-        );
-        assert!(t.contains(&"target") && t.contains(&"second line"), "{t:?}");
-        assert!(t.contains(&"all"), "{t:?}");
-        assert!(t.contains(&SMOKE), "{t:?}");
-        // The shaded corner: from x = 12 to the plot area's right edge, within the plot area.
-        let shade = svg
+        for s in ["target", "second line", "all", SMOKE] {
+            assert_eq!(count(s), 1, "{s} in {t:?}");
+        }
+        // The shaded corner: from x = 12 to the plot area's right edge, within the plot area;
+        // and its swatch in the legend.
+        let shades: Vec<&str> = svg
             .lines()
-            .find(|l| l.starts_with("<rect") && attr(l, "fill") == Some("#2CA02C"))
-            .expect("the shaded corner");
-        assert_eq!(attr(shade, "opacity"), Some("0.1"));
-        let num = |name| attr(shade, name).unwrap().parse::<i32>().unwrap();
+            .filter(|l| l.starts_with("<rect") && attr(l, "fill") == Some("#2CA02C"))
+            .collect();
+        assert_eq!(shades.len(), 2, "{svg}");
+        let num = |name| attr(shades[0], name).unwrap().parse::<u32>().unwrap();
         let (x, y, w, h) = (num("x"), num("y"), num("width"), num("height"));
-        let right = i32::try_from(W - RIGHT).unwrap();
-        assert_eq!(x + w, right, "{shade}");
-        assert_eq!(y, i32::try_from(TOP).unwrap(), "{shade}");
+        assert_eq!(attr(shades[0], "opacity"), Some("0.1"));
         assert!(
-            x > i32::try_from(LEFT).unwrap() && h > 0 && y + h < 500,
-            "{shade}"
+            (x + w).abs_diff(W - RIGHT) <= 1 && y == TOP,
+            "{}",
+            shades[0]
+        );
+        assert!(
+            x > LEFT + (W - LEFT - RIGHT) / 2 && h > 0 && y + h < H - BOTTOM,
+            "{}",
+            shades[0]
         );
     }
 
     #[test]
-    fn many_categories_are_written_upwards_and_few_across() {
-        let few: Vec<String> = ["decompress all into ordinary memory", "b", "c", "d"]
+    fn long_category_labels_are_written_upwards_and_short_ones_across() {
+        let upwards = |categories: Vec<String>| {
+            let values = vec![Some(1.0); categories.len()];
+            let svg = bars(
+                &fig(false),
+                &categories,
+                &Axis::log("reads/s", Unit::Plain),
+                &[("r".into(), values)],
+            );
+            let rotated = svg.lines().filter(|l| l.contains("rotate(270"));
+            let rotated: Vec<String> = rotated
+                .map(|l| attr(l, "text-anchor").unwrap().into())
+                .collect();
+            assert!(texts(&svg).contains(&categories[0].as_str()), "{svg}");
+            rotated
+        };
+        let few = ["ordinary memory", "b", "c", "d"]
             .map(String::from)
             .to_vec();
-        let svg = bars(
-            &fig(false),
-            &few,
-            &Axis::log("reads/s", Unit::Plain),
-            &[("r".into(), vec![Some(1e5), Some(2e6), None, Some(3.0)])],
-        );
-        let t = texts(&svg);
-        for line in ["decompress all", "into ordinary", "memory", "b"] {
-            assert!(t.contains(&line), "wrapped: {line} in {t:?}");
-        }
-        assert_eq!(
-            svg.matches("rotate(270").count(),
-            1,
-            "the y axis's title: {svg}"
-        );
-        let many: Vec<String> = (0..12)
+        assert_eq!(upwards(few), ["middle"], "only the y axis's title");
+        let many = (0..12)
             .map(|i| format!("vrange-malloc{i} huge chunks"))
             .collect();
-        let values = vec![Some(1.0); 12];
-        let svg = bars(
-            &fig(false),
-            &many,
-            &Axis::linear("r", Unit::Count),
-            &[("r".into(), values)],
+        let rotated = upwards(many);
+        assert_eq!(rotated.len(), 13, "{rotated:?}");
+        assert_eq!(
+            rotated.iter().filter(|a| **a == "end").count(),
+            12,
+            "ending under the axis"
         );
-        assert_eq!(svg.matches("rotate(270").count(), 13, "{svg}");
-        let t = texts(&svg);
-        assert!(t.contains(&"vrange-malloc0 huge chunks"), "{t:?}");
     }
 }
