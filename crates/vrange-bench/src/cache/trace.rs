@@ -280,7 +280,11 @@ pub(super) fn hit_ratio(ctx: &Ctx) -> Result<(), String> {
     ctx.table(&table);
     csv.write(&ctx.out, "cache-trace.csv")?;
     let svg = plot::lines(
-        &ctx.figure(format!("hit ratio by memory: {}", trace.name)),
+        // The name up to its details (the synthetic trace's are in the report).
+        &ctx.figure(format!(
+            "hit ratio by memory, trace {}",
+            trace.name.split(':').next().unwrap_or_default()
+        )),
         &Axis::log("memory (bytes)", Unit::Bytes),
         &Axis::linear("hit ratio (%)", Unit::Plain),
         &series,
