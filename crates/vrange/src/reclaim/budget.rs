@@ -3,7 +3,6 @@
 
 use super::config;
 use super::purge::candidates;
-use super::purge::respond;
 use super::start;
 use super::victims;
 use super::waker::wake;
@@ -79,7 +78,7 @@ pub fn catch_up() -> usize {
     let excess = stats::volatile_resident().saturating_sub(budget);
     let victims = candidates(excess);
     let p = pause();
-    let (ranges, freed) = victims::purge_oldest(&victims, excess);
+    let (ranges, freed) = purge_over_budget(&victims);
     drop(p);
     let stuck = stats::volatile_resident() > budget_ceiling(budget);
     STUCK_AT.store(if stuck { t0 } else { 0 }, Relaxed);
@@ -95,5 +94,80 @@ pub(super) fn check_budget(woken: bool, t: u64) {
         return;
     }
     let since = if woken { BUDGET_SINCE.load(Relaxed) } else { t };
-    respond(Source::Budget, since, volatile - budget);
+    let victims = candidates(volatile - budget);
+    let p = pause();
+    let (ranges, bytes) = purge_over_budget(&victims);
+    drop(p);
+    stats::record(
+        Source::Budget,
+        ranges,
+        bytes,
+        now_ns().saturating_sub(since),
+    );
+}
+
+/// Purges `victims` in order while resident volatile bytes exceed the budget, both read afresh
+/// before each: the excess a snapshot was taken for may be stale by the time its ranges are
+/// purged (the thread was descheduled between the two; the program took most of its volatile
+/// memory back meanwhile, or the budget was switched off), and a purge below the budget would
+/// take the newest ranges, which the budget promises to keep.
+fn purge_over_budget(victims: &[victims::Candidate]) -> (u64, u64) {
+    let (mut ranges, mut bytes) = (0, 0);
+    for c in victims {
+        let budget = config::get().budget.load(Relaxed);
+        if budget == 0 || stats::volatile_resident() <= budget {
+            break;
+        }
+        let (r, b) = victims::purge_oldest(std::slice::from_ref(c), u64::MAX);
+        ranges += r;
+        bytes += b;
+    }
+    (ranges, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Options, Policy, VolatileRegion};
+
+    /// A snapshot taken over the budget and purged after the program took most of its volatile
+    /// memory back purges nothing: the program is under the budget. (Purging the snapshot's
+    /// excess oldest first, as before, took the one range left volatile, the newest.)
+    #[test]
+    fn a_stale_snapshot_purges_nothing_once_under_the_budget() {
+        // No thread: this test is the reclaimer.
+        crate::set_option("VRANGE_RECLAIMER", "off").unwrap();
+        crate::set_option("VRANGE_BUDGET", "8M").unwrap();
+        let regions: Vec<VolatileRegion> = (0..4)
+            .map(|_| {
+                let r = VolatileRegion::new(
+                    4 << 20,
+                    Options {
+                        policy: Policy::Managed,
+                        ..Options::default()
+                    },
+                )
+                .unwrap();
+                // SAFETY: the region is this test's, and nothing refers into it.
+                unsafe { r.as_ptr().write_bytes(1, r.len()) };
+                r
+            })
+            .collect();
+        for r in &regions {
+            // SAFETY: no reference into the region is held while it is volatile.
+            unsafe { r.mark() }.unwrap();
+        }
+        let victims = candidates(8 << 20);
+        assert_eq!(victims.len(), 4, "{victims:?}");
+        for r in &regions[..3] {
+            r.unmark().unwrap();
+        }
+        let (ranges, _) = purge_over_budget(&victims);
+        crate::set_option("VRANGE_BUDGET", "0").unwrap();
+        assert_eq!(ranges, 0, "a range was purged under the budget");
+        assert!(
+            !regions[3].unmark().unwrap().was_purged(),
+            "the newest went"
+        );
+    }
 }
