@@ -17,7 +17,8 @@
 //! lock, sets `HELD`, and the flush clears it only at a zero count, by CAS), and volatile
 //! within one flush of its last unpin. vrange's reclaimer runs the flush
 //! ([`vrange::reclaimer::on_flush`]) at each tick and before every purge, so an idle slab is
-//! never spared a purge it should get.
+//! never spared a purge it should get (one that another thread's flush is marking at that
+//! moment is taken by the next purge).
 //!
 //! While `HELD`, the slab holds a reference to itself (`Inner::me`): a pin keeps it alive,
 //! so an `Entry` needs no reference count of its own, and a hit makes two atomic operations

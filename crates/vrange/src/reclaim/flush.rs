@@ -1,7 +1,11 @@
 //! Flush hooks: a client that defers marking (a cache keeps a slab pinned for up to a tick
 //! after its last reader let go, so that a hit changes no range state) registers a function
 //! that marks what it deferred. The reclaimer thread calls every hook at each tick, and every
-//! purge calls them first, so deferred memory is volatile by the time victims are chosen.
+//! purge calls them first, so deferred memory is volatile by the time victims are chosen. The
+//! one exception is memory another thread's flush is marking at that moment (a hook takes its
+//! list whole): that purge misses it, the other flush marks it, and the next purge takes it.
+//! Waiting for the other flush instead could deadlock: a purge may start inside a client's
+//! lock (a mark that catches up on the budget) that the other flush's hook needs.
 
 use crate::lock::{Rank, RankedMutex};
 use std::cell::Cell;
@@ -25,7 +29,8 @@ pub struct FlushHook {
 
 /// Registers `f`, called by the reclaimer thread at each tick (`VRANGE_POLL_MS`) and by every
 /// purge ([`crate::purge`], the budget's and headroom's) before it chooses victims: the place
-/// to mark volatile whatever the client kept pinned only to spare its hot path a state change.
+/// to mark volatile whatever the client kept pinned only to spare its hot path a state change
+/// (what another thread's flush is marking at that moment is left to it: see the module).
 /// `f` runs on any thread, never twice at once in one thread; it may mark and unmark, and must
 /// not wait for a thread that could be purging.
 pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
