@@ -16,7 +16,8 @@ use crate::state::{self, Found, Marked};
 use crate::stats;
 use crate::{Error, Huge, Unmarked};
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use vrange_sys::{clock, mem};
 
 /// How a new region is made.
@@ -623,10 +624,24 @@ const ARM_STEP: usize = mem::HUGE_PAGE;
 
 /// Hands a hybrid range that is still as the reclaimer saw it to the kernel's lazy-free path,
 /// a block at a time, stopping early if an unmark asks. Returns the bytes armed.
+/// Armings begun and armings finished ([`arm`]): one is in progress while they differ. An
+/// explicit purge reads both around its snapshot of candidates, which cannot see a range
+/// mid-arming (see `reclaim::purge`).
+pub(crate) static ARMS_BEGUN: AtomicU64 = AtomicU64::new(0);
+pub(crate) static ARMS_DONE: AtomicU64 = AtomicU64::new(0);
+
 pub(crate) fn arm(slot: &Slot, seen: u64) -> usize {
     if !slot.state().begin_arm(seen) {
         return 0;
     }
+    ARMS_BEGUN.fetch_add(1, SeqCst);
+    let done = arm_begun(slot);
+    ARMS_DONE.fetch_add(1, SeqCst);
+    done
+}
+
+/// The arming of a range whose state is ARMING.
+fn arm_begun(slot: &Slot) -> usize {
     let (start, len) = slot.extent();
     let mut done = 0;
     while done < len && !slot.state().arm_cancelled() {

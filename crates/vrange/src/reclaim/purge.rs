@@ -4,9 +4,10 @@
 use super::ensure_running;
 use super::flush;
 use super::victims;
-use crate::managed::pause;
+use crate::managed::{pause, ARMS_BEGUN, ARMS_DONE};
 use crate::stats;
 use crate::stats::Source;
+use std::sync::atomic::Ordering::SeqCst;
 use vrange_sys::clock::now_ns;
 
 /// Purges up to `bytes` bytes of volatile managed ranges now, lowest class and least recently
@@ -24,11 +25,13 @@ pub fn purge(bytes: usize) -> usize {
     // purge does not leave them behind: once it has held the lock, the arming it raced is
     // over, and a fresh snapshot has them.
     for _ in 0..PASSES {
+        // An arming in progress at the snapshot (finished is read first: one begun in between
+        // counts too), or begun since.
+        let done = ARMS_DONE.load(SeqCst);
+        let begun = ARMS_BEGUN.load(SeqCst);
         let victims = candidates(target - freed);
-        // Read before the lock: a range mid-arming now is no candidate, and is armed by the
-        // time the lock is held.
-        let raced = victims::arming_now();
         let p = pause();
+        let raced = begun != done || ARMS_BEGUN.load(SeqCst) != begun;
         let (r, f) = victims::purge_oldest(&victims, target - freed);
         drop(p);
         ranges += r;

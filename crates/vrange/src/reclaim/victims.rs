@@ -114,15 +114,6 @@ pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
     (ranges, bytes)
 }
 
-/// Whether the reclaimer is arming a range at this moment (it holds the purge lock meanwhile).
-pub(crate) fn arming_now() -> bool {
-    let mut arming = false;
-    registry::for_each_live(|_, slot| {
-        arming |= crate::state::tag(slot.state().load()) == crate::state::ARMING;
-    });
-    arming
-}
-
 /// Hands every hybrid range volatile for at least `delay_ns` to the kernel path. Returns bytes
 /// armed.
 pub(crate) fn arm_due(now: u64, delay_ns: u64) -> u64 {
