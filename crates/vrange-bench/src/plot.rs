@@ -15,8 +15,8 @@
 //! - Series stay visible when they coincide: each has its own colour, hollow marker shape and
 //!   dash pattern, earlier series are drawn wider underneath later ones, markers over all lines.
 //! - The legend goes in the plot area's corner with the fewest points; a scatter plot's points
-//!   are labelled beside them where the label covers no other label or marker, and its target
-//!   corner is shaded.
+//!   are labelled beside them (not in the legend) where the label covers no other label or
+//!   marker, and its target corner is shaded.
 
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;
@@ -657,7 +657,8 @@ fn place(text: &str, (px, py): (f64, f64), taken: &[Box4], area: Box4) -> (f64, 
 }
 
 /// A scatter plot: each point a marker of its own (colour and shape, as the series of
-/// [`lines`]) with its label beside it, and the same labels in the legend. Labels are placed
+/// [`lines`]) with its label beside it in its colour; the legend has only the target's
+/// caption. Labels are placed
 /// where they cover no other label or marker, nearest first (a thin leader line joins a label
 /// set further away to its point), since points of similar configurations crowd together.
 /// `mark` is a vertical reference line (an x value and its caption), within the x range.
@@ -740,12 +741,10 @@ pub fn scatter(
                 let style = text_style(font(11.0), &color(i), anchor);
                 root.draw(&Text::new(text, to(lx, ly), style))?;
             }
+            // Each point is labelled beside itself, in its colour: the legend has only the
+            // target's caption (a legend of every point covered the points it listed).
             for (i, p) in shown.iter().enumerate() {
                 root.draw(&marker(i, chart.backend_coord(&(p.x, p.y))))?;
-                chart
-                    .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
-                    .label(p.label.as_str())
-                    .legend(move |(x, y)| marker(i, (x + 13, y)));
             }
             if let Some(t) = target {
                 // The caption's first line beside a swatch of the shade, the others under it.
@@ -951,15 +950,11 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         let t = texts(&svg);
         let count = |s: &str| t.iter().filter(|t| **t == s).count();
-        // Each label twice: beside its point (the first with its note) and in the legend.
+        // Each label once, beside its point (the first with its note); not in the legend.
         assert_eq!(count("p0 &lt;x&gt; (note)"), 1, "{t:?}");
         assert_eq!(svg.matches("(note)").count(), 1, "{t:?}");
-        for i in 0..4 {
-            assert_eq!(
-                count(&format!("p{i} &lt;x&gt;")),
-                2 - usize::from(i == 0),
-                "{t:?}"
-            );
+        for i in 1..4 {
+            assert_eq!(count(&format!("p{i} &lt;x&gt;")), 1, "{t:?}");
         }
         for s in ["target", "second line", "all", SMOKE] {
             assert_eq!(count(s), 1, "{s} in {t:?}");
