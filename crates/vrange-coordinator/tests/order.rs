@@ -374,7 +374,16 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
         })
         .collect();
     let kills = cg.oom_kills().expect("OOM kill count");
-    let rounds = vrange_coordinator::query(&socket).map(|(s, _)| s.rounds);
+    let status = vrange_coordinator::query(&socket);
+    let rounds = status.as_ref().map(|(s, _)| s.rounds);
+    // What the coordinator got from the old participant: by its request, or from its shared
+    // regions directly while it did not answer pings in time (an emulated guest's stall).
+    let old_pid = u32::try_from(ps[0].pid()).unwrap_or(0);
+    let freed_for_coordinator = status.as_ref().map_or(0, |(_, rows)| {
+        rows.iter()
+            .find(|r| r.pid == old_pid)
+            .map_or(0, |r| r.freed)
+    });
     drop(ps);
     drop(coordinator);
     drop(dir);
@@ -399,5 +408,8 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
         assert_eq!(r.u64("pinned_ok"), 1, "{line}");
         assert_eq!(r.u64("own_bytes"), 0, "purged only on request: {line}");
     }
-    assert!(o.reports[0].u64("requests") >= 1, "{line}");
+    assert!(
+        o.reports[0].u64("requests") >= 1 || freed_for_coordinator > 0,
+        "the old participant's data went at the coordinator's hand: {line}"
+    );
 }
