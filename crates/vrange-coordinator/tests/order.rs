@@ -327,6 +327,23 @@ fn make_room_of_a_young_filler_follows_the_global_order() {
     assert!(o.reports[0].u64("requests") >= 1, "{}", show());
 }
 
+/// The coordinator's rounds, and the bytes `pid` has freed for it (by request or from its
+/// shared regions directly), once that is more than nothing or `timeout` has passed.
+fn answered(socket: &std::path::Path, pid: u32, timeout: Duration) -> (Option<u64>, u64) {
+    let t = std::time::Instant::now();
+    loop {
+        let status = vrange_coordinator::query(socket);
+        let rounds = status.as_ref().ok().map(|(s, _)| s.rounds);
+        let freed = status.as_ref().map_or(0, |(_, rows)| {
+            rows.iter().find(|r| r.pid == pid).map_or(0, |r| r.freed)
+        });
+        if freed > 0 || t.elapsed() >= timeout {
+            return (rounds, freed);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// cgroup v2: a container held by `memory.high` alone, its hard limit far above. The
 /// coordinator takes the same ceiling as its participants (the lower of `memory.max` and
 /// `memory.high`): as the group nears the threshold it purges the container's oldest data,
@@ -366,6 +383,11 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
         std::thread::sleep(Duration::from_millis(50));
         usage = cg.usage().expect("usage");
     }
+    // The group is under the threshold as soon as the purge's pages are freed, before the
+    // old participant has finished the purge and answered (the range reads as purged while
+    // it is PURGING, its counts come after): wait for the answer before asking for reports.
+    let old_pid = u32::try_from(ps[0].pid()).unwrap_or(0);
+    let (rounds, freed_for_coordinator) = answered(&socket, old_pid, Duration::from_secs(10));
     let reports: Vec<_> = ps
         .iter_mut()
         .map(|p| {
@@ -374,26 +396,18 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
         })
         .collect();
     let kills = cg.oom_kills().expect("OOM kill count");
-    let status = vrange_coordinator::query(&socket);
-    let rounds = status.as_ref().map(|(s, _)| s.rounds);
-    // What the coordinator got from the old participant: by its request, or from its shared
-    // regions directly while it did not answer pings in time (an emulated guest's stall).
-    let old_pid = u32::try_from(ps[0].pid()).unwrap_or(0);
-    let freed_for_coordinator = status.as_ref().map_or(0, |(_, rows)| {
-        rows.iter()
-            .find(|r| r.pid == old_pid)
-            .map_or(0, |r| r.freed)
-    });
     drop(ps);
     drop(coordinator);
     drop(dir);
     cgroup::remove(child);
     let o = Outcome::in_turn(reports, kills);
     let line = format!(
-        "usage {} MiB (memory.high {} MiB), rounds {rounds:?}: {}",
+        "usage {} MiB (memory.high {} MiB), rounds {rounds:?}, freed for the coordinator by \
+         the old one {freed_for_coordinator}: {}\nreports: {:?}",
         usage >> 20,
         HIGH >> 20,
-        show(&o)
+        show(&o),
+        o.reports
     );
     println!("{line}");
     assert_eq!(o.kills, 0, "{line}");
