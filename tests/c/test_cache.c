@@ -137,6 +137,10 @@ static void test_purge(void)
 		make_value(buf, value_len(k), k);
 		vrange_cache_put(c, &k, sizeof k, buf, value_len(k), k < 100 ? VRANGE_DROP_FIRST : 0);
 	}
+	/* Read as a program reads: a value's first hit moves it off probation, into a slab of
+	 * the values read since; 150 shares one with its neighbours. */
+	for (unsigned k = 140; k < 160; k++)
+		vrange_cache_release(c, vrange_cache_get(c, &k, sizeof k, NULL));
 	unsigned held_key = 150;
 	const unsigned char *held = vrange_cache_get(c, &held_key, sizeof held_key, &len);
 	size_t freed = vrange_purge((size_t)-1);

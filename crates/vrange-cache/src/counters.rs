@@ -42,6 +42,7 @@ struct Class {
     slabs: AtomicU64,
     inserts: AtomicU64,
     purged_lookups: AtomicU64,
+    promoted: AtomicU64,
     purged_entries: AtomicU64,
     purged_bytes: AtomicU64,
 }
@@ -151,6 +152,10 @@ impl Shared {
         self.classes[class(p)].inserts.fetch_add(1, Relaxed);
     }
 
+    pub fn promoted(&self, p: Priority) {
+        self.classes[class(p)].promoted.fetch_add(1, Relaxed);
+    }
+
     pub fn purged_lookup(&self, p: Priority) {
         self.classes[class(p)].purged_lookups.fetch_add(1, Relaxed);
     }
@@ -235,6 +240,7 @@ impl Shared {
             hits: self.hot.iter().map(|h| h.hits[i].load(Relaxed)).sum(),
             inserts: c.inserts.load(Relaxed),
             purged_lookups: c.purged_lookups.load(Relaxed),
+            promoted: c.promoted.load(Relaxed),
             purged_entries: c.purged_entries.load(Relaxed),
             purged_bytes: c.purged_bytes.load(Relaxed),
             resident_bytes: c.resident.load(Relaxed),
@@ -264,6 +270,8 @@ pub struct ClassStats {
     pub inserts: u64,
     /// Lookups that found the value purged (each such entry is then dropped).
     pub purged_lookups: u64,
+    /// Values moved off probation by their first hit (see the crate's "Probation").
+    pub promoted: u64,
     /// Entries whose memory the system purged (found by a lookup or by the cache's sweep).
     pub purged_entries: u64,
     /// Their value bytes.

@@ -29,8 +29,8 @@
 //!
 //! # Storage
 //! Values are copied (or written in place by [`Cache::insert_with`]) into *slabs*: vrange
-//! regions of [`Options::slab_bytes`] (256 KiB by default), one open slab per priority class,
-//! filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
+//! regions of [`Options::slab_bytes`] (256 KiB by default), one open slab per priority class
+//! (and one for its probation, below), filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
 //! held and volatile otherwise; the reclaimer purges whole slabs, so a purge frees every page it
 //! claims. Values larger than a quarter of a slab (less 4 KiB) get a region of their own.
 //! Each region's values start at a different multiple of 64 bytes below a page (cache
@@ -70,11 +70,24 @@
 //! A slab's age is the time it was flushed after its last use; a hit on one entry renews the
 //! whole slab. Values inserted together age together, which is what a purge of the oldest slab
 //! relies on.
+//!
+//! # Probation: scans do not flush the cache
+//! LRU at slab grain alone lets a scan (keys requested once) push out the values being read.
+//! So, after S3-FIFO ([`Options::probation`], on by default): a key's first value goes into a
+//! *probation* slab, whose region vrange purges as one class below the value's (`Normal`
+//! values on probation go with `Low` memory of the process, by age; `DropFirst` has no class
+//! below, so there it orders by age alone). A value's first hit moves it (one copy, on the
+//! reading thread) into an ordinary slab of its class; its space in the probation slab is
+//! given up. A probation value purged unread and then requested again (the lookup that
+//! says [`Miss::Purged`]) marks its key, and the key's next insert skips probation: a
+//! value wanted twice is kept as one that was read. Values large enough for a region of
+//! their own are never on probation. [`ClassStats::promoted`] counts the moves.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod counters;
 mod entry;
+mod probation;
 mod slab;
 
 pub use counters::{ClassStats, Stats};
@@ -86,7 +99,7 @@ use dashmap::DashMap;
 use parking_lot::Mutex;
 use slab::Slab;
 use std::borrow::Borrow;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
@@ -115,6 +128,10 @@ pub struct Options {
     /// recently used slabs (lowest class first) down to 15/16 of it. `None`: no budget of its
     /// own (the process's reclaimer still purges on pressure and on `VRANGE_BUDGET`).
     pub budget: Option<usize>,
+    /// Scan resistance (default on): a key's first value waits on probation, purged before
+    /// every value of its class that was read, until its first hit (see "Probation" above).
+    /// Off: one LRU order at slab grain within each class.
+    pub probation: bool,
 }
 
 impl Default for Options {
@@ -123,6 +140,7 @@ impl Default for Options {
             slab_bytes: 256 << 10,
             policy: Policy::Hybrid,
             budget: None,
+            probation: true,
         }
     }
 }
@@ -182,7 +200,9 @@ type Map<K> = DashMap<K, Slot, foldhash::fast::RandomState>;
 /// The cache. Share it between threads by reference or `Arc`.
 pub struct Cache<K: Hash + Eq> {
     map: Map<K>,
-    open: [Mutex<Option<Open>>; CLASSES],
+    /// The open slab of each class, and of each class's probation (`open_index`).
+    open: [Mutex<Option<Open>>; 2 * CLASSES],
+    ghosts: probation::Ghosts,
     /// Every slab, by start address: for sweeps, the budget, statistics and raw releases.
     slabs: DashMap<usize, Weak<Slab>, foldhash::fast::RandomState>,
     shared: Arc<Shared>,
@@ -283,6 +303,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         Ok(Cache {
             map: Map::default(),
             open: Default::default(),
+            ghosts: probation::Ghosts::default(),
             slabs: DashMap::default(),
             shared,
             opts,
@@ -309,8 +330,10 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         self.slabs.insert(slab.start(), Arc::downgrade(slab));
     }
 
-    /// A pinned place for `len` bytes of class `priority`.
-    fn place(&self, len: usize, priority: Priority) -> Result<Placed> {
+    /// A pinned place for `len` bytes of class `priority`, in a probation slab if
+    /// `probation` (a value of its own region is never on probation: moving it on its first
+    /// hit would copy the whole value).
+    fn place(&self, len: usize, priority: Priority, probation: bool) -> Result<Placed> {
         let placed = |slab, off| Placed {
             slab,
             off,
@@ -328,7 +351,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 .filter(|&t| t <= MAX_REGION)
                 .ok_or(Error::Overflow)?;
             vrange::reclaimer::make_room(total);
-            let slab = Slab::new(total, self.region_opts(priority), &self.shared)?;
+            let slab = Slab::new(total, self.region_opts(priority), false, &self.shared)?;
             if slab.len() < total {
                 return Err(Error::Overflow); // never: a region is at least as long as asked
             }
@@ -339,7 +362,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
         // len is at most a quarter of a slab here: none of these sums can overflow.
         let need = len.max(1).next_multiple_of(ALIGN);
-        let mut open = self.open[class(priority)].lock();
+        let mut open = self.open[class(priority) * 2 + usize::from(probation)].lock();
         if let Some(o) = open.as_mut() {
             let end = o.used + need;
             if end <= o.slab.len() && o.slab.pin().is_ok() {
@@ -356,6 +379,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let slab = Slab::new(
             self.opts.slab_bytes,
             self.region_opts(priority),
+            probation,
             &self.shared,
         )?;
         self.register(&slab);
@@ -384,6 +408,42 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         if n >= (self.slabs.len() / 8).max(8) {
             self.opened.store(0, Relaxed);
             self.sweep();
+        }
+    }
+
+    /// Whether an insert of `key` goes on probation: unless probation is off, or the key's
+    /// probation value was purged unread and then requested (a ghost).
+    fn on_probation<Q: Hash + ?Sized>(&self, key: &Q) -> bool {
+        self.opts.probation && !self.ghosts.take(self.map.hasher().hash_one(key))
+    }
+
+    /// Moves the value of `old` (a hit on `key` in probation slab `slab` at `off`) into an
+    /// ordinary slab of its class, unless another thread changed the key meanwhile. Returns
+    /// the entry to hand out: the moved value, or `old` if it stays.
+    fn promote<Q>(&self, key: &Q, old: Entry, slab: &Arc<Slab>, off: usize) -> Entry
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Ok(mut p) = self.place(old.len(), slab.priority, false) else {
+            return old; // no memory for the move: it stays on probation
+        };
+        p.buf().copy_from_slice(&old);
+        match self.map.get_mut(key) {
+            Some(mut s) if Arc::ptr_eq(&s.slab, slab) && s.off == off => {
+                // The old slot's drop gives its space in the probation slab up; the new slot
+                // takes over the place's count of its slab.
+                *s = Slot {
+                    slab: p.slab.clone(),
+                    off: p.off,
+                    len: p.len,
+                };
+                drop(s);
+                self.shared.promoted(slab.priority);
+                p.into_entry()
+            }
+            // Replaced, removed or moved by another thread: the place is given up.
+            _ => old,
         }
     }
 
@@ -423,7 +483,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         priority: Priority,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
-        let mut p = self.place(len, priority)?;
+        let probation = self.on_probation(&key);
+        let mut p = self.place(len, priority, probation)?;
         fill(p.buf());
         self.commit(key, &mut p, priority);
         p.committed = true; // the slot holds the count now
@@ -466,7 +527,14 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                     self.shared.hit(s.slab.priority);
                     // SAFETY: the slot's place lies inside its slab, now pinned for the entry.
                     let ptr = unsafe { s.slab.at(s.off) };
-                    return Ok(Entry::pinned(&s.slab, ptr, s.len));
+                    let entry = Entry::pinned(&s.slab, ptr, s.len);
+                    if !s.slab.probation {
+                        return Ok(entry);
+                    }
+                    // The first hit on probation: the map's guard goes before the move.
+                    let (slab, off) = (s.slab.clone(), s.off);
+                    drop(s);
+                    return Ok(self.promote(key, entry, &slab, off));
                 }
                 (s.slab.clone(), s.off, pinned)
             }
@@ -478,6 +546,11 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         debug_assert!(pinned.is_err());
         self.map
             .remove_if(key, |_, s| Arc::ptr_eq(&s.slab, &slab) && s.off == off);
+        if slab.probation {
+            // Requested again after its probation value was purged unread: its next insert
+            // skips probation.
+            self.ghosts.remember(self.map.hasher().hash_one(key));
+        }
         self.shared.purged_lookup(slab.priority);
         Err(Miss::Purged)
     }
@@ -498,7 +571,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         if let Ok(e) = self.lookup(&key) {
             return Ok(e);
         }
-        let mut p = self.place(len, priority)?;
+        let probation = self.on_probation(&key);
+        let mut p = self.place(len, priority, probation)?;
         regenerate(p.buf());
         self.commit(key, &mut p, priority);
         Ok(p.into_entry())
@@ -618,7 +692,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             .iter()
             .filter_map(|s| s.value().upgrade())
             .filter(|s| !s.is_dead() && s.unpinned())
-            .filter_map(|s| Some((s.priority, std::cmp::Reverse(s.idle()?), s)))
+            .filter_map(|s| Some((s.purge_class(), std::cmp::Reverse(s.idle()?), s)))
             .collect();
         victims.sort_unstable_by_key(|v| (v.0, v.1));
         for (_, _, slab) in victims {

@@ -122,14 +122,33 @@ pub(crate) struct Slab {
     /// Bytes of the pages holds cover (`Inner::held_bytes`, kept for statistics).
     held_bytes: AtomicUsize,
     pub priority: Priority,
+    /// The slab holds values on probation (`crate::probation`): its region is one class
+    /// below `priority`, and a hit moves a value out of it.
+    pub probation: bool,
     shared: Arc<Shared>,
     me: Weak<Slab>,
 }
 
 impl Slab {
-    /// A new slab of at least `len` bytes, pinned once for its creator.
-    pub fn new(len: usize, opts: Options, shared: &Arc<Shared>) -> vrange::Result<Arc<Slab>> {
-        let region = VolatileRegion::new(len, opts)?;
+    /// A new slab of at least `len` bytes, pinned once for its creator; on `probation`, its
+    /// region is purged as one class below `opts.priority` (`crate::probation`).
+    pub fn new(
+        len: usize,
+        opts: Options,
+        probation: bool,
+        shared: &Arc<Shared>,
+    ) -> vrange::Result<Arc<Slab>> {
+        let region = VolatileRegion::new(
+            len,
+            Options {
+                priority: if probation {
+                    crate::probation::below(opts.priority)
+                } else {
+                    opts.priority
+                },
+                ..opts
+            },
+        )?;
         shared.slab_created(opts.priority, region.len());
         let slab = Arc::new_cyclic(|me| Slab {
             start: region.as_ptr() as usize,
@@ -146,11 +165,21 @@ impl Slab {
             live_bytes: AtomicUsize::new(0),
             held_bytes: AtomicUsize::new(0),
             priority: opts.priority,
+            probation,
             shared: shared.clone(),
             me: me.clone(),
         });
         slab.inner.lock().me = Some(slab.clone());
         Ok(slab)
+    }
+
+    /// The class the slab's region is purged as (one below its values' on probation).
+    pub fn purge_class(&self) -> Priority {
+        if self.probation {
+            crate::probation::below(self.priority)
+        } else {
+            self.priority
+        }
     }
 
     pub fn start(&self) -> usize {
@@ -473,8 +502,8 @@ mod tests {
             policy: vrange::Policy::Hybrid,
             ..Options::default()
         };
-        let slab = Slab::new(64 << 10, opts, &shared).unwrap(); // pinned once by its creator
-                                                                // As if 2^30 - 2 entries had been leaked.
+        // Pinned once by its creator; then as if 2^30 - 2 entries had been leaked.
+        let slab = Slab::new(64 << 10, opts, false, &shared).unwrap();
         slab.state.store(HELD | (COUNT - 1), Relaxed);
         slab.pin().unwrap();
         assert_eq!(slab.state.load(Relaxed), HELD | COUNT);

@@ -156,7 +156,11 @@ fn resident_bytes_count_written_pages_not_whole_slabs() {
 fn stats_show_the_bytes_held_values_pin() {
     let _s = vrange_testkit::serial();
     quiet_reclaimer();
-    let c: Cache<u64> = Cache::new(Options::default());
+    // Values stay where they were inserted: no probation, whose first hit moves a value.
+    let c: Cache<u64> = Cache::new(Options {
+        probation: false,
+        ..Options::default()
+    });
     let page = vrange::page_size() as u64;
     // 20 KiB values share 256 KiB slabs: two slabs' worth.
     for i in 0..20u64 {
@@ -194,7 +198,11 @@ fn stats_show_the_bytes_held_values_pin() {
 fn a_held_value_keeps_its_own_pages_and_the_rest_of_its_slab_is_purged() {
     let _s = vrange_testkit::serial();
     quiet_reclaimer();
-    let c: Cache<u64> = Cache::new(Options::default());
+    // Values stay where they were inserted: no probation, whose first hit moves a value.
+    let c: Cache<u64> = Cache::new(Options {
+        probation: false,
+        ..Options::default()
+    });
     let page = vrange::page_size();
     // 4 KiB values: one 256 KiB slab's worth, and the next slab opened.
     for i in 0..64u64 {

@@ -106,6 +106,7 @@ fn to_options(o: &VrangeCacheOptions) -> Result<Options, Error> {
             0 => None,
             n => Some(usize::try_from(n).map_err(|_| Error::Overflow)?),
         },
+        ..defaults
     })
 }
 
