@@ -124,9 +124,11 @@ pub struct Options {
     /// left volatile for the arm delay is also handed to the kernel's lazy-free path). A lazy
     /// policy is taken as hybrid: a slab must be purged whole.
     pub policy: Policy,
-    /// Resident bytes (as [`Stats::resident_bytes`] counts them) this cache keeps at most: past it, an insert purges the cache's own least
-    /// recently used slabs (lowest class first) down to 15/16 of it. `None`: no budget of its
-    /// own (the process's reclaimer still purges on pressure and on `VRANGE_BUDGET`).
+    /// Resident bytes (as [`Stats::resident_bytes`] counts them) this cache keeps at most:
+    /// past it, an insert purges the cache's own least recently used slabs (lowest class
+    /// first, probation below its class) down to 15/16 of it, or to four slabs below it if
+    /// that is closer. `None`: no budget of its own (the process's reclaimer still purges on
+    /// pressure and on `VRANGE_BUDGET`).
     pub budget: Option<usize>,
     /// Scan resistance (default on): a key's first value waits on probation, purged before
     /// every value of its class that was read, until its first hit (see "Probation" above).
@@ -676,14 +678,15 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
     }
 
-    /// Purges this cache's least recently used unpinned slabs, lowest class first, until its
-    /// resident bytes are 15/16 of `budget`.
+    /// Purges this cache's least recently used unpinned slabs, lowest class first (probation
+    /// slabs as a class below their own), until its resident bytes are 15/16 of `budget`, or
+    /// four slabs below it if that is closer (a small budget keeps nearly all of itself).
     fn keep_budget(&self, budget: u64) {
         let Some(_g) = self.budget_lock.try_lock() else {
             return; // another thread is at it
         };
         self.sweep();
-        let target = budget - budget / 16;
+        let target = budget - (budget / 16).min(4 * self.opts.slab_bytes as u64);
         if self.shared.resident() <= target {
             return;
         }
