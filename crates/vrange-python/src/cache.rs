@@ -224,7 +224,8 @@ impl Source {
 /// slabs and the system purges whole slabs. `budget`: resident bytes this cache keeps at most
 /// (past it, an insert purges the cache's own least recently used slabs, lowest priority
 /// first); None for no budget of its own (the process's reclaimer still purges under memory
-/// pressure).
+/// pressure). `probation` (default True): a key's first value is purged before values that
+/// were read, until its first hit moves it (scan resistance; False: plain LRU by slab).
 #[pyclass(frozen, module = "vrange")]
 pub(crate) struct Cache {
     inner: vrange_cache::Cache<Key>,
@@ -272,13 +273,14 @@ impl Cache {
 #[pymethods]
 impl Cache {
     #[new]
-    #[pyo3(signature = (slab_bytes=None, budget=None))]
-    fn new(slab_bytes: Option<usize>, budget: Option<usize>) -> PyResult<Cache> {
+    #[pyo3(signature = (slab_bytes=None, budget=None, probation=true))]
+    fn new(slab_bytes: Option<usize>, budget: Option<usize>, probation: bool) -> PyResult<Cache> {
         let defaults = Options::default();
         let slab_bytes = slab_bytes.unwrap_or(defaults.slab_bytes);
         let inner = vrange_cache::Cache::try_new(Options {
             slab_bytes,
             budget,
+            probation,
             ..defaults
         })
         .map_err(|e| {
@@ -482,8 +484,9 @@ impl Cache {
     /// can hold in memory: written pages of slabs not known to be purged), mapped_bytes (the
     /// slabs' address space), pinned_bytes (bytes held views keep from any purge now),
     /// value_bytes, purged_bytes, overhead_bytes, dropped_purged, and "classes": per priority
-    /// name, hits, inserts, purged_lookups, purged_entries, purged_bytes, resident_bytes,
-    /// mapped_bytes, pinned_bytes, value_bytes and slabs.
+    /// name, hits, inserts, purged_lookups, promoted (values moved off probation by their
+    /// first hit), purged_entries, purged_bytes, resident_bytes, mapped_bytes, pinned_bytes,
+    /// value_bytes and slabs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.inner.stats());
         let d = PyDict::new(py);
@@ -504,6 +507,7 @@ impl Cache {
             cd.set_item("hits", c.hits)?;
             cd.set_item("inserts", c.inserts)?;
             cd.set_item("purged_lookups", c.purged_lookups)?;
+            cd.set_item("promoted", c.promoted)?;
             cd.set_item("purged_entries", c.purged_entries)?;
             cd.set_item("purged_bytes", c.purged_bytes)?;
             cd.set_item("resident_bytes", c.resident_bytes)?;

@@ -239,7 +239,8 @@ def test_value_outlives_removal_and_cache():
 
 def test_priorities_purge_lowest_class_first():
     vrange.purge(ALL)  # nothing volatile left from other tests
-    c = vrange.Cache(slab_bytes=SLAB)
+    # The classes alone: without probation, the lookups below do not move values.
+    c = vrange.Cache(slab_bytes=SLAB, probation=False)
     order = ["drop_last", "normal", "drop_first", "low"]  # inserted out of order
     for name in order:
         c.put(name, name.encode() * 100, priority=name)
@@ -414,7 +415,8 @@ def test_getitem_returns_a_copy_that_pins_nothing():
 
 def test_stats_show_bytes_pinned_by_held_views():
     vrange.purge(ALL)
-    c = vrange.Cache(slab_bytes=SLAB)
+    # Values stay in the slabs they were put in (a first hit off probation would move k0).
+    c = vrange.Cache(slab_bytes=SLAB, probation=False)
     for i in range(64):
         c.put(f"k{i}", payload(i, 4096))  # four 64 KiB slabs
     held = c.get("k0")
@@ -430,6 +432,33 @@ def test_stats_show_bytes_pinned_by_held_views():
     assert c.stats()["pinned_bytes"] == s["pinned_bytes"]
     held.release()
     assert c.stats()["pinned_bytes"] == 0
+
+
+def test_a_scan_goes_before_values_that_were_read():
+    vrange.purge(ALL)
+    c = vrange.Cache(slab_bytes=SLAB)
+    for i in range(16):
+        c.put(f"hot{i}", payload(i, 4096))
+    assert all(c[f"hot{i}"] == payload(i, 4096) for i in range(16))  # read: off probation
+    assert c.stats()["classes"]["normal"]["promoted"] == 16
+    for i in range(64):
+        c.put(f"scan{i}", payload(100 + i, 4096))  # younger, never read
+    assert vrange.purge(1) >= SLAB
+    assert all(c.lookup(f"hot{i}")[1] == "hit" for i in range(16))
+    assert any(c.lookup(f"scan{i}")[1] == "purged" for i in range(64))
+
+
+def test_without_probation_the_oldest_slab_goes_first():
+    vrange.purge(ALL)
+    c = vrange.Cache(slab_bytes=SLAB, probation=False)
+    for i in range(16):
+        c.put(f"hot{i}", payload(i, 4096))
+    assert all(c[f"hot{i}"] == payload(i, 4096) for i in range(16))
+    for i in range(64):
+        c.put(f"scan{i}", payload(100 + i, 4096))
+    assert vrange.purge(1) >= SLAB
+    assert c.lookup("hot0")[1] == "purged"
+    assert c.stats()["classes"]["normal"]["promoted"] == 0
 
 
 def test_impossible_slab_bytes_raise_value_error():
