@@ -279,7 +279,14 @@
  *     the size of the regions that hold values (small values share one; a value larger
  *     than a quarter of it gets its own), budget (0: none) the resident bytes this cache
  *     keeps at most (past it, a put purges the cache's least recently used slabs), and flags
- *     0 (hybrid regions) or VRANGE_MANAGED.
+ *     0 (hybrid regions) or VRANGE_MANAGED, either with VRANGE_CACHE_NO_PROBATION.
+ *
+ *     Probation (scan resistance): a key's first value is put in a probation slab, purged
+ *     as one class below the value's own (so before every value of its class that was
+ *     read); its first get moves it (one copy) into an ordinary slab. A value purged on
+ *     probation and then asked for again (the get that says ESTALE) skips probation at its
+ *     next put. Values with a region of their own are never on probation.
+ *     VRANGE_CACHE_NO_PROBATION turns it off: one least-recently-used order by slab.
  *
  *     vrange_cache_put() copies vlen bytes at val under the klen bytes at key (replacing any
  *     entry) with class priority: 0 or one VRANGE_DROP_* value. vrange_cache_get() returns
@@ -494,8 +501,8 @@
  *
  *   vrange_cache_*()
  *     EINVAL  c is NULL or not a live cache; key (or val) is NULL with a non-zero length;
- *             options->size is smaller than two fields or options->flags is neither 0 nor
- *             VRANGE_MANAGED; priority is neither 0 nor one VRANGE_DROP_* value; out is NULL
+ *             options->size is smaller than two fields or options->flags has a bit other
+ *             than VRANGE_MANAGED and VRANGE_CACHE_NO_PROBATION; priority is neither 0 nor one VRANGE_DROP_* value; out is NULL
  *             or size smaller than two fields; (vrange_cache_release()) value is not a value
  *             of this cache with a get outstanding (a second release of one get, an address
  *             inside a value, another cache's value); (vrange_cache_create()) slab_bytes is
@@ -809,6 +816,8 @@ uint64_t vrange_feature_flags(void);
 /** SIGBUS mode: touching a purged page of a volatile range raises SIGBUS (see vrange_fill()).
  *  A vrange_alloc() flag, and a bit of vrange()'s mode with VRANGE_VOLATILE. */
 #define VRANGE_SIGBUS (1 << 11)
+/** struct vrange_cache_options flags: no probation (see vrange_cache_create()). */
+#define VRANGE_CACHE_NO_PROBATION (1 << 12)
 
 /** What made the reclaimer purge: the indices of struct vrange_stats's sources. */
 enum vrange_source {
@@ -912,7 +921,7 @@ struct vrange_cache_options {
     uint64_t size;       /**< sizeof(struct vrange_cache_options) */
     uint64_t slab_bytes; /**< bytes per slab (default 256 KiB, 64 KiB to 128 TiB) */
     uint64_t budget;     /**< resident bytes kept at most by the cache itself (0: none) */
-    uint64_t flags;      /**< 0 (hybrid slabs) or VRANGE_MANAGED */
+    uint64_t flags;      /**< 0 (hybrid slabs) or VRANGE_MANAGED, | VRANGE_CACHE_NO_PROBATION */
 };
 
 /** A cache's figures for one reclaim class. */

@@ -453,6 +453,45 @@ static void test_stats_figures(void)
 	vrange_cache_destroy(c);
 }
 
+/* Probation: a value read once outlives a younger scan of values never read; without it,
+ * the oldest slab goes first. */
+static int scan_then_purge(uint64_t flags)
+{
+	struct vrange_cache_options o = {sizeof o, 64 << 10, 0, flags};
+	struct vrange_cache *c = vrange_cache_create(&o);
+	unsigned char buf[4096];
+	for (unsigned k = 0; k < 8; k++) {
+		make_value(buf, sizeof buf, k);
+		vrange_cache_put(c, &k, sizeof k, buf, sizeof buf, 0);
+	}
+	for (unsigned k = 0; k < 8; k++)
+		vrange_cache_release(c, vrange_cache_get(c, &k, sizeof k, NULL));
+	for (unsigned k = 100; k < 200; k++) {
+		make_value(buf, sizeof buf, k);
+		vrange_cache_put(c, &k, sizeof k, buf, sizeof buf, 0);
+	}
+	vrange_purge(1);
+	unsigned k = 0;
+	const void *v = vrange_cache_get(c, &k, sizeof k, NULL);
+	int kept = v != NULL;
+	if (v)
+		vrange_cache_release(c, v);
+	vrange_cache_destroy(c);
+	return kept;
+}
+
+static void test_probation(void)
+{
+	vrange_purge((size_t)-1);
+	check(scan_then_purge(0), "probation: a value read once outlives a younger scan");
+	vrange_purge((size_t)-1);
+	check(!scan_then_purge(VRANGE_CACHE_NO_PROBATION),
+	      "VRANGE_CACHE_NO_PROBATION: the oldest slab goes first");
+	struct vrange_cache_options o = {sizeof o, 0, 0, (uint64_t)1 << 13};
+	errno = 0;
+	check(vrange_cache_create(&o) == NULL && errno == EINVAL, "an unknown cache flag: EINVAL");
+}
+
 int main(void)
 {
 	page = (size_t)sysconf(_SC_PAGESIZE);
@@ -465,6 +504,7 @@ int main(void)
 	test_impossible_sizes();
 	test_after_destroy();
 	test_stats_figures();
+	test_probation();
 	printf("1..%d\n", checks);
 	return failures ? 1 : 0;
 }

@@ -90,7 +90,8 @@ impl From<&ClassStats> for VrangeCacheClassStats {
 }
 
 fn to_options(o: &VrangeCacheOptions) -> Result<Options, Error> {
-    let policy = match o.flags {
+    let no_probation = flags::VRANGE_CACHE_NO_PROBATION as u64;
+    let policy = match o.flags & !no_probation {
         0 => Policy::Hybrid,
         f if f == flags::VRANGE_MANAGED as u64 => Policy::Managed,
         _ => return Err(Error::BadFlags),
@@ -106,7 +107,7 @@ fn to_options(o: &VrangeCacheOptions) -> Result<Options, Error> {
             0 => None,
             n => Some(usize::try_from(n).map_err(|_| Error::Overflow)?),
         },
-        ..defaults
+        probation: o.flags & no_probation == 0,
     })
 }
 

@@ -34,6 +34,7 @@ pub const VRANGE_HUGE: c_int = 1 << 9;
 const HUGE_MASK: c_int = VRANGE_NOHUGE | VRANGE_HUGE;
 pub const VRANGE_SCRATCH: c_int = 1 << 10;
 pub const VRANGE_SIGBUS: c_int = 1 << 11;
+pub const VRANGE_CACHE_NO_PROBATION: c_int = 1 << 12;
 
 /// Whether `vrange_alloc(length, flags)` asks for a scratch region.
 ///
