@@ -30,7 +30,8 @@
 //! # Storage
 //! Values are copied (or written in place by [`Cache::insert_with`]) into *slabs*: vrange
 //! regions of [`Options::slab_bytes`] (256 KiB by default), one open slab per priority class
-//! (and one for its probation, below), filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
+//! (and one for its probation, below) and per shard of the inserting threads (four: threads
+//! take them in turn), filled in insertion order and never reused. A slab is pinned while any [`Entry`] of it is
 //! held and volatile otherwise; the reclaimer purges whole slabs, so a purge frees every page it
 //! claims. Values larger than a quarter of a slab (less 4 KiB) get a region of their own.
 //! Each region's values start at a different multiple of 64 bytes below a page (cache
@@ -95,6 +96,7 @@ pub use entry::{Entry, Held};
 pub use vrange::{Error, Policy, Priority, Result};
 
 use counters::{class, Shared, CLASSES};
+use crossbeam_utils::CachePadded;
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use slab::Slab;
@@ -103,6 +105,23 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
+
+/// Open slabs per class: inserting threads are spread over this many (see [`shard`]).
+const SHARDS: usize = 4;
+
+/// This thread's shard of the open slabs: threads take shards in turn as they first insert.
+/// Written by hand: a thread-local index, no allocation, no lock.
+fn shard() -> usize {
+    use std::cell::Cell;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local!(static SHARD: Cell<usize> = const { Cell::new(usize::MAX) });
+    SHARD.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT.fetch_add(1, Relaxed) % SHARDS);
+        }
+        s.get()
+    })
+}
 
 /// Why a lookup returned no value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,8 +221,9 @@ type Map<K> = DashMap<K, Slot, foldhash::fast::RandomState>;
 /// The cache. Share it between threads by reference or `Arc`.
 pub struct Cache<K: Hash + Eq> {
     map: Map<K>,
-    /// The open slab of each class, and of each class's probation (`open_index`).
-    open: [Mutex<Option<Open>>; 2 * CLASSES],
+    /// The open slabs: for each class, and each class's probation, one per thread shard
+    /// (`Cache::open_slab`), so that threads inserting at once do not queue on one lock.
+    open: Box<[CachePadded<Mutex<Option<Open>>>]>,
     ghosts: probation::Ghosts,
     /// Every slab, by start address: for sweeps, the budget, statistics and raw releases.
     slabs: DashMap<usize, Weak<Slab>, foldhash::fast::RandomState>,
@@ -304,7 +324,9 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let shared = Shared::new();
         Ok(Cache {
             map: Map::default(),
-            open: Default::default(),
+            open: (0..2 * CLASSES * SHARDS)
+                .map(|_| CachePadded::default())
+                .collect(),
             ghosts: probation::Ghosts::default(),
             slabs: DashMap::default(),
             shared,
@@ -364,7 +386,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
         // len is at most a quarter of a slab here: none of these sums can overflow.
         let need = len.max(1).next_multiple_of(ALIGN);
-        let mut open = self.open[class(priority) * 2 + usize::from(probation)].lock();
+        let mut open = self.open_slab(priority, probation).lock();
         if let Some(o) = open.as_mut() {
             let end = o.used + need;
             if end <= o.slab.len() && o.slab.pin().is_ok() {
@@ -395,6 +417,11 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         drop(open);
         self.opened_slab();
         Ok(placed(slab, c))
+    }
+
+    /// The open slab this thread fills for class `priority` (on probation or not).
+    fn open_slab(&self, priority: Priority, probation: bool) -> &Mutex<Option<Open>> {
+        &self.open[(class(priority) * 2 + usize::from(probation)) * SHARDS + shard()]
     }
 
     /// Where the next region's values start: a different multiple of 64 bytes below a page
