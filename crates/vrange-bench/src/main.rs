@@ -36,6 +36,7 @@ mod ebizzy;
 mod lazyfree;
 mod machine;
 mod markcost;
+mod mimalloc_bench;
 mod neighbour;
 mod pagetable;
 mod pairs;
@@ -87,6 +88,10 @@ pub enum Suite {
     Stress,
     /// Every suite above, in that order.
     All,
+    /// The allocator field's own programs (mimalloc-bench's bench/, from the checkout `--src`
+    /// names), every allocator as shipped: time and peak RSS. Not part of `all`.
+    #[value(name = "mimalloc-bench")]
+    MimallocBench,
 }
 
 impl Suite {
@@ -119,6 +124,7 @@ impl Suite {
             Suite::Pairs => "pairs",
             Suite::Tradeoff => "tradeoff",
             Suite::Stress => "stress",
+            Suite::MimallocBench => "mimalloc-bench",
             Suite::All => "all",
         }
     }
@@ -199,6 +205,10 @@ pub struct Args {
     /// memory (default: every part, the hit ratio on the synthetic trace).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// mimalloc-bench: a checkout of github.com/daanx/mimalloc-bench whose bench/ programs are
+    /// built and run (nothing is downloaded).
+    #[arg(long, value_name = "DIR")]
+    pub src: Option<PathBuf>,
     /// cache: the bytes of each value of the trace, a size such as 4K (default 4K, a block).
     #[arg(long, value_name = "SIZE", value_parser = chunk_size_arg)]
     pub value_size: Option<usize>,
@@ -313,6 +323,13 @@ fn main() {
 
 /// Runs the suite of `args` (every suite for `all`); the exit status.
 fn run(args: Args) -> i32 {
+    if args.suite == Some(Suite::MimallocBench) && args.src.is_none() {
+        eprintln!(
+            "vrange-bench mimalloc-bench: --src DIR is required: a checkout of \
+             github.com/daanx/mimalloc-bench (nothing is downloaded)"
+        );
+        return 2;
+    }
     let suites: Vec<Suite> = match args.suite {
         Some(Suite::All) => Suite::ALL.to_vec(),
         Some(one) => vec![one],
@@ -359,6 +376,7 @@ fn run(args: Args) -> i32 {
             Suite::Pairs => pairs::run(&ctx),
             Suite::Tradeoff => tradeoff::run(&ctx),
             Suite::Stress => stress::run(&ctx),
+            Suite::MimallocBench => mimalloc_bench::run(&ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = &result {

@@ -6,7 +6,7 @@ use common::vrange_bench;
 
 use vrange_testkit::proc::show;
 
-const SUITES: [&str; 12] = [
+const SUITES: [&str; 13] = [
     "ebizzy",
     "pressure",
     "lazyfree",
@@ -19,6 +19,7 @@ const SUITES: [&str; 12] = [
     "tradeoff",
     "stress",
     "all",
+    "mimalloc-bench",
 ];
 
 #[test]
@@ -39,6 +40,33 @@ fn rejects_unknown_suites_and_lists_the_suites() {
     assert!(
         !help.contains("role"),
         "the role subcommand is internal:\n{help}"
+    );
+}
+
+#[test]
+fn mimalloc_bench_needs_a_checkout_and_says_so_with_status_2() {
+    let out = vrange_bench().arg("mimalloc-bench").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--src") && err.lines().count() == 1,
+        "{}",
+        show(&out)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = vrange_bench()
+        .args(["mimalloc-bench", "--src"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a mimalloc-bench checkout"),
+        "{}",
+        show(&out)
     );
 }
 
