@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -167,9 +167,17 @@ impl Proc {
         self.lines.recv_timeout(timeout)
     }
 
-    /// A stdout line already received, without waiting.
-    pub fn pending_line(&self) -> Option<String> {
-        self.lines.try_recv().ok()
+    /// The stdout lines already received, without waiting, and whether stdout is closed (the
+    /// process has ended or is ending).
+    pub fn pending_lines(&self) -> (Vec<String>, bool) {
+        let mut lines = Vec::new();
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) => lines.push(line),
+                Err(TryRecvError::Empty) => return (lines, false),
+                Err(TryRecvError::Disconnected) => return (lines, true),
+            }
+        }
     }
 
     /// The next stdout line starting with `tag`, waiting until `deadline`; earlier lines are

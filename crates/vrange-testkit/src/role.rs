@@ -202,11 +202,23 @@ impl Role {
     /// What the process printed besides its answers, and its stderr, for failure messages.
     pub fn diagnostics(&mut self) -> String {
         // Whatever is still in the pipe.
-        while let Some(line) = self.proc.pending_line() {
-            self.transcript.push(line);
-        }
+        let (lines, closed) = self.proc.pending_lines();
+        self.transcript.extend(lines);
+        // A process that closed its stdout has ended or is ending: say how (a signal, an OOM
+        // kill, a panic), waiting a moment for it; a live one is left running.
+        let ended = match self.proc.ended() {
+            Some(e) => format!("it ended with {e}"),
+            None if closed => {
+                std::thread::sleep(Duration::from_millis(200));
+                match self.proc.ended() {
+                    Some(e) => format!("it ended with {e}"),
+                    None => "its stdout is closed; it is still running".to_string(),
+                }
+            }
+            None => "it is still running".to_string(),
+        };
         format!(
-            "--- {} stdout ---\n{}\n--- {} stderr ---\n{}",
+            "--- {} ({ended}) stdout ---\n{}\n--- {} stderr ---\n{}",
             self.name,
             self.transcript.join("\n"),
             self.name,
