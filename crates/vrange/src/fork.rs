@@ -43,7 +43,7 @@ static HELD_ACROSS_FORK: [Held; 6] = [
         child: crate::reclaim::after_fork_child,
     },
     Held {
-        lock: &crate::managed::PURGES,
+        lock: &crate::registry::PURGES,
         child: || {},
     },
     Held {

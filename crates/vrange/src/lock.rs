@@ -25,8 +25,8 @@ pub(crate) enum Rank {
     ReclaimerThread,
     /// The headroom file of `make_room`'s callers.
     Room,
-    /// Purging (and arming): purges never overlap, and a shared region is not unmapped under
-    /// one.
+    /// Purging (and arming), and scans of every range's state: purges never overlap, and a
+    /// shared region is not unmapped under either.
     Purges,
     /// Flush hooks' list (run before a purge's candidates are collected).
     FlushHooks,

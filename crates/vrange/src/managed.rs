@@ -8,8 +8,7 @@
 //! map); later calls on the pieces are O(1) again.
 
 use crate::lazy;
-use crate::lock::{Guard, Lock, Rank};
-use crate::registry::{self, Policy, Priority, Slot};
+use crate::registry::{self, pause, Policy, Priority, Slot, PURGES};
 use crate::shared;
 use crate::span::Span;
 use crate::state::{self, Found, Marked};
@@ -170,6 +169,8 @@ unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
         unsafe { mem::unmap(base, len) };
     } else {
         SHARED_LIVE.fetch_sub(1, Relaxed);
+        // No slot points into the mapping once it is gone (see `registry::Slot::header`).
+        slot.header.store(std::ptr::null_mut(), Release);
         let base = std::ptr::NonNull::new(header.cast::<u8>()).expect("header");
         // SAFETY: as above; the shared mapping is the header page plus the data.
         unsafe { mem::unmap(base, len + page) };
@@ -546,22 +547,17 @@ pub(crate) fn maps_shared() -> bool {
     SHARED_LIVE.load(Relaxed) != 0
 }
 
-/// Held while purging, so that purges do not overlap and a shared region is not unmapped
-/// under one; held across fork (`crate::fork`).
-pub(crate) static PURGES: Lock = Lock::new(Rank::Purges);
-
-/// Holds off purging (by the reclaimer or an explicit purge) while alive.
-pub(crate) type Paused = Guard<'static>;
-
-/// Holds off purging until the guard drops.
-pub(crate) fn pause() -> Paused {
-    PURGES.lock()
-}
-
-/// Purges one range if it is still exactly as the reclaimer saw it (`seen`). Returns the bytes
-/// purged; `None` if the range changed, or if a shared range's hole could not be punched: it
-/// then stays volatile and intact, and is not counted as freed.
+/// Purges one range if it is still exactly as the reclaimer saw it (`seen`); the caller holds
+/// the purge lock ([`pause`]). Returns the bytes purged; `None` if the range changed or was
+/// freed, or if a shared range's hole could not be punched: it then stays volatile and intact,
+/// and is not counted as freed.
 pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
+    // A range freed since the snapshot: a shared one's header is unmapped (its slot's word is
+    // not the one seen), a private one's word is claimed. The caller holds the purge lock, so a
+    // live shared range stays mapped until this returns.
+    if !slot.is_live() {
+        return None;
+    }
     if let Some(h) = slot.header() {
         let mut len = 0;
         let purged = h.purge(seen, || {

@@ -103,10 +103,15 @@ impl Slot {
         }
     }
 
+    /// The header of a shared range (its state word and last use live there, in the region's
+    /// mapping). Freeing a shared region unmaps it under the purge lock ([`pause`]), so
+    /// a thread other than the region's owner (a scan over [`for_each_live`]) reads it, and
+    /// [`Slot::state`] and [`Slot::last_used`], only under that lock.
     pub fn header(&self) -> Option<&Header> {
         let h = self.header.load(Acquire);
         // SAFETY: a non-null header points into the region's shared mapping, which stays mapped
-        // until the region is freed, and freeing claims every range first.
+        // until the region is freed; its owner does not free it while using it, and others read
+        // it under the purge lock, which freeing a shared region takes (see above).
         unsafe { h.as_ref() }
     }
 
@@ -324,6 +329,24 @@ fn alloc_locked() -> Result<u32, Error> {
     Ok(idx)
 }
 
+/// Held while purging, so that purges do not overlap, and while scanning shared ranges' state
+/// (see [`Slot::header`]): freeing a shared region takes it before unmapping the header. Held
+/// across fork (`crate::fork`).
+pub(crate) static PURGES: Lock = Lock::new(Rank::Purges);
+
+/// Holds off purging (by the reclaimer or an explicit purge) while alive.
+pub(crate) type Paused = crate::lock::Guard<'static>;
+
+/// Holds off purging, and the freeing of shared regions, until the guard drops.
+pub(crate) fn pause() -> Paused {
+    PURGES.lock()
+}
+
+/// How many slots have ever been handed out (live or free): a bound on a scan's results.
+pub(crate) fn slots() -> usize {
+    HIGH.load(Acquire) as usize
+}
+
 /// Returns a retired slot to the free list.
 pub(crate) fn free_slot(idx: u32) {
     let s = slot(idx);
@@ -344,7 +367,8 @@ pub(crate) fn after_fork_child() {
     });
 }
 
-/// Calls `f` for every live slot. The slots may change under `f`: it must re-check state.
+/// Calls `f` for every live slot. The slots may change under `f`: it must re-check state. A
+/// scan that reads shared ranges' state ([`Slot::header`]) holds the purge lock.
 pub(crate) fn for_each_live(mut f: impl FnMut(u32, &'static Slot)) {
     let high = HIGH.load(Acquire);
     for idx in 1..high {

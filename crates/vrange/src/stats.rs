@@ -341,6 +341,9 @@ pub(crate) fn set_reclaimer_running(running: bool) {
 /// Takes a snapshot: gauges from the registry, counters since start.
 pub fn stats() -> Stats {
     let mut s = Stats::default();
+    // Shared ranges' words live in their mappings: read under the purge lock, which freeing a
+    // shared region takes (see `registry::Slot::header`).
+    let p = registry::pause();
     registry::for_each_live(|_, slot| {
         if slot.policy() == crate::Policy::Lazy {
             return;
@@ -367,6 +370,7 @@ pub fn stats() -> Stats {
             }
         }
     });
+    drop(p);
     s.purged_total_bytes = PURGED_TOTAL.load(Relaxed);
     s.armed_total_bytes = ARMED_TOTAL.load(Relaxed);
     s.losses_reported = LOSSES.load(Relaxed);

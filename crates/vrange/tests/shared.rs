@@ -696,3 +696,56 @@ fn tempfile_of(len: usize, byte: u8) -> OwnedFd {
     std::fs::remove_file(&path).unwrap();
     f.into()
 }
+
+/// Freeing a shared region unmaps the header page that holds its ranges' state; threads that
+/// scan every range meanwhile (statistics, the reclaimer's candidates, an explicit purge) must
+/// never read it after it is gone, and a purge must not act on a range freed since its
+/// snapshot. Before both were so, this test died of SIGSEGV in most runs (as did a peer of the
+/// pin tests at its exit, once, in CI under load).
+#[test]
+fn freeing_shared_regions_while_other_threads_scan_every_range() {
+    if let Some(role) = role() {
+        return play(&role);
+    }
+    const ROUNDS: usize = 10_000;
+    let _serial = serial();
+    quiet_reclaimer();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let scans = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let scanners: Vec<_> = (0..2)
+            .map(|i| {
+                let (stop, scans) = (&stop, &scans);
+                s.spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if i == 0 {
+                            std::hint::black_box(vrange::stats());
+                        } else {
+                            vrange::purge(page_size());
+                        }
+                        scans.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for round in 0..ROUNDS {
+            // Created pinned.
+            let r = shared_region(4 * page_size());
+            fill(r.as_ptr(), r.len(), round as u64);
+            if round % 2 == 0 {
+                // Volatile: a purge candidate while it is freed.
+                // SAFETY: no reference into the region is held while it is volatile.
+                unsafe { r.mark() }.unwrap();
+            }
+            drop(r);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in scanners {
+            t.join().expect("a scanner");
+        }
+    });
+    assert!(
+        scans.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the scanners ran"
+    );
+}

@@ -11,7 +11,7 @@ use super::IDLE;
 use super::STATE;
 use super::WAKE_BUDGET;
 use super::WAKE_REASONS;
-use crate::managed::pause;
+use crate::registry::pause;
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::AtomicU64;

@@ -37,8 +37,9 @@ use super::victims;
 use crate::coordination::{
     self, bucket_of, Inventory, Message, CLASSES, MAX_MESSAGE, MAX_SHARED, NAME_LEN,
 };
-use crate::managed::{self, pause};
+use crate::managed;
 use crate::registry;
+use crate::registry::pause;
 use crate::stats;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -468,6 +469,9 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
         shared,
         ..Inventory::default()
     });
+    // Shared ranges' words live in their mappings: read under the purge lock (see
+    // `registry::Slot::header`).
+    let p = pause();
     registry::for_each_live(|_, slot| {
         let word = slot.state().load();
         if managed::purgeable(slot, word) {
@@ -476,6 +480,7 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
             inv.volatile[class][bucket_of(age_ms)] += slot.len.load(Relaxed) as u64;
         }
     });
+    drop(p);
     let s = stats::stats();
     inv.pinned = s.pinned_bytes;
     inv.purged = s.purged_bytes;

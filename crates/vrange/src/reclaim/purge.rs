@@ -4,7 +4,8 @@
 use super::ensure_running;
 use super::flush;
 use super::victims;
-use crate::managed::{pause, ARMS_BEGUN, ARMS_DONE};
+use crate::managed::{ARMS_BEGUN, ARMS_DONE};
+use crate::registry::pause;
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::SeqCst;

@@ -11,7 +11,7 @@ use super::DISABLED;
 use super::STATE;
 use crate::lock::Rank;
 use crate::lock::RankedMutex;
-use crate::managed::pause;
+use crate::registry::pause;
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::Relaxed;

@@ -18,7 +18,7 @@ use super::WAKE_BUDGET;
 use super::WAKE_CONFIG;
 use super::WAKE_REASONS;
 use crate::approach;
-use crate::managed::pause;
+use crate::registry::pause;
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::AcqRel;

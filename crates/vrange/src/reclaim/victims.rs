@@ -74,9 +74,15 @@ pub(super) fn threshold(setting: u64, limit: u64) -> u64 {
 
 fn collect(out: &mut Vec<Candidate>) {
     out.clear();
+    // Room for every slot there is now, allocated before the purge lock is taken (see
+    // [`candidates`]); a range created during the scan is the youngest and waits for the next.
+    out.reserve(registry::slots());
+    // A shared range's word and last use live in its region's mapping, which freeing unmaps
+    // under the purge lock (see `registry::Slot::header`).
+    let _p = registry::pause();
     registry::for_each_live(|idx, slot| {
         let word = slot.state().load();
-        if managed::purgeable(slot, word) {
+        if managed::purgeable(slot, word) && out.len() < out.capacity() {
             out.push(Candidate {
                 priority: slot.priority(),
                 last_used: slot.last_used(),
