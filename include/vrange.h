@@ -162,7 +162,10 @@
  *     as it lives and is never marked: a block is made when a thread first touches it, handed
  *     to the kernel's lazy-free path at once (so the system may take it back whenever memory
  *     is short, and a region may be far larger than the memory the process may use), and made
- *     again when a thread touches it after that. The touching thread waits in the page fault
+ *     again when a thread touches it after that. When the process's memory cgroup is within
+ *     4 MiB (plus a block) of its limit, a fill first gives back the pages of the region's
+ *     oldest blocks that the kernel has not taken, so that the new block is charged without
+ *     reclaim (counted in refill_recycled_bytes). The touching thread waits in the page fault
  *     while libvrange's thread "vrange-refill" calls fill with a buffer of its own and installs
  *     the whole block in one step (UFFDIO_COPY), then simply continues. A page that was not
  *     taken back costs nothing on access. If fill fails, the access raises SIGBUS in the
@@ -171,7 +174,7 @@
  *     vrange_fill() and return, or return without: the access is retried, and fill with it.
  *     fill runs on the refill thread, one call at a time for the whole process; it must not
  *     touch a refill region, nor create or free one. Pages the program writes stay until their
- *     block is made again (refill regions are meant to be read). vrange() and vrange_unmark()
+ *     block is made again or recycled (refill regions are meant to be read). vrange() and vrange_unmark()
  *     refuse refill memory (EINVAL: its pages are the refill thread's to drop and make). flags
  *     must be 0. Free the region with vrange_free(). A fork(2) child inherits no registration: there, pages taken
  *     back read zero. Without userfaultfd vrange_alloc_refill() fails with ENOTSUP.
@@ -310,7 +313,8 @@
  *     live value: page rounding and removed values in slabs still in use). The totals
  *     mapped_bytes, the address space of those slabs (what resident_bytes counted in earlier
  *     releases), and pinned_bytes, the bytes no purge can take now (the pages under held
- *     values, and whole slabs while a put writes into them), follow. vrange_cache_destroy() frees
+ *     values, and whole slabs while a put writes into them), follow, then promoted, per
+ *     class: the values a first hit moved off probation. vrange_cache_destroy() frees
  *     the cache; values still held stay readable and are leaked, and every later call with
  *     the handle fails with EINVAL (a destroyed handle keeps 16 bytes so that this holds; no
  *     new cache gets its address).
@@ -866,6 +870,8 @@ struct vrange_stats {
     uint64_t refill_fills;       /**< blocks of refill regions filled since the start */
     uint64_t refill_bytes;       /**< their bytes */
     uint64_t refill_failures;    /**< fills that failed (each raised SIGBUS) */
+    /* Version 3 (appended) */
+    uint64_t refill_recycled_bytes; /**< refill blocks' pages given back before a fill */
 };
 
 /**
@@ -952,6 +958,7 @@ struct vrange_cache_stats {
     /* Appended after the first release: a smaller size leaves them out. */
     uint64_t mapped_bytes;   /**< address space of slabs not known purged (not memory use) */
     uint64_t pinned_bytes;   /**< bytes no purge can take now: pages under held values */
+    uint64_t promoted[4];    /**< per class (as classes): values moved off probation by a hit */
 };
 
 /** Makes a cache (options NULL: the defaults). Returns it, or NULL with errno set. */

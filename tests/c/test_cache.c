@@ -455,7 +455,7 @@ static void test_stats_figures(void)
 
 /* Probation: a value read once outlives a younger scan of values never read; without it,
  * the oldest slab goes first. */
-static int scan_then_purge(uint64_t flags)
+static int scan_then_purge(uint64_t flags, uint64_t *promoted)
 {
 	struct vrange_cache_options o = {sizeof o, 64 << 10, 0, flags};
 	struct vrange_cache *c = vrange_cache_create(&o);
@@ -466,6 +466,9 @@ static int scan_then_purge(uint64_t flags)
 	}
 	for (unsigned k = 0; k < 8; k++)
 		vrange_cache_release(c, vrange_cache_get(c, &k, sizeof k, NULL));
+	struct vrange_cache_stats st;
+	vrange_cache_stats(c, &st, sizeof st);
+	*promoted = st.promoted[2];
 	for (unsigned k = 100; k < 200; k++) {
 		make_value(buf, sizeof buf, k);
 		vrange_cache_put(c, &k, sizeof k, buf, sizeof buf, 0);
@@ -482,11 +485,14 @@ static int scan_then_purge(uint64_t flags)
 
 static void test_probation(void)
 {
+	uint64_t promoted;
 	vrange_purge((size_t)-1);
-	check(scan_then_purge(0), "probation: a value read once outlives a younger scan");
+	check(scan_then_purge(0, &promoted), "probation: a value read once outlives a younger scan");
+	check(promoted == 8, "probation: each value's first hit moved it (promoted[2] = 8)");
 	vrange_purge((size_t)-1);
-	check(!scan_then_purge(VRANGE_CACHE_NO_PROBATION),
+	check(!scan_then_purge(VRANGE_CACHE_NO_PROBATION, &promoted),
 	      "VRANGE_CACHE_NO_PROBATION: the oldest slab goes first");
+	check(promoted == 0, "VRANGE_CACHE_NO_PROBATION: nothing promoted");
 	struct vrange_cache_options o = {sizeof o, 0, 0, (uint64_t)1 << 13};
 	errno = 0;
 	check(vrange_cache_create(&o) == NULL && errno == EINVAL, "an unknown cache flag: EINVAL");

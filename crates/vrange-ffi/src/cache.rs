@@ -69,10 +69,11 @@ pub struct VrangeCacheStats {
     // Appended after the first release (older callers pass a smaller size and do not get them).
     pub mapped_bytes: u64,
     pub pinned_bytes: u64,
+    pub promoted: [u64; 4],
 }
 
 const _: () = assert!(std::mem::size_of::<VrangeCacheOptions>() == 8 * 4);
-const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2));
+const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2 + 4));
 
 impl From<&ClassStats> for VrangeCacheClassStats {
     fn from(c: &ClassStats) -> Self {
@@ -337,6 +338,7 @@ pub unsafe extern "C" fn vrange_cache_stats(
             classes: std::array::from_fn(|i| (&s.classes[i]).into()),
             mapped_bytes: s.mapped_bytes(),
             pinned_bytes: s.pinned_bytes(),
+            promoted: std::array::from_fn(|i| s.classes[i].promoted),
         };
         let n = size.min(std::mem::size_of::<VrangeCacheStats>());
         full.size = n as u64;

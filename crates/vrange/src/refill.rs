@@ -11,6 +11,11 @@
 //!   present meanwhile are kept) and hands it back to the kernel with MADV_FREE: clean lazy
 //!   pages, the first the kernel drops under pressure, so a region may be far larger than its
 //!   memory cgroup's limit. The faulting thread then simply continues.
+//! - Keeping the pages: when the process's memory cgroup is within 4 MiB (plus the block) of
+//!   its limit, a fill first gives back the pages of the region's oldest blocks that the
+//!   kernel has not taken (MADV_DONTNEED; made again when touched), so that the new block is
+//!   charged without reclaim. The region recycles the memory it has, oldest block first,
+//!   instead of the cgroup reclaiming at every fill whatever its scan finds (`recycle`).
 //! - A page never purged costs nothing on access; a purged one costs one fault and the fill.
 //! - A fill that fails (returns false or panics) makes the access raise SIGBUS in the faulting
 //!   thread, with `si_addr` the address and `si_code` SI_QUEUE (raised by the refill thread on
@@ -23,7 +28,9 @@
 //!   Refill regions are meant to be read.
 //!
 //! The refill thread lives while refill regions do (it leaves a second after the last one is
-//! freed). The fill function runs on it, one call at a time for the whole process, and
+//! freed). It sleeps in poll(2) between faults, except while faults come close together (within
+//! 100 µs of the last fill): then it polls without sleeping for 100 µs after each, so that a
+//! thread reading through missing blocks does not wait for it to wake as well. The fill function runs on it, one call at a time for the whole process, and
 //! must not touch a refill region itself (it would wait for its own fill) nor free the region
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
 
@@ -32,10 +39,13 @@ use crate::regions::{self, Extent};
 use crate::userfault::Held;
 use crate::Error;
 use std::cell::UnsafeCell;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use vrange_sys::clock::now_ns;
+use vrange_sys::pressure::OwnHeadroom;
 use vrange_sys::{mem, uffd};
 
 /// The process's handled userfaultfd (faults wait for the refill thread).
@@ -51,6 +61,9 @@ struct Entry {
     block: usize,
     fill: FillFn,
     buf: Vec<u8>,
+    /// Indices of the blocks filled, oldest first (a block made again is listed again), at
+    /// most one per block: the order [`recycle`] goes by.
+    filled: VecDeque<u32>,
 }
 
 /// The live refill regions, with their fill functions. A spin lock (with guards) rather than a
@@ -132,6 +145,7 @@ impl RefillRegion {
             block: block.min(len),
             fill: Box::new(fill),
             buf: vec![0; block.min(len)],
+            filled: VecDeque::new(),
         };
         // The entry and the thread's flag change under the table's lock, where the thread
         // decides to exit: a region is never left without a thread.
@@ -191,11 +205,21 @@ impl Drop for RefillRegion {
     }
 }
 
+/// Faults closer together than this (from the end of one fill to the next fault read) keep
+/// the refill thread awake: it polls without sleeping for this long after each, so that the
+/// next fault of a thread reading through missing blocks costs one wake-up (the faulting
+/// thread's), not two. An isolated fault costs no polling.
+const CLOSE_NS: u64 = 100_000;
+
 /// The refill thread: waits for faults and fills their blocks; exits once a second passes
 /// with no refill region left (the next region starts another).
 fn run() {
     let mut faults = [uffd::Fault::default(); 16];
     let mut serving = None;
+    // When the last fill ended, and until when to poll without sleeping.
+    let mut served_at = 0u64;
+    let mut awake_until = 0u64;
+    let mut room = OwnHeadroom::new();
     loop {
         // Read before the descriptor: a replacement in between is seen at the next turn.
         let generation = UFFD.generation();
@@ -212,12 +236,20 @@ fn run() {
             reregister(fd);
         }
         serving = Some(generation);
-        match uffd::next_faults(fd, 1000, &mut faults) {
+        let awake = now_ns() < awake_until;
+        match uffd::next_faults(fd, if awake { 0 } else { 1000 }, &mut faults) {
+            Ok(0) if awake => std::hint::spin_loop(),
             Ok(0) if no_regions_left() => return,
             Ok(n) => {
+                let read_at = now_ns();
                 for f in &faults[..n] {
-                    serve(fd, *f);
+                    serve(fd, *f, &mut room);
                 }
+                let t = now_ns();
+                if read_at.saturating_sub(served_at) < CLOSE_NS {
+                    awake_until = t + CLOSE_NS;
+                }
+                served_at = t;
             }
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
         }
@@ -248,7 +280,54 @@ fn no_regions_left() -> bool {
     })
 }
 
-fn serve(fd: i32, f: uffd::Fault) {
+/// Below this headroom of the process's memory cgroup, plus the block about to be filled, a
+/// fill recycles (see [`recycle`]).
+const RECYCLE_BELOW: u64 = 4 << 20;
+/// Blocks looked at per fill for one the kernel has not taken.
+const RECYCLE_LOOK: usize = 8;
+
+/// Keeps the pages: when the process's memory cgroup could not take the block about to be
+/// filled (at `current`, `need` bytes) without reclaim, gives back the pages of the region's
+/// oldest blocks that the kernel has not taken (MADV_DONTNEED: they are made again when
+/// touched, as if the kernel had taken them) until a block's worth is free. The fill's pages
+/// are then charged without reclaim, in place of the cgroup reclaiming at every fill whatever
+/// its scan finds first (this region's newest blocks, the program's file pages). Returns the
+/// bytes given back.
+fn recycle(e: &mut Entry, current: usize, need: usize, room: &mut OwnHeadroom) -> usize {
+    let Some(headroom) = room.get(now_ns()).and_then(|h| h.bytes().ok()) else {
+        return 0;
+    };
+    if headroom >= RECYCLE_BELOW.saturating_add(need as u64) {
+        return 0;
+    }
+    let page = mem::page_size();
+    let mut freed = 0;
+    for _ in 0..RECYCLE_LOOK {
+        if freed >= need {
+            break;
+        }
+        let Some(b) = e.filled.pop_front() else {
+            break;
+        };
+        let offset = b as usize * e.block;
+        if offset == current || offset >= e.len {
+            continue;
+        }
+        let len = e.block.min(e.len - offset);
+        let at = (e.start + offset) as *mut u8;
+        let resident = mem::resident_pages(at, len).unwrap_or(0);
+        // SAFETY: a block of this live region (the table's lock is held: it is not freed
+        // meanwhile), whose content is the fill's, made again when a thread touches it; a page
+        // the program wrote goes with it (documented: refill regions are meant to be read).
+        if resident > 0 && unsafe { mem::purge_forced(at, len) }.is_ok() {
+            freed += resident * page;
+        }
+    }
+    crate::stats::count_refill_recycled(freed);
+    freed
+}
+
+fn serve(fd: i32, f: uffd::Fault, room: &mut OwnHeadroom) {
     let page = mem::page_size();
     let at = f.addr & !(page - 1);
     // A fault already served (several threads waited on one block): let it go on.
@@ -262,6 +341,7 @@ fn serve(fd: i32, f: uffd::Fault) {
             .find(|e| e.start <= f.addr && f.addr < e.start + e.len)?;
         let offset = (f.addr - e.start) / e.block * e.block;
         let len = e.block.min(e.len - offset);
+        recycle(e, offset, len, room);
         let buf = &mut e.buf[..len];
         let fill = &mut e.fill;
         let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, buf))).unwrap_or(false);
@@ -272,6 +352,16 @@ fn serve(fd: i32, f: uffd::Fault) {
         let dst = e.start + offset;
         // SAFETY: buf holds len bytes; dst..dst+len lies in the region, registered on fd.
         let installed = ok && unsafe { uffd::copy(fd, dst, e.buf.as_ptr(), len) }.is_ok();
+        if installed {
+            if e.filled.len() >= (e.len / e.block).max(1) {
+                e.filled.pop_front();
+            }
+            // Blocks past index u32::MAX (a region of more than 2^32 blocks) are not listed:
+            // never recycled, only taken by the kernel.
+            if let Ok(b) = u32::try_from(offset / e.block) {
+                e.filled.push_back(b);
+            }
+        }
         Some((installed, dst, len))
     });
     match served {

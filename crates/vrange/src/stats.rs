@@ -112,6 +112,9 @@ pub struct Stats {
     pub refill_fills: u64,
     pub refill_bytes: u64,
     pub refill_failures: u64,
+    /// Bytes of refill blocks the kernel had not taken that a fill gave back first, because
+    /// the memory cgroup could not take the new block without reclaim (the pages kept).
+    pub refill_recycled_bytes: u64,
     /// 2 MiB huge pages an unmark proved with one locked write, the rest of their pages read
     /// plainly, because one page-table entry mapped each (kernel path, PAGEMAP_SCAN).
     pub huge_proofs: u64,
@@ -245,6 +248,14 @@ pub(crate) fn volatile_sub(idx: u32, bytes: usize) {
 static REFILLS: AtomicU64 = AtomicU64::new(0);
 static REFILL_BYTES: AtomicU64 = AtomicU64::new(0);
 static REFILL_FAILURES: AtomicU64 = AtomicU64::new(0);
+static REFILL_RECYCLED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of refill blocks given back before a fill (`refill::recycle`).
+pub(crate) fn count_refill_recycled(bytes: usize) {
+    if bytes > 0 {
+        REFILL_RECYCLED.fetch_add(bytes as u64, Relaxed);
+    }
+}
 
 /// A block of a refill region was filled.
 pub(crate) fn count_refill(bytes: usize) {
@@ -383,6 +394,7 @@ pub fn stats() -> Stats {
     s.refill_fills = REFILLS.load(Relaxed);
     s.refill_bytes = REFILL_BYTES.load(Relaxed);
     s.refill_failures = REFILL_FAILURES.load(Relaxed);
+    s.refill_recycled_bytes = REFILL_RECYCLED.load(Relaxed);
     s.huge_proofs = HUGE_PROOFS.load(Relaxed);
     s.allocator = allocator_stats();
     s.coordinator = coordinator_stats();

@@ -1,7 +1,7 @@
 //! Refill regions on the real kernel: every byte read is what the fill function makes, blocks
 //! are made on first touch and again after the system took them back (forced with
 //! MADV_DONTNEED, and by real pressure in a memory cgroup a quarter of the region's size,
-//! without an OOM kill), threads touching blocks at once, and a failing fill raising SIGBUS at
+//! without an OOM kill, the fills near the limit recycling the oldest blocks), threads touching blocks at once, and a failing fill raising SIGBUS at
 //! the address touched.
 
 use std::sync::atomic::Ordering::SeqCst;
@@ -243,9 +243,10 @@ fn reader() {
         wrong += u64::from(read_word(&r, i) != word(8, i));
     }
     say(format!(
-        "DONE wrong={wrong} fills={} blocks={}",
+        "DONE wrong={wrong} fills={} blocks={} recycled={}",
         fills.load(SeqCst),
-        REGION / BLOCK
+        REGION / BLOCK,
+        vrange::stats().refill_recycled_bytes
     ));
 }
 
@@ -274,12 +275,13 @@ fn a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom() {
     cgroup::remove(child);
     let reply = reply.unwrap_or_else(|e| panic!("the reader: {e}; {exit}\n{diagnostics}"));
     println!(
-        "refill: {} MiB region under a {} MiB limit: {} fills of {} blocks, {} wrong words, \
-         OOM kills {kills}",
+        "refill: {} MiB region under a {} MiB limit: {} fills of {} blocks, {} MiB recycled, \
+         {} wrong words, OOM kills {kills}",
         REGION >> 20,
         LIMIT >> 20,
         reply.u64("fills"),
         reply.u64("blocks"),
+        reply.u64("recycled") >> 20,
         reply.u64("wrong")
     );
     assert_eq!(exit, Exit::Code(0));
@@ -288,6 +290,12 @@ fn a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom() {
     assert!(
         reply.u64("fills") > reply.u64("blocks"),
         "blocks were taken back and made again"
+    );
+    // At the limit, fills give back the oldest blocks' pages first (the pages kept): the
+    // sequential pass alone fills three limits' worth past the first.
+    assert!(
+        reply.u64("recycled") >= LIMIT as u64,
+        "fills near the limit recycled the oldest blocks: {reply:?}"
     );
 }
 

@@ -99,6 +99,48 @@ impl Headroom {
     }
 }
 
+/// The [`Headroom`] of the calling process's memory cgroup, for a caller that asks now and then
+/// from any thread: opened at the first question, again once the program closed or replaced
+/// one of its descriptors; where the cgroup has no limit (or its files cannot be opened), tried
+/// again a second later, not at every question.
+#[derive(Debug)]
+pub struct OwnHeadroom {
+    file: Option<Headroom>,
+    retry_at: u64,
+}
+
+impl OwnHeadroom {
+    /// None opened yet.
+    pub const fn new() -> OwnHeadroom {
+        OwnHeadroom {
+            file: None,
+            retry_at: 0,
+        }
+    }
+
+    /// The reader at `now` (ns, `clock::now_ns`), `None` where there is no limit to keep
+    /// under (or its files could not be opened).
+    pub fn get(&mut self, now: u64) -> Option<&Headroom> {
+        if self.file.as_ref().is_some_and(|h| !h.is_intact()) {
+            self.file = None;
+        }
+        if self.file.is_none() {
+            if now < self.retry_at {
+                return None;
+            }
+            self.file = MemCgroup::current().and_then(|cg| Headroom::new(&cg).ok().flatten());
+            self.retry_at = now.saturating_add(1_000_000_000);
+        }
+        self.file.as_ref()
+    }
+}
+
+impl Default for OwnHeadroom {
+    fn default() -> Self {
+        OwnHeadroom::new()
+    }
+}
+
 /// A limit file: `u64::MAX` for unlimited ("max" on v2, the huge page-rounded number on v1).
 fn read_limit(file: &GuestFd, version: Version) -> io::Result<u64> {
     match (read_number(file)?, version) {

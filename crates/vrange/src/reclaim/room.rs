@@ -15,24 +15,11 @@ use crate::registry::pause;
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::Relaxed;
-use vrange_sys::cgroup::MemCgroup;
 use vrange_sys::clock::now_ns;
-use vrange_sys::pressure::Headroom as HeadroomFile;
+use vrange_sys::pressure::OwnHeadroom;
 
-/// The headroom file of [`make_room`]'s callers (the thread keeps its own), and when to try
-/// opening it again if this process's cgroup has none.
-struct Room {
-    file: Option<HeadroomFile>,
-    retry_at: u64,
-}
-
-static ROOM: RankedMutex<Room> = RankedMutex::new(
-    Rank::Room,
-    Room {
-        file: None,
-        retry_at: 0,
-    },
-);
+/// The headroom file of [`make_room`]'s callers (the thread keeps its own).
+static ROOM: RankedMutex<OwnHeadroom> = RankedMutex::new(Rank::Room, OwnHeadroom::new());
 
 /// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
 /// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
@@ -115,18 +102,8 @@ pub fn make_room(bytes: usize) -> usize {
 /// Bytes [`make_room`] must free before `bytes` more are allocated: twice the threshold less
 /// the headroom that would be left. `None` where there is no limit to keep under (or its file
 /// cannot be read).
-fn room_deficit(room: &mut Room, bytes: u64, setting: u64, now: u64) -> Option<u64> {
-    if room.file.as_ref().is_some_and(|h| !h.is_intact()) {
-        room.file = None;
-    }
-    if room.file.is_none() {
-        if now < room.retry_at {
-            return None;
-        }
-        room.file = MemCgroup::current().and_then(|cg| HeadroomFile::new(&cg).ok().flatten());
-        room.retry_at = now + 1_000_000_000;
-    }
-    let h = room.file.as_ref()?;
+fn room_deficit(room: &mut OwnHeadroom, bytes: u64, setting: u64, now: u64) -> Option<u64> {
+    let h = room.get(now)?;
     let headroom = h.bytes().ok()?;
     Some(victims::headroom_deficit(
         headroom.saturating_sub(bytes),
