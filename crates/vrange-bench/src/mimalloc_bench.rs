@@ -262,14 +262,7 @@ fn table(programs: &[&Program], names: &[String], cells: &[Vec<Cell>], m: Measur
             _ => None,
         };
         line.push(report::times(ratio));
-        line.push(target(
-            p,
-            m,
-            ratio,
-            ours.and_then(|o| value(&row[o])),
-            row,
-            value,
-        ));
+        line.push(target(p, m, ratio, ours, row, value));
         t.row(line);
     }
     t
@@ -281,7 +274,7 @@ fn target(
     p: &Program,
     m: Measure,
     ratio: Option<f64>,
-    ours: Option<f64>,
+    ours: Option<usize>,
     row: &[Cell],
     value: impl Fn(&Cell) -> Option<f64>,
 ) -> String {
@@ -298,10 +291,12 @@ fn target(
             // The best peer: the fastest of the others (every column but ours).
             let best = row
                 .iter()
-                .filter_map(&value)
-                .filter(|&v| Some(v) != ours)
+                .enumerate()
+                .filter(|&(i, _)| Some(i) != ours)
+                .filter_map(|(_, c)| value(c))
                 .fold(f64::INFINITY, f64::min);
-            verdict(ours.is_some_and(|o| o <= best), "≤ the best peer")
+            let time = ours.and_then(|o| value(&row[o]));
+            verdict(time.is_some_and(|t| t <= best), "≤ the best peer")
         }
         (Measure::Time, Some(r)) => verdict(r <= 1.03, "≤ 1.03× glibc"),
         (Measure::Rss, Some(r)) => verdict(r <= 1.0, "≤ glibc"),

@@ -57,7 +57,9 @@
 //! ([`vrange::reclaimer::make_room`], one `pread`) and purges the oldest volatile memory of
 //! the process (under a live coordinator: of the container, in its global order) if the new
 //! slab would leave less than the `VRANGE_HEADROOM` threshold free: a cache filling at memory
-//! speed must not pass its container's limit between two ticks of the reclaimer.
+//! speed must not pass its container's limit between two ticks of the reclaimer. So does a
+//! lookup whose hit moves a value off probation (below) when the move needs a new slab: such
+//! a lookup may purge, as an insert may.
 //!
 //! # Hits, and when a released slab becomes volatile
 //! A hit costs a map lookup and two atomic operations on its slab: a slab stays pinned on the
@@ -443,7 +445,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// Whether an insert of `key` goes on probation: unless probation is off, or the key's
     /// probation value was purged unread and then requested (a ghost).
     fn on_probation<Q: Hash + ?Sized>(&self, key: &Q) -> bool {
-        self.opts.probation && !self.ghosts.take(self.map.hasher().hash_one(key))
+        self.opts.probation
+            && !(self.ghosts.any() && self.ghosts.take(self.map.hasher().hash_one(key)))
     }
 
     /// Moves the value of `old` (a hit on `key` in probation slab `slab` at `off`) into an

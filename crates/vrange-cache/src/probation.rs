@@ -55,6 +55,12 @@ impl Ghosts {
         slots[(hash as usize) & (GHOSTS - 1)].store(hash.max(1), Relaxed);
     }
 
+    /// Whether any key was ever remembered (before the first, inserts need not hash their key
+    /// for [`Ghosts::take`]).
+    pub fn any(&self) -> bool {
+        self.slots.get().is_some()
+    }
+
     /// Whether the key hashed `hash` was remembered; forgets it.
     pub fn take(&self, hash: u64) -> bool {
         let Some(slot) = self.slot(hash) else {
@@ -73,7 +79,9 @@ mod tests {
     fn a_ghost_is_taken_once() {
         let g = Ghosts::default();
         assert!(!g.take(42), "nothing remembered before the first ghost");
+        assert!(!g.any());
         g.remember(42);
+        assert!(g.any());
         assert!(!g.take(43));
         assert!(g.take(42));
         assert!(!g.take(42), "taken once");
