@@ -14,6 +14,17 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   cargo clippy --all-targets -- -D warnings
 )
 
-python3 -m pip install -q maturin pytest
+python3 -m pip install -q maturin pytest mypy
 python3 -m pip install -q ./crates/vrange-python
 python3 -m pytest -q -p no:cacheprovider crates/vrange-python/tests
+
+# Type information, as a user's checker meets it: from a directory outside the tree, so that
+# mypy finds the installed package's stub (vrange/__init__.pyi, with py.typed), not the
+# source's; the stub is checked against the installed module, and typed code against the stub.
+repo=$PWD
+(
+  cd /tmp
+  python3 -m mypy.stubtest vrange \
+    --allowlist "$repo/crates/vrange-python/stubtest-allowlist.txt" --ignore-unused-allowlist
+  python3 -m mypy --strict --cache-dir=/dev/null "$repo/crates/vrange-python/tests/test_typing.py"
+)
