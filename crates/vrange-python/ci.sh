@@ -14,7 +14,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   cargo clippy --all-targets -- -D warnings
 )
 
-python3 -m pip install -q maturin pytest mypy
+python3 -m pip install -q maturin pytest mypy cachetools
 python3 -m pip install -q ./crates/vrange-python
 python3 -m pytest -q -p no:cacheprovider crates/vrange-python/tests
 

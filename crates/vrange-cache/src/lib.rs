@@ -624,6 +624,24 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         })
     }
 
+    /// The keys of the entries held now and not known to be purged (as [`Cache::contains_key`]
+    /// says of each): a snapshot, taken one shard of the map at a time, so an insert or removal
+    /// during the call may or may not be seen. Pins nothing and counts no lookup.
+    pub fn keys(&self) -> Vec<K>
+    where
+        K: Clone,
+    {
+        self.sweep();
+        self.map
+            .iter()
+            .filter(|e| {
+                e.slab.check_purged();
+                !e.slab.is_dead()
+            })
+            .map(|e| e.key().clone())
+            .collect()
+    }
+
     /// Removes the entry under `key`. Returns whether there was one (a purged one counts).
     /// Readers holding its value keep it until they drop their [`Entry`].
     pub fn remove<Q>(&self, key: &Q) -> bool

@@ -110,3 +110,30 @@ fn an_idle_slab_becomes_volatile_at_the_reclaimers_next_tick() {
     vrange::purge(1);
     assert_eq!(c.lookup(&1).unwrap_err(), Miss::Purged);
 }
+
+#[test]
+fn keys_lists_the_entries_held_and_not_those_known_purged() {
+    let _s = vrange_testkit::serial();
+    let c: Cache<u64> = Cache::new(Options::default());
+    for i in 0..10 {
+        c.insert(i, &value(i, 3000), Priority::Normal).unwrap();
+    }
+    c.insert(100, &value(100, 3000), Priority::DropFirst)
+        .unwrap();
+    let held = c.get(&3).unwrap();
+    assert!(c.remove(&4));
+    let mut keys = c.keys();
+    keys.sort_unstable();
+    assert_eq!(keys, [0, 1, 2, 3, 5, 6, 7, 8, 9, 100]);
+    assert_eq!(c.stats().hits(), 1, "keys counts no lookup");
+    vrange::purge(usize::MAX);
+    // Only the held value's slab survives the purge: its key and its slab-mates' stay.
+    let keys = c.keys();
+    assert!(keys.contains(&3), "a held value's key is listed: {keys:?}");
+    assert!(
+        !keys.contains(&100),
+        "a purged value's key is not: {keys:?}"
+    );
+    assert_eq!(keys.len(), c.len(), "keys and len agree");
+    drop(held);
+}

@@ -5,7 +5,9 @@
 //! `stats()["pinned_bytes"]` shows it).
 //!
 //! Keys: the cache's key is the Python key's bytes after one tag byte (`b` for `bytes`, `s`
-//! for `str`, whose bytes are its UTF-8 encoding), so `b"a"` and `"a"` are different keys.
+//! for `str`, whose bytes are its UTF-8 encoding, `p` for a `tuple`, whose bytes are its
+//! pickle), so `b"a"` and `"a"` are different keys, and tuples are equal keys when their
+//! pickles are (`(1,)` and `(1.0,)` are different keys; cachetools' `hashkey` tuples work).
 //!
 //! Views: a hit is a [`Value`] (holding the value as a [`Held`]) wrapped in a `memoryview`.
 //! The memoryview holds the only reference to the `Value`; releasing it (`mv.release()`,
@@ -18,7 +20,8 @@ use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyKeyError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyMemoryView, PyString};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PyString, PyTuple};
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering::Relaxed;
@@ -33,20 +36,40 @@ type Key = Box<[u8]>;
 const TAG_BYTES: u8 = b'b';
 /// Tag byte of a `str` key (then its UTF-8 bytes).
 const TAG_STR: u8 = b's';
+/// Tag byte of a `tuple` key (then its pickle).
+const TAG_PICKLE: u8 = b'p';
+
+/// `pickle.dumps` and `pickle.loads`, looked up once.
+fn pickle<'py>(py: Python<'py>, name: &'static str) -> PyResult<Bound<'py, PyAny>> {
+    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let cell = if name == "dumps" { &DUMPS } else { &LOADS };
+    cell.get_or_try_init(py, || Ok(py.import("pickle")?.getattr(name)?.unbind()))
+        .map(|f| f.bind(py).clone())
+}
 
 /// Values at least this large are copied into the cache with the GIL released (smaller ones
 /// cost less to copy than to release and take back the GIL).
 const DETACH_BYTES: usize = 64 << 10;
 
-/// The cache's key for a Python key (`TypeError` unless `bytes` or `str`).
+/// The cache's key for a Python key (`TypeError` unless `bytes`, `str` or a picklable
+/// `tuple`).
 fn make_key(key: &Bound<'_, PyAny>) -> PyResult<Key> {
+    let pickled;
     let (tag, bytes) = if let Ok(b) = key.cast::<PyBytes>() {
         (TAG_BYTES, b.as_bytes())
     } else if let Ok(s) = key.cast::<PyString>() {
         (TAG_STR, s.to_str()?.as_bytes())
+    } else if key.cast::<PyTuple>().is_ok() {
+        // Protocol 4: the same bytes on every Python this module supports.
+        pickled = pickle(key.py(), "dumps")?
+            .call1((key, 4))
+            .and_then(|p| p.cast_into::<PyBytes>().map_err(PyErr::from))
+            .map_err(|e| PyTypeError::new_err(format!("a tuple key must be picklable: {e}")))?;
+        (TAG_PICKLE, pickled.as_bytes())
     } else {
         return Err(PyTypeError::new_err(format!(
-            "cache keys are bytes or str, not {}",
+            "cache keys are bytes, str or tuple, not {}",
             key.get_type().name()?
         )));
     };
@@ -226,7 +249,22 @@ impl Source {
 /// first); None for no budget of its own (the process's reclaimer still purges under memory
 /// pressure). `probation` (default True): a key's first value is purged before values that
 /// were read, until its first hit moves it (scan resistance; False: plain LRU by slab).
-#[pyclass(frozen, module = "vrange")]
+/// The Python key a cache key was made from ([`make_key`] undone).
+fn python_key<'py>(py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    match key.split_first() {
+        Some((&TAG_BYTES, b)) => Ok(PyBytes::new(py, b).into_any()),
+        Some((&TAG_STR, b)) => match std::str::from_utf8(b) {
+            Ok(text) => Ok(PyString::new(py, text).into_any()),
+            Err(e) => Err(PyTypeError::new_err(format!(
+                "a str key that is not UTF-8: {e}"
+            ))),
+        },
+        Some((&TAG_PICKLE, b)) => pickle(py, "loads")?.call1((PyBytes::new(py, b),)),
+        _ => Err(PyTypeError::new_err("a cache key of unknown type")),
+    }
+}
+
+#[pyclass(frozen, subclass, module = "vrange", name = "_Cache")]
 pub(crate) struct Cache {
     inner: vrange_cache::Cache<Key>,
 }
@@ -401,11 +439,15 @@ impl Cache {
         py.detach(|| self.inner.len())
     }
 
-    /// Not iterable: the cache does not list its keys.
-    fn __iter__(&self) -> PyResult<()> {
-        Err(PyTypeError::new_err(
-            "vrange.Cache is not iterable: it does not list its keys",
-        ))
+    /// The keys held now and not known to be purged, as a list (a snapshot: see
+    /// `vrange_cache::Cache::keys`). The package's `Cache` iterates over it.
+    fn _keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let keys = py.detach(|| self.inner.keys());
+        let list = PyList::empty(py);
+        for k in &keys {
+            list.append(python_key(py, k)?)?;
+        }
+        Ok(list)
     }
 
     /// Removes every entry; memory returns as memoryviews of the values are released.

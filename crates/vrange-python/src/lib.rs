@@ -116,7 +116,8 @@ fn purge(py: Python<'_>, nbytes: u64) -> usize {
 /// Volatile memory for Python: a cache whose values the system may take back under memory
 /// pressure (`Cache`), buffers that may be purged while not pinned (`VolatileBuffer`), and
 /// `purge(nbytes)` to give memory back now.
-#[pymodule(name = "vrange")]
+/// The compiled part of the `vrange` package (`vrange/__init__.py` builds `Cache` on `_Cache`).
+#[pymodule(name = "_vrange")]
 fn vrange_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::Cache>()?;
     m.add_class::<cache::Value>()?;

@@ -51,3 +51,29 @@ def test_typed_use_of_a_volatile_buffer() -> None:
         m.release()
     assert not p.active
     assert vrange.purge(1) >= 0
+
+
+def test_typed_use_of_the_mapping_and_the_decorator() -> None:
+    c = vrange.Cache()
+    c.update({"a": b"1"})
+    c[("t", 2)] = b"2"
+    keys: list[str | bytes | tuple[object, ...]] = sorted(c, key=repr)
+    assert keys == ["a", ("t", 2)]
+    value: bytes = c.pop("a")
+    assert value == b"1" and c.setdefault("b", b"3") == b"3"
+
+    @vrange.cached(c, priority="drop_first")
+    def render(n: int) -> bytes:
+        return b"<p>%d</p>" % n
+
+    page: bytes = render(1)
+    assert page == render(1) == b"<p>1</p>"
+    info: vrange.CacheInfo = render.cache_info()
+    assert info.hits == 1 and info.maxsize is None
+
+    @vrange.cached
+    def parse(text: str) -> list[str]:
+        return text.split()
+
+    words: list[str] = parse("a b")
+    assert words == ["a", "b"]

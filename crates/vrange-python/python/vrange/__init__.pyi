@@ -1,19 +1,21 @@
 """Volatile memory for Python: a cache whose values the system may take back under memory
-pressure (`Cache`), buffers that may be purged while not pinned (`VolatileBuffer`), and
+pressure (`Cache`, a mutable mapping), a decorator that keeps a function's results there
+(`cached`), buffers that may be purged while not pinned (`VolatileBuffer`), and
 `purge(nbytes)` to give memory back now.
 
-Type information for the `vrange` extension module (maturin ships it as
-`vrange/__init__.pyi` with a `py.typed` marker); checked against the module by
-`mypy.stubtest` in the package's tests.
+Type information for the `vrange` package (shipped with a `py.typed` marker); checked against
+the installed package by `mypy.stubtest` in the package's checks (ci.sh).
 """
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, ItemsView, Iterator, MutableMapping, ValuesView
 from types import TracebackType
-from typing import Any, Literal, NoReturn, TypeVar, Union, final
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, Union, final, overload
 
 __all__ = [
     "Cache",
+    "CacheInfo",
+    "cached",
     "PinnedValue",
     "FillBuffer",
     "VolatileBuffer",
@@ -25,14 +27,21 @@ __all__ = [
 
 __version__: str
 
-_Key = Union[bytes, str]
+_Key = Union[bytes, str, tuple[Any, ...]]
 _Priority = Literal["drop_first", "low", "normal", "drop_last"]
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer as _Buffer
 else:
     from typing_extensions import Buffer as _Buffer
+from typing_extensions import disjoint_base
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:
+    from typing_extensions import Self
 
 class PurgedError(KeyError):
     """The value under this key was purged by the system under memory pressure. A subclass of
@@ -56,17 +65,16 @@ class FillBuffer:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
-@final
-class Cache:
-    """A key -> bytes cache whose values the system may purge under memory pressure. Keys are
-    bytes or str; values any C-contiguous bytes-like object, copied in."""
+@disjoint_base
+class _Cache:
+    """The compiled cache `Cache` is built on."""
 
     def __new__(
         cls,
         slab_bytes: int | None = None,
         budget: int | None = None,
         probation: bool = True,
-    ) -> Cache: ...
+    ) -> Self: ...
     @property
     def slab_bytes(self) -> int: ...
     @property
@@ -81,8 +89,7 @@ class Cache:
     def __delitem__(self, key: _Key, /) -> None: ...
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
-    def __iter__(self) -> NoReturn:
-        """Raises TypeError: the cache does not list its keys."""
+    def _keys(self) -> list[_Key]: ...
     def clear(self) -> None: ...
     def get_or_insert(
         self,
@@ -92,6 +99,38 @@ class Cache:
         priority: _Priority = ...,
     ) -> memoryview: ...
     def stats(self) -> dict[str, Any]: ...
+
+class Cache(_Cache, MutableMapping[_Key, bytes]):  # type: ignore[misc]
+    """A mapping of keys (bytes, str or a picklable tuple) to bytes values in volatile
+    memory. `cache[key]` copies; `get`, `lookup` and `get_or_insert` pin a view."""
+
+    def __iter__(self) -> Iterator[_Key]: ...
+    def items(self) -> ItemsView[_Key, bytes]: ...
+    def values(self) -> ValuesView[bytes]: ...
+    def popitem(self) -> tuple[_Key, bytes]: ...
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    maxsize: None
+    currsize: int
+    purged: int
+
+class _CachedFunction(Generic[_R]):
+    """What `cached` makes of a function."""
+
+    __wrapped__: Callable[..., _R]
+    def __call__(self, *args: Any, **kwargs: Any) -> _R: ...
+    def cache_info(self) -> CacheInfo: ...
+    def cache_clear(self) -> None: ...
+    def cache_parameters(self) -> dict[str, Any]: ...
+
+@overload
+def cached(cache: Callable[..., _R], /) -> _CachedFunction[_R]: ...
+@overload
+def cached(
+    cache: Cache | None = None, *, typed: bool = False, priority: _Priority = "normal"
+) -> Callable[[Callable[..., _R]], _CachedFunction[_R]]: ...
 
 @final
 class PinnedBuffer:

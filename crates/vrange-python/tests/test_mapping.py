@@ -1,0 +1,177 @@
+"""`vrange.Cache` as the mapping Python programmers use, `vrange.cached` as the decorator they
+use, and both beside the tools they would otherwise pick (functools.lru_cache, cachetools),
+against the real library: purges are forced with `vrange.purge(ALL)`, which purges every
+volatile range of this process (anything pinned survives).
+"""
+
+import pickle
+from collections.abc import MutableMapping
+
+import cachetools
+import pytest
+
+import vrange
+
+ALL = 1 << 60
+
+
+@pytest.fixture
+def cache():
+    return vrange.Cache(slab_bytes=64 << 10, probation=False)
+
+
+# --- the mapping ---------------------------------------------------------------------------
+
+
+def test_a_cache_is_a_mutable_mapping(cache):
+    assert isinstance(cache, MutableMapping)
+    cache.update({"a": b"1", b"b": bytearray(b"22")}, c=b"333")
+    cache[("t", 1)] = memoryview(b"tuple")
+    assert len(cache) == 4
+    assert sorted(cache.keys(), key=repr) == sorted(["a", b"b", "c", ("t", 1)], key=repr)
+    assert dict(cache.items()) == {"a": b"1", b"b": b"22", "c": b"333", ("t", 1): b"tuple"}
+    assert sorted(cache.values()) == [b"1", b"22", b"333", b"tuple"]
+    assert cache == {"a": b"1", b"b": b"22", "c": b"333", ("t", 1): b"tuple"}
+    assert cache.pop("a") == b"1" and "a" not in cache
+    assert cache.pop("a", None) is None
+    with pytest.raises(KeyError):
+        cache.pop("a")
+    assert cache.setdefault("c", b"other") == b"333"
+    assert cache.setdefault("d", b"4") == b"4" and cache["d"] == b"4"
+    key, value = cache.popitem()
+    assert key not in cache and value in (b"22", b"333", b"tuple", b"4")
+    assert len(cache) == 3
+    cache.clear()
+    assert len(cache) == 0 and list(cache) == []
+    with pytest.raises(KeyError):
+        cache.popitem()
+
+
+def test_reading_copies_and_get_pins(cache):
+    cache["k"] = b"value"
+    copy = cache["k"]
+    assert type(copy) is bytes
+    with cache.get("k") as view:
+        assert type(view) is memoryview and view == b"value"
+        assert vrange.purge(ALL) >= 0
+        assert cache["k"] == b"value", "a held view keeps its value from the purge"
+
+
+def test_a_str_value_is_refused_with_a_hint(cache):
+    with pytest.raises(TypeError):
+        cache["k"] = "text"
+    assert "k" not in cache
+
+
+def test_purged_entries_leave_iteration(cache):
+    for i in range(20):
+        cache[f"k{i}"] = bytes([i]) * 3000
+    assert sorted(cache) == sorted(f"k{i}" for i in range(20))
+    items = iter(cache.items())
+    first_key, first_value = next(items)
+    assert first_value == bytes([int(first_key[1:])]) * 3000
+    assert vrange.purge(ALL) > 0
+    assert list(items) == [], "values purged after the keys were listed are skipped"
+    assert list(cache) == [] and len(cache) == 0 and list(cache.values()) == []
+    cache["new"] = b"after"
+    assert list(cache.items()) == [("new", b"after")]
+
+
+def test_cachetools_cached_works_with_its_own_keys(cache):
+    calls = []
+
+    @cachetools.cached(cache=cache)
+    def thumbnail(name, size=64):
+        calls.append(name)
+        return (name * size).encode()
+
+    assert thumbnail("a") == b"a" * 64
+    assert thumbnail("a") == b"a" * 64
+    assert thumbnail("b", size=2) == b"bb"
+    assert calls == ["a", "b"], "cachetools' hashkey tuples are keys"
+    vrange.purge(ALL)
+    assert thumbnail("a") == b"a" * 64
+    assert calls == ["a", "b", "a"], "a purged result is computed again"
+
+
+# --- the decorator ---------------------------------------------------------------------------
+
+
+def test_cached_keeps_results_like_lru_cache():
+    calls = []
+
+    @vrange.cached
+    def square(x):
+        calls.append(x)
+        return {"square": x * x}
+
+    assert square(3) == {"square": 9}
+    assert square(3) == {"square": 9}
+    assert square(x=3) == {"square": 9}, "keywords make their own key, as in lru_cache"
+    assert square(3.0) == {"square": 9}, "3.0 == 3: the same key, as in lru_cache"
+    assert calls == [3, 3]
+    info = square.cache_info()
+    assert info == vrange.CacheInfo(hits=2, misses=2, maxsize=None, currsize=2, purged=0), info
+    assert square.__wrapped__(4) == {"square": 16} and square.__name__ == "square"
+    assert square.cache_parameters() == {"maxsize": None, "typed": False, "priority": "normal"}
+
+
+def test_cached_regenerates_what_the_system_took():
+    calls = []
+    shared = vrange.Cache(probation=False)
+
+    @vrange.cached(shared, priority="low")
+    def page(n):
+        calls.append(n)
+        return b"page %d " % n * 1000
+
+    @vrange.cached(shared)
+    def other(n):
+        return [n]
+
+    for n in range(10):
+        assert page(n) == b"page %d " % n * 1000
+        assert other(n) == [n]
+    assert page(3) == b"page 3 " * 1000 and calls == list(range(10))
+    assert len(shared) == 20, "two functions share one cache without mixing their keys"
+    vrange.purge(ALL)
+    assert page(3) == b"page 3 " * 1000
+    assert calls == list(range(10)) + [3]
+    info = page.cache_info()
+    assert (info.hits, info.misses, info.purged) == (1, 11, 1), info
+    page.cache_clear()
+    assert page.cache_info() == vrange.CacheInfo(0, 0, None, 0, 0)
+    assert other(1) == [1]
+
+
+def test_cached_typed_and_bad_input():
+    @vrange.cached(typed=True)
+    def kind(x):
+        return type(x).__name__.encode()
+
+    assert kind(1) == b"int" and kind(1.0) == b"float"
+    assert kind.cache_info().misses == 2
+
+    @vrange.cached
+    def unpicklable():
+        return lambda: 0
+
+    with pytest.raises(TypeError, match="neither bytes nor picklable"):
+        unpicklable()
+    with pytest.raises(ValueError, match="priority"):
+        vrange.cached(priority="urgent")
+    with pytest.raises(TypeError, match="vrange.Cache"):
+        vrange.cached({})
+    with pytest.raises(TypeError):
+        vrange.cached()(lambda x: b"")([])  # unhashable arguments, as in lru_cache
+
+
+def test_cached_results_round_trip_through_pickle():
+    @vrange.cached
+    def parse(text):
+        return {"words": text.split(), "n": len(text)}
+
+    first = parse("a b c")
+    again = parse("a b c")
+    assert first == again and first is not again, "each hit is a new object, unpickled"
+    assert pickle.loads(pickle.dumps(again)) == first
