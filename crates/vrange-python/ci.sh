@@ -28,3 +28,17 @@ repo=$PWD
     --allowlist "$repo/crates/vrange-python/stubtest-allowlist.txt" --ignore-unused-allowlist
   python3 -m mypy --strict --cache-dir=/dev/null "$repo/crates/vrange-python/tests/test_typing.py"
 )
+
+# A wheel, as Python projects ship one (maturin build), installed with pip into a fresh
+# virtual environment of Debian's own interpreter (/usr/bin/python3, not the one above), and
+# the suite run against it there.
+if [ -x /usr/bin/python3 ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  python3 -m maturin build --release --quiet -i /usr/bin/python3 \
+    -m crates/vrange-python/Cargo.toml -o "$work/wheels"
+  /usr/bin/python3 -m venv "$work/venv"
+  "$work/venv/bin/python" -m pip install -q "$work"/wheels/vrange-*.whl pytest cachetools
+  "$work/venv/bin/python" -c 'import sys, vrange; print("wheel on", sys.version.split()[0], "->", vrange.__file__)'
+  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider crates/vrange-python/tests
+fi
