@@ -116,9 +116,13 @@ cache, calls that ran the function, `maxsize` (always None: memory pressure boun
 not a count), results held now, and calls that ran it again because the system had taken
 the result."""
 
-# Tags of a stored result: the bytes themselves, or a pickle.
-_BYTES = b"B"
-_PICKLE = b"P"
+
+
+def _value(counter):
+    """How many times `next` was called on an `itertools.count()` (without advancing it: its
+    repr is `count(N)`)."""
+    return int(repr(counter)[len("count(") : -1])
+
 _PRIORITIES = ("drop_first", "low", "normal", "drop_last")
 # Marks where keyword arguments begin in a call's key.
 _KWARGS = object()
@@ -126,14 +130,19 @@ _KWARGS = object()
 _function_ids = itertools.count()
 
 
+_FAST_TYPES = {int, str}
+
+
 def _call_key(args, kwargs, typed):
     """A hashable key for a call, as functools.lru_cache makes one (equal arguments give equal
-    keys; `typed` tells 1 and 1.0 apart)."""
+    keys; `typed` tells 1 and 1.0 apart; a lone int or str argument is its own key)."""
     key = args
     if kwargs:
         key += (_KWARGS,) + tuple(kwargs.items())
     if typed:
         key += tuple(type(v) for v in args) + tuple(type(v) for v in kwargs.values())
+    elif len(key) == 1 and type(key[0]) in _FAST_TYPES:
+        return key[0]
     return key
 
 
@@ -169,75 +178,77 @@ def cached(cache=None, *, typed=False, priority="normal"):
     def decorate(func):
         store = Cache() if cache is None else cache
         prefix = b"vrange.cached:%d:" % next(_function_ids)
-        entries = {}  # call key -> cache key
+        # Call key -> (cache key, whether the result is stored as bytes or pickled). Read
+        # without the lock (one dict lookup is atomic); changed under it.
+        entries = {}
         lock = threading.Lock()
-        counters = {"hits": 0, "misses": 0, "purged": 0}
+        # Counted with itertools.count: next() is one atomic step, no lock on the hit path.
+        hits, misses, purged = itertools.count(), itertools.count(), itertools.count()
         serial = itertools.count()
         prune_at = [1024]
 
-        def remember(key):
+        def remember(key, is_bytes):
             with lock:
                 entry = entries.get(key)
-                if entry is None:
-                    entry = prefix + next(serial).to_bytes(8, "little")
+                if entry is None or entry[1] != is_bytes:
+                    entry = (prefix + next(serial).to_bytes(8, "little"), is_bytes)
                     entries[key] = entry
                     if len(entries) >= prune_at[0]:
                         # Forget the entries whose results are gone (amortised: the table
                         # has doubled since the last time).
-                        for k, e in list(entries.items()):
+                        for k, (e, _) in list(entries.items()):
                             if e not in store:
                                 del entries[k]
                         prune_at[0] = max(1024, 2 * len(entries))
-                return entry
-
-        def count(what):
-            with lock:
-                counters[what] += 1
+                return entry[0]
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             key = _call_key(args, kwargs, typed)
-            with lock:
-                entry = entries.get(key)
+            entry = entries.get(key)
             if entry is not None:
-                view, how = store.lookup(entry)
-                if view is not None:
-                    with view:
-                        if view[:1] == _BYTES:
-                            result = bytes(view[1:])
-                        else:
-                            result = pickle.loads(view[1:])
-                    count("hits")
-                    return result
-                if how == "purged":
-                    count("purged")
-            count("misses")
+                try:
+                    data = store[entry[0]]  # a copy: pins nothing
+                except PurgedError:
+                    next(purged)
+                except KeyError:
+                    pass
+                else:
+                    next(hits)
+                    return data if entry[1] else pickle.loads(data)
+            next(misses)
             result = func(*args, **kwargs)
             if type(result) is bytes:
-                data = _BYTES + result
+                data, is_bytes = result, True
             else:
                 try:
-                    data = _PICKLE + pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+                    data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
                 except Exception as e:
                     raise TypeError(
                         f"vrange.cached: {func.__qualname__} returned a "
                         f"{type(result).__name__}, which is neither bytes nor picklable: {e}"
                     ) from e
-            store.put(remember(key), data, priority)
+                is_bytes = False
+            store.put(remember(key, is_bytes), data, priority)
             return result
 
         def cache_info():
             with lock:
-                held = [e for e in entries.values()]
-                hits, misses, purged = counters["hits"], counters["misses"], counters["purged"]
-            return CacheInfo(hits, misses, None, sum(1 for e in held if e in store), purged)
+                held = [e for e, _ in entries.values()]
+            return CacheInfo(
+                _value(hits),
+                _value(misses),
+                None,
+                sum(1 for e in held if e in store),
+                _value(purged),
+            )
 
         def cache_clear():
+            nonlocal hits, misses, purged
             with lock:
-                gone = list(entries.values())
+                gone = [e for e, _ in entries.values()]
                 entries.clear()
-                for k in counters:
-                    counters[k] = 0
+                hits, misses, purged = itertools.count(), itertools.count(), itertools.count()
             for e in gone:
                 store.pop(e, None)
 
