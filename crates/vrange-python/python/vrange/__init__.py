@@ -113,7 +113,8 @@ class Cache(_Cache, MutableMapping):
 CacheInfo = namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize", "purged"])
 CacheInfo.__doc__ = """What a `cached` function's `cache_info()` says: calls answered from the
 cache, calls that ran the function, `maxsize` (always None: memory pressure bounds the cache,
-not a count), results held now, and calls that ran it again because the system had taken
+not a count), results held now and not known to be purged (the kernel may have taken some
+that no call has looked for since), and calls that ran it again because the system had taken
 the result."""
 
 
