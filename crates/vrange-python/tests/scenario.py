@@ -44,9 +44,11 @@ def serve(kind, cg, maxsize):
     return p, int(line.split()[-1])
 
 
-def scenario(kind, shrink, maxsize=1000, seconds=8.0):
-    """Serves random thumbnails for `seconds` (lowering the limit a step every second if
-    `shrink`); returns what happened."""
+def scenario(kind, shrink, maxsize=1000, seconds=8.0, each_once=False):
+    """Serves thumbnails (lowering the limit a step every second if `shrink`): with
+    `each_once`, every thumbnail once, in order, first (150 MiB through the service whatever
+    the machine's speed); then random ones until `seconds` have passed and every step is
+    taken. Returns what happened."""
     make = render()
     cg = memcg.Child(f"vrange-py-thumbs-{kind}", FIRST_LIMIT)
     p = None
@@ -58,8 +60,13 @@ def scenario(kind, shrink, maxsize=1000, seconds=8.0):
         lowered = []
         next_step = time.monotonic() + 1.0
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and p.poll() is None:
-            n = rng.randrange(DISTINCT)
+        order = iter(range(DISTINCT) if each_once else ())
+        while p.poll() is None:
+            n = next(order, None)
+            if n is None:
+                if time.monotonic() >= deadline and not steps:
+                    break
+                n = rng.randrange(DISTINCT)
             try:
                 body = fetch(port, f"/thumb/{n}")
             except OSError:

@@ -21,7 +21,7 @@ def need_cgroup():
 
 def test_the_vrange_service_keeps_serving_while_its_container_shrinks():
     need_cgroup()
-    r = scenario("vrange", shrink=True)
+    r = scenario("vrange", shrink=True, each_once=True)
     print(r)
     assert r["alive"] and r["oom_kills"] == 0, r
     assert r["wrong"] == 0 and r["served"] > 500, r
@@ -32,7 +32,7 @@ def test_the_vrange_service_keeps_serving_while_its_container_shrinks():
 
 def test_the_same_service_with_lru_cache_is_oom_killed():
     need_cgroup()
-    r = scenario("lru", shrink=False)
+    r = scenario("lru", shrink=False, each_once=True)
     print(r)
     assert not r["alive"] and r["oom_kills"] >= 1, (
         "150 MiB of thumbnails do not fit a 128 MiB container without giving any back", r)
