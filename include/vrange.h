@@ -9,8 +9,8 @@
  *     vrange_stats, vrange_source_name, vrange_set_option, vrange_reclaimer_stop,
  *     vrange_fill, vrange_alloc_refill, vrange_cache_create, vrange_cache_put,
  *     vrange_cache_get, vrange_cache_release, vrange_cache_remove, vrange_cache_stats,
- *     vrange_cache_destroy, vrange_version - mark memory as discardable and learn, when taking
- *     it back, whether the system discarded it
+ *     vrange_cache_destroy, vrange_sqlite_pcache, vrange_version - mark memory as discardable
+ *     and learn, when taking it back, whether the system discarded it
  *
  * SYNOPSIS
  *     #include <vrange.h>
@@ -47,6 +47,8 @@
  *     int      vrange_cache_stats(struct vrange_cache *c, struct vrange_cache_stats *out,
  *                                 size_t size);
  *     void     vrange_cache_destroy(struct vrange_cache *c);
+ *
+ *     const void *vrange_sqlite_pcache(void);
  *
  *     unsigned vrange_version(void);
  *     VRANGE_VERSION, VRANGE_VERSION_MAJOR, VRANGE_VERSION_MINOR, VRANGE_VERSION_PATCH,
@@ -318,6 +320,18 @@
  *     the cache; values still held stay readable and are leaked, and every later call with
  *     the handle fails with EINVAL (a destroyed handle keeps 16 bytes so that this holds; no
  *     new cache gets its address).
+ *
+ *   SQLite's page cache
+ *     vrange_sqlite_pcache() returns a page cache for SQLite, a struct
+ *     sqlite3_pcache_methods2 (libvrange does not link SQLite): install it with
+ *     sqlite3_config(SQLITE_CONFIG_PCACHE2, vrange_sqlite_pcache()) before
+ *     sqlite3_initialize(). Pages SQLite unpins (clean pages only) become volatile, one
+ *     managed range per page: the reclaimer may take them under memory pressure, in the same
+ *     order as all other vrange memory, and SQLite reads a taken page from its file again, as
+ *     after its own cache evicted it. Pages of caches that are not purgeable (in-memory and
+ *     temporary databases) are never volatile. cache_size is honoured as by SQLite's own
+ *     cache: set it large (PRAGMA cache_size = -N KiB) and let memory pressure bound it. A
+ *     page is its size rounded up to the system page (pages under 4 KiB waste the rest).
  *
  *   Reclaimer
  *     The first managed or hybrid region (shared ones included) starts a thread,
@@ -987,6 +1001,10 @@ int vrange_cache_stats(struct vrange_cache *c, struct vrange_cache_stats *out, s
 /** Frees the cache. Values still held stay readable and are leaked; every later call with c
  *  fails with EINVAL (the handle's 16 bytes stay allocated for that). */
 void vrange_cache_destroy(struct vrange_cache *c);
+
+/** A page cache for SQLite whose unpinned pages are volatile: a `const struct
+ *  sqlite3_pcache_methods2 *` for sqlite3_config(SQLITE_CONFIG_PCACHE2, ...). */
+const void *vrange_sqlite_pcache(void);
 
 /** The running library's version: its VRANGE_VERSION (compare with this header's). */
 unsigned vrange_version(void);

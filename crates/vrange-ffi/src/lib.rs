@@ -12,6 +12,8 @@
 //!   `vrange_reclaimer_stop`;
 //! - `cache`: `vrange_cache_create`, `_put`, `_get`, `_release`, `_remove`, `_stats`,
 //!   `_destroy` (over `vrange-cache`);
+//! - `sqlite`: `vrange_sqlite_pcache` (a page cache for SQLite whose unpinned pages are
+//!   volatile);
 //! - `version`: `vrange_version`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -23,6 +25,7 @@ mod features;
 mod flags;
 mod reclaimer;
 mod regions;
+mod sqlite;
 mod version;
 
 use libc::c_int;

@@ -99,7 +99,13 @@ fn compile(compiler: &str, args: &[&str], source: &Path, exe: &Path, flags: &[St
 /// Compiles `tests/c/<name>.c` as C11 with every warning an error (and `defines`), runs it and
 /// checks its TAP output: a plan line and no "not ok" line except known bugs ("# TODO").
 fn run_c_test(name: &str, defines: &[&str]) {
-    let flags = pkg_config_flags();
+    run_c_test_with(name, defines, &[]);
+}
+
+/// [`run_c_test`], linked with `libs` too.
+fn run_c_test_with(name: &str, defines: &[&str], libs: &[&str]) {
+    let mut flags = pkg_config_flags();
+    flags.extend(libs.iter().map(|l| l.to_string()));
     let scratch = Scratch::new(name);
     let exe = scratch.join(name);
     let source = repo_root().join(format!("tests/c/{name}.c"));
@@ -148,6 +154,14 @@ fn c_regions_test_passes() {
 #[cfg_attr(miri, ignore = "spawns compilers")]
 fn c_cache_test_passes() {
     run_c_test("test_cache", &[]);
+}
+
+/// SQLite (Debian's libsqlite3) on `vrange_sqlite_pcache()`: a file database, an in-memory one
+/// and connections in threads, every volatile page purged between and inside their work.
+#[test]
+#[cfg_attr(miri, ignore = "spawns compilers")]
+fn c_sqlite_test_passes() {
+    run_c_test_with("test_sqlite", &[], &["-lsqlite3", "-lpthread"]);
 }
 
 /// The header's version macros name this crate's version, and `vrange_version()` returns the

@@ -1,0 +1,431 @@
+//! `vrange_sqlite_pcache()`: a page cache for SQLite (`sqlite3_pcache_methods2`, installed with
+//! `sqlite3_config(SQLITE_CONFIG_PCACHE2, vrange_sqlite_pcache())` before SQLite starts) whose
+//! unpinned pages are volatile: the system may take them back under memory pressure, in the
+//! same global order as all other vrange memory, and SQLite reads a taken page from its file
+//! again, as it would after its own cache evicted it.
+//!
+//! - Pages live in managed regions of about 256 KiB, one volatile range per page (a page's
+//!   stride is its size rounded up to a system page: pages under 4 KiB waste the rest).
+//!   SQLite's per-page header (`pExtra`) lives in ordinary memory beside them and is never
+//!   purged.
+//! - `xUnpin` marks the page volatile (one atomic step); `xFetch` of an unpinned page unmarks
+//!   it, and if the system took it (exact detection), hands it back as a new page (the first
+//!   word of `pExtra` zeroed, as SQLite's own cache does, so SQLite reads it from the file), or,
+//!   when asked not to create pages, reports it absent.
+//! - Only clean pages are unpinned by SQLite; pages of a cache that is not purgeable
+//!   (`:memory:` and temporary databases, `bPurgeable == 0`) are never marked volatile: they
+//!   hold the only copy of their data.
+//! - `cache_size` is honoured as SQLite's own cache honours it (unpinned pages beyond it are
+//!   discarded oldest first); set it large and let memory pressure bound the cache.
+//! - Each cache has its own lock; SQLite calls one cache from one thread at a time, several
+//!   caches from several threads.
+
+use libc::{c_int, c_uint, c_void};
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::null_mut;
+use std::sync::Mutex;
+use vrange_core::{Huge, Options, Policy, VolatileRegion};
+
+/// `sqlite3_pcache_page` of sqlite3.h.
+#[repr(C)]
+pub struct PcachePage {
+    buf: *mut c_void,
+    extra: *mut c_void,
+}
+
+/// A page as handed to SQLite: its `sqlite3_pcache_page` first, then its slot.
+#[repr(C)]
+struct Page {
+    page: PcachePage,
+    slot: u32,
+}
+
+/// `sqlite3_pcache_methods2` of sqlite3.h (version 1).
+#[repr(C)]
+pub struct PcacheMethods2 {
+    version: c_int,
+    arg: *mut c_void,
+    init: unsafe extern "C" fn(*mut c_void) -> c_int,
+    shutdown: unsafe extern "C" fn(*mut c_void),
+    create: unsafe extern "C" fn(c_int, c_int, c_int) -> *mut c_void,
+    cachesize: unsafe extern "C" fn(*mut c_void, c_int),
+    pagecount: unsafe extern "C" fn(*mut c_void) -> c_int,
+    fetch: unsafe extern "C" fn(*mut c_void, c_uint, c_int) -> *mut PcachePage,
+    unpin: unsafe extern "C" fn(*mut c_void, *mut PcachePage, c_int),
+    rekey: unsafe extern "C" fn(*mut c_void, *mut PcachePage, c_uint, c_uint),
+    truncate: unsafe extern "C" fn(*mut c_void, c_uint),
+    destroy: unsafe extern "C" fn(*mut c_void),
+    shrink: unsafe extern "C" fn(*mut c_void),
+}
+
+// SAFETY: the table holds function pointers and a null argument; SQLite copies it.
+unsafe impl Sync for PcacheMethods2 {}
+
+static METHODS: PcacheMethods2 = PcacheMethods2 {
+    version: 1,
+    arg: null_mut(),
+    init: x_init,
+    shutdown: x_shutdown,
+    create: x_create,
+    cachesize: x_cachesize,
+    pagecount: x_pagecount,
+    fetch: x_fetch,
+    unpin: x_unpin,
+    rekey: x_rekey,
+    truncate: x_truncate,
+    destroy: x_destroy,
+    shrink: x_shrink,
+};
+
+/// The page cache methods, for `sqlite3_config(SQLITE_CONFIG_PCACHE2, vrange_sqlite_pcache())`.
+#[no_mangle]
+pub extern "C" fn vrange_sqlite_pcache() -> *const c_void {
+    std::ptr::addr_of!(METHODS).cast()
+}
+
+/// Bytes of pages per region.
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// Where a slot is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Free,
+    Pinned,
+    Unpinned,
+}
+
+/// A region of pages with their headers and `Page` records (stable addresses).
+struct Chunk {
+    region: VolatileRegion,
+    extras: Box<[u64]>,
+    pages: Box<[Page]>,
+}
+
+struct Inner {
+    stride: usize,
+    extra_words: usize,
+    purgeable: bool,
+    max: usize,
+    per_chunk: usize,
+    chunks: Vec<Chunk>,
+    free: Vec<u32>,
+    map: HashMap<u32, u32>,
+    key: Vec<u32>,
+    state: Vec<State>,
+    /// Unpinned slots, oldest first (an entry whose slot changed since is skipped).
+    unpinned: VecDeque<u32>,
+}
+
+/// `sqlite3_pcache` (opaque to SQLite).
+struct Cache(Mutex<Inner>);
+
+impl Inner {
+    fn page(&mut self, slot: u32) -> *mut PcachePage {
+        let (c, i) = self.at(slot);
+        std::ptr::addr_of_mut!(self.chunks[c].pages[i].page)
+    }
+
+    fn at(&self, slot: u32) -> (usize, usize) {
+        let s = slot as usize;
+        (s / self.per_chunk, s % self.per_chunk)
+    }
+
+    /// Marks a slot's page volatile (its content may go).
+    fn release(&self, slot: u32) {
+        let (c, i) = self.at(slot);
+        // SAFETY: SQLite does not touch an unpinned or freed page (the pcache contract), and
+        // nothing here keeps a reference into it.
+        let _ = unsafe {
+            self.chunks[c]
+                .region
+                .mark_range(i * self.stride, self.stride)
+        };
+    }
+
+    /// Pins a slot's page; whether its content survived.
+    fn take(&self, slot: u32) -> bool {
+        let (c, i) = self.at(slot);
+        match self.chunks[c]
+            .region
+            .unmark_range(i * self.stride, self.stride)
+        {
+            Ok(u) => !u.was_purged(),
+            Err(_) => false,
+        }
+    }
+
+    fn zero_extra(&mut self, slot: u32) {
+        let (c, i) = self.at(slot);
+        if self.extra_words > 0 {
+            self.chunks[c].extras[i * self.extra_words] = 0;
+        }
+    }
+
+    /// A free slot, pinned, its `pExtra` marked new; `None` if memory could not be mapped.
+    fn alloc(&mut self) -> Option<u32> {
+        if self.free.is_empty() {
+            self.grow()?;
+        }
+        let slot = self.free.pop()?;
+        self.take(slot);
+        self.zero_extra(slot);
+        Some(slot)
+    }
+
+    fn grow(&mut self) -> Option<()> {
+        let first = u32::try_from(self.chunks.len().checked_mul(self.per_chunk)?).ok()?;
+        let len = self.per_chunk.checked_mul(self.stride)?;
+        let opts = Options {
+            policy: Policy::Managed,
+            huge: Huge::Never,
+            ..Options::default()
+        };
+        let region = VolatileRegion::new(len, opts).ok()?;
+        let mut extras = vec![0u64; self.per_chunk * self.extra_words.max(1)].into_boxed_slice();
+        let base = region.as_ptr();
+        let pages = (0..self.per_chunk)
+            .map(|i| Page {
+                page: PcachePage {
+                    // SAFETY: `i * stride` lies inside the region (per_chunk pages of stride).
+                    buf: unsafe { base.add(i * self.stride) }.cast(),
+                    extra: if self.extra_words > 0 {
+                        std::ptr::addr_of_mut!(extras[i * self.extra_words]).cast()
+                    } else {
+                        null_mut()
+                    },
+                },
+                slot: first + i as u32,
+            })
+            .collect();
+        self.chunks.push(Chunk {
+            region,
+            extras,
+            pages,
+        });
+        let new = first..first + self.per_chunk as u32;
+        self.key.extend(new.clone().map(|_| 0));
+        self.state.extend(new.clone().map(|_| State::Free));
+        // Free pages are volatile: they hold nothing.
+        for s in new.clone() {
+            self.release(s);
+        }
+        self.free.extend(new.rev());
+        Some(())
+    }
+
+    /// Forgets a slot's page and frees the slot.
+    fn discard(&mut self, slot: u32) {
+        if self.state[slot as usize] == State::Free {
+            return;
+        }
+        let key = self.key[slot as usize];
+        if self.map.get(&key) == Some(&slot) {
+            self.map.remove(&key);
+        }
+        if self.state[slot as usize] == State::Pinned || !self.purgeable {
+            self.release(slot);
+        }
+        self.state[slot as usize] = State::Free;
+        self.free.push(slot);
+    }
+
+    /// Discards unpinned pages, oldest first, until at most `keep` pages are held.
+    fn trim(&mut self, keep: usize) {
+        while self.map.len() > keep {
+            let Some(slot) = self.unpinned.pop_front() else {
+                return;
+            };
+            if self.state[slot as usize] == State::Unpinned {
+                self.discard(slot);
+            }
+        }
+    }
+
+    fn fetch(&mut self, key: u32, create: c_int) -> *mut PcachePage {
+        if let Some(&slot) = self.map.get(&key) {
+            if self.state[slot as usize] == State::Unpinned {
+                let intact = !self.purgeable || self.take(slot);
+                self.state[slot as usize] = State::Pinned;
+                if !intact {
+                    // The system took it: SQLite reads it from the file again.
+                    if create == 0 {
+                        self.discard(slot);
+                        return null_mut();
+                    }
+                    self.zero_extra(slot);
+                }
+            }
+            return self.page(slot);
+        }
+        if create == 0 {
+            return null_mut();
+        }
+        if self.map.len() >= self.max {
+            self.trim(self.max.saturating_sub(1));
+            if self.map.len() >= self.max && create == 1 {
+                return null_mut();
+            }
+        }
+        let Some(slot) = self.alloc() else {
+            return null_mut();
+        };
+        self.map.insert(key, slot);
+        self.key[slot as usize] = key;
+        self.state[slot as usize] = State::Pinned;
+        self.page(slot)
+    }
+
+    fn unpin(&mut self, slot: u32, discard: bool) {
+        if discard {
+            self.discard(slot);
+            return;
+        }
+        if self.state[slot as usize] != State::Pinned {
+            return;
+        }
+        self.state[slot as usize] = State::Unpinned;
+        if self.purgeable {
+            self.release(slot);
+        }
+        self.unpinned.push_back(slot);
+        if self.unpinned.len() > 2 * self.map.len() + 64 {
+            // Stale entries (slots pinned again or freed since) pile up: keep the live ones.
+            let state = &self.state;
+            self.unpinned
+                .retain(|&s| state[s as usize] == State::Unpinned);
+        }
+        self.trim(self.max);
+    }
+
+    fn rekey(&mut self, slot: u32, old: u32, new: u32) {
+        if let Some(other) = self.map.get(&new).copied() {
+            if other != slot {
+                self.discard(other);
+            }
+        }
+        if self.map.get(&old) == Some(&slot) {
+            self.map.remove(&old);
+        }
+        self.map.insert(new, slot);
+        self.key[slot as usize] = new;
+    }
+
+    fn truncate(&mut self, limit: u32) {
+        let gone: Vec<u32> = self
+            .map
+            .iter()
+            .filter(|&(&k, _)| k >= limit)
+            .map(|(_, &s)| s)
+            .collect();
+        for slot in gone {
+            self.discard(slot);
+        }
+    }
+
+    fn shrink(&mut self) {
+        while let Some(slot) = self.unpinned.pop_front() {
+            if self.state[slot as usize] == State::Unpinned {
+                self.discard(slot);
+            }
+        }
+    }
+}
+
+/// Runs `f` on the cache under its lock; `fail` if it panicked (nothing unwinds into SQLite).
+fn with<T>(cache: *mut c_void, fail: T, f: impl FnOnce(&mut Inner) -> T) -> T {
+    if cache.is_null() {
+        return fail;
+    }
+    // SAFETY: SQLite passes back the pointer `x_create` returned, until `x_destroy`.
+    let cache = unsafe { &*cache.cast::<Cache>() };
+    catch_unwind(AssertUnwindSafe(|| {
+        let mut inner = cache.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut inner)
+    }))
+    .unwrap_or(fail)
+}
+
+/// The slot of a page this cache handed out.
+///
+/// # Safety
+/// `page` must be a page `x_fetch` returned.
+unsafe fn slot_of(page: *mut PcachePage) -> u32 {
+    // SAFETY: every page handed out is the first field of a `Page` (repr(C)).
+    unsafe { (*page.cast::<Page>()).slot }
+}
+
+unsafe extern "C" fn x_init(_: *mut c_void) -> c_int {
+    0
+}
+
+unsafe extern "C" fn x_shutdown(_: *mut c_void) {}
+
+unsafe extern "C" fn x_create(page_size: c_int, extra: c_int, purgeable: c_int) -> *mut c_void {
+    let made = catch_unwind(|| {
+        let sys = vrange_core::page_size();
+        let size = usize::try_from(page_size).ok().filter(|&s| s > 0)?;
+        let extra = usize::try_from(extra).ok()?;
+        let stride = size.checked_next_multiple_of(sys)?;
+        let inner = Inner {
+            stride,
+            extra_words: extra.div_ceil(8),
+            purgeable: purgeable != 0,
+            max: usize::MAX,
+            per_chunk: (CHUNK_BYTES / stride).max(1),
+            chunks: Vec::new(),
+            free: Vec::new(),
+            map: HashMap::new(),
+            key: Vec::new(),
+            state: Vec::new(),
+            unpinned: VecDeque::new(),
+        };
+        Some(Box::into_raw(Box::new(Cache(Mutex::new(inner)))).cast::<c_void>())
+    });
+    made.ok().flatten().unwrap_or(null_mut())
+}
+
+unsafe extern "C" fn x_cachesize(cache: *mut c_void, n: c_int) {
+    with(cache, (), |c| {
+        c.max = usize::try_from(n).unwrap_or(0).max(1);
+        c.trim(c.max);
+    });
+}
+
+unsafe extern "C" fn x_pagecount(cache: *mut c_void) -> c_int {
+    with(cache, 0, |c| {
+        c_int::try_from(c.map.len()).unwrap_or(c_int::MAX)
+    })
+}
+
+unsafe extern "C" fn x_fetch(cache: *mut c_void, key: c_uint, create: c_int) -> *mut PcachePage {
+    with(cache, null_mut(), |c| c.fetch(key, create))
+}
+
+unsafe extern "C" fn x_unpin(cache: *mut c_void, page: *mut PcachePage, discard: c_int) {
+    // SAFETY: SQLite passes a page this cache handed out.
+    let slot = unsafe { slot_of(page) };
+    with(cache, (), |c| c.unpin(slot, discard != 0));
+}
+
+unsafe extern "C" fn x_rekey(cache: *mut c_void, page: *mut PcachePage, old: c_uint, new: c_uint) {
+    // SAFETY: as above.
+    let slot = unsafe { slot_of(page) };
+    with(cache, (), |c| c.rekey(slot, old, new));
+}
+
+unsafe extern "C" fn x_truncate(cache: *mut c_void, limit: c_uint) {
+    with(cache, (), |c| c.truncate(limit));
+}
+
+unsafe extern "C" fn x_destroy(cache: *mut c_void) {
+    if cache.is_null() {
+        return;
+    }
+    // SAFETY: made by `x_create` with Box::into_raw; SQLite destroys a cache once.
+    let _ = catch_unwind(|| drop(unsafe { Box::from_raw(cache.cast::<Cache>()) }));
+}
+
+unsafe extern "C" fn x_shrink(cache: *mut c_void) {
+    with(cache, (), Inner::shrink);
+}
