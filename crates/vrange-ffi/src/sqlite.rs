@@ -15,6 +15,10 @@
 //! - Only clean pages are unpinned by SQLite; pages of a cache that is not purgeable
 //!   (`:memory:` and temporary databases, `bPurgeable == 0`) are never marked volatile: they
 //!   hold the only copy of their data.
+//! - Keeping the pages: while the memory cgroup's free memory is within 4 MiB of the headroom
+//!   threshold (`vrange::reclaimer::room_left`, one `pread`, every 16 new pages or at each
+//!   while short), a new page takes the slot of the cache's oldest unpinned page, memory
+//!   already charged, instead of charging more (see `Inner::alloc`).
 //! - `cache_size` is honoured as SQLite's own cache honours it (unpinned pages beyond it are
 //!   discarded oldest first); set it large and let memory pressure bound the cache.
 //! - Each cache has its own lock; SQLite calls one cache from one thread at a time, several
@@ -115,7 +119,15 @@ struct Inner {
     state: Vec<State>,
     /// Unpinned slots, oldest first (an entry whose slot changed since is skipped).
     unpinned: VecDeque<u32>,
+    /// Pages allocated, and whether memory was short at the last look (see `short`).
+    allocs: u32,
+    was_short: bool,
 }
+
+/// Room left (over the headroom threshold) under which a new page recycles an old one.
+const SHORT_BYTES: u64 = 4 << 20;
+/// Allocations between two looks at the room left while it is not short.
+const CHECK_EVERY: u32 = 16;
 
 /// `sqlite3_pcache` (opaque to SQLite).
 struct Cache(Mutex<Inner>);
@@ -162,8 +174,33 @@ impl Inner {
         }
     }
 
+    /// Whether memory is short: the cgroup's room left (see `reclaimer::room_left`) under
+    /// [`SHORT_BYTES`]. Read at every allocation while short, else every [`CHECK_EVERY`].
+    fn short(&mut self) -> bool {
+        self.allocs = self.allocs.wrapping_add(1);
+        if self.was_short || self.allocs % CHECK_EVERY == 0 {
+            self.was_short =
+                vrange_core::reclaimer::room_left().is_some_and(|left| left < SHORT_BYTES);
+        }
+        self.was_short
+    }
+
     /// A free slot, pinned, its `pExtra` marked new; `None` if memory could not be mapped.
+    ///
+    /// SQLite reads pages at the speed of the page cache (a scan, several connections at
+    /// once), faster than the reclaimer's tick, and a page SQLite has filled is memory nobody
+    /// can take back until it is unpinned. So while memory is short, a new page takes the
+    /// slot of this cache's oldest unpinned page, whose memory is charged already (kept unless
+    /// the system took it), instead of charging more; and with none to take, makes room as
+    /// any client does before it maps memory.
     fn alloc(&mut self) -> Option<u32> {
+        if self.short() {
+            if let Some(old) = self.oldest_unpinned() {
+                self.discard(old);
+            } else {
+                vrange_core::reclaimer::make_room(self.stride);
+            }
+        }
         if self.free.is_empty() {
             self.grow()?;
         }
@@ -228,6 +265,16 @@ impl Inner {
         }
         self.state[slot as usize] = State::Free;
         self.free.push(slot);
+    }
+
+    /// This cache's oldest unpinned page, if any.
+    fn oldest_unpinned(&mut self) -> Option<u32> {
+        while let Some(slot) = self.unpinned.pop_front() {
+            if self.state[slot as usize] == State::Unpinned {
+                return Some(slot);
+            }
+        }
+        None
     }
 
     /// Discards unpinned pages, oldest first, until at most `keep` pages are held.
@@ -379,6 +426,8 @@ unsafe extern "C" fn x_create(page_size: c_int, extra: c_int, purgeable: c_int) 
             key: Vec::new(),
             state: Vec::new(),
             unpinned: VecDeque::new(),
+            allocs: 0,
+            was_short: false,
         };
         Some(Box::into_raw(Box::new(Cache(Mutex::new(inner)))).cast::<c_void>())
     });

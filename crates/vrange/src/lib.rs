@@ -112,7 +112,7 @@ pub use vrange_sys::mem::page_size;
 pub mod reclaimer {
     pub use crate::reclaim::{
         active_sources, auto_headroom, catch_up, headroom_deficit, is_running, make_room, on_flush,
-        stop, FlushHook,
+        room_left, stop, FlushHook,
     };
 }
 

@@ -111,13 +111,21 @@ fn make_room_role() {
     // SAFETY: no reference into the region while it is volatile.
     unsafe { r.mark().unwrap() };
     let plenty = vrange::reclaimer::make_room(0);
+    let left_before = vrange::reclaimer::room_left();
     let ordinary = vec![1u8; 16 * MIB];
+    let left_short = vrange::reclaimer::room_left();
     let freed = vrange::reclaimer::make_room(MIB);
+    let left_after = vrange::reclaimer::room_left();
     drop(starved);
     let purged = r.unmark().unwrap().was_purged();
+    let mib = |left: Option<u64>| left.map_or(-1, |b| (b >> 20) as i64);
     say(format!(
-        "ROOM before={plenty} freed={freed} purged={} sum={} headroom={}",
+        "ROOM before={plenty} freed={freed} purged={} left_before={} left_short={} \
+         left_after={} sum={} headroom={}",
         u8::from(purged),
+        mib(left_before),
+        mib(left_short),
+        mib(left_after),
         ordinary.iter().map(|&b| b as u64).sum::<u64>(),
         vrange::stats().source(vrange::Source::Headroom).bytes,
     ));
@@ -147,4 +155,12 @@ fn make_room_purges_in_the_callers_thread_when_headroom_runs_out() {
     assert_eq!(reply.u64("before"), 0, "plenty of headroom: nothing purged");
     assert!(reply.u64("freed") >= 40 * MIB as u64, "{reply:?}");
     assert_eq!(reply.u64("purged"), 1, "the volatile region was purged");
+    // room_left: the limit less the usage less the 16 MiB threshold, in MiB (-1: none).
+    let left = |k: &str| reply.get::<i64>(k).expect(k);
+    assert!(left("left_before") >= 1, "room left before: {reply:?}");
+    assert_eq!(left("left_short"), 0, "16 MiB more: none left {reply:?}");
+    assert!(
+        left("left_after") >= 24,
+        "the region's 40 MiB purged: room again {reply:?}"
+    );
 }

@@ -99,6 +99,21 @@ pub fn make_room(bytes: usize) -> usize {
     freed as usize
 }
 
+/// Bytes this process's memory cgroup can still charge before its free memory falls under the
+/// `VRANGE_HEADROOM` threshold (the limit, less the usage, less the threshold; 0 when under
+/// it); `None` without a limit (or while its files cannot be read). One `pread` of the usage on
+/// a kept descriptor, under a short lock shared with [`make_room`].
+///
+/// For a client that can give back memory of its own instead of taking more (a page cache
+/// recycling its oldest unused page) when memory is short, without purging anyone's.
+pub fn room_left() -> Option<u64> {
+    let setting = config::get().headroom.load(Relaxed);
+    let mut room = ROOM.lock();
+    let h = room.get(now_ns())?;
+    let headroom = h.bytes().ok()?;
+    Some(headroom.saturating_sub(victims::threshold(setting, h.ceiling())))
+}
+
 /// Bytes [`make_room`] must free before `bytes` more are allocated: twice the threshold less
 /// the headroom that would be left. `None` where there is no limit to keep under (or its file
 /// cannot be read).
