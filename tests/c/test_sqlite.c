@@ -148,11 +148,15 @@ static void test_memory_database(void)
 	sqlite3 *db;
 
 	check(sqlite3_open(":memory:", &db) == SQLITE_OK, "open :memory:");
+	check(exec(db, "PRAGMA cache_size = 10"), "cache_size 10 pages, far under the database");
 	check(make_table(db, 5000), "5000 rows in memory");
 	int64_t table = scalar(db, SUM_TABLE);
 	vrange_purge((size_t)-1);
 	check(scalar(db, SUM_TABLE) == table && integrity_ok(db),
-	      "an in-memory database loses nothing to a purge (its pages are never volatile)");
+	      "an in-memory database loses nothing to a purge or to cache_size (its pages are "
+	      "never volatile, never discarded)");
+	check(sqlite3_db_release_memory(db) == SQLITE_OK && scalar(db, SUM_TABLE) == table,
+	      "nor to sqlite3_db_release_memory");
 	sqlite3_close(db);
 }
 

@@ -194,7 +194,7 @@ impl Inner {
     /// the system took it), instead of charging more; and with none to take, makes room as
     /// any client does before it maps memory.
     fn alloc(&mut self) -> Option<u32> {
-        if self.short() {
+        if self.purgeable && self.short() {
             if let Some(old) = self.oldest_unpinned() {
                 self.discard(old);
             } else {
@@ -277,9 +277,11 @@ impl Inner {
         None
     }
 
-    /// Discards unpinned pages, oldest first, until at most `keep` pages are held.
+    /// Discards unpinned pages, oldest first, until at most `keep` pages are held. Not in a
+    /// cache that is not purgeable: its pages are the only copy of their data (as SQLite's own
+    /// cache, it ignores `cache_size` then).
     fn trim(&mut self, keep: usize) {
-        while self.map.len() > keep {
+        while self.purgeable && self.map.len() > keep {
             let Some(slot) = self.unpinned.pop_front() else {
                 return;
             };
@@ -308,7 +310,7 @@ impl Inner {
         if create == 0 {
             return null_mut();
         }
-        if self.map.len() >= self.max {
+        if self.purgeable && self.map.len() >= self.max {
             self.trim(self.max.saturating_sub(1));
             if self.map.len() >= self.max && create == 1 {
                 return null_mut();
@@ -370,11 +372,20 @@ impl Inner {
         }
     }
 
+    /// Gives back the memory of every unpinned page (`sqlite3_db_release_memory`,
+    /// `sqlite3_release_memory`): discarded, then purged now with the rest of the free pages.
     fn shrink(&mut self) {
+        if !self.purgeable {
+            return;
+        }
         while let Some(slot) = self.unpinned.pop_front() {
             if self.state[slot as usize] == State::Unpinned {
                 self.discard(slot);
             }
+        }
+        for c in &self.chunks {
+            // Pinned pages stay: a purge takes volatile ranges only.
+            let _ = c.region.purge();
         }
     }
 }
