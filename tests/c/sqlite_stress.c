@@ -10,7 +10,8 @@
  *   sqlite_stress stress-plain ...    the same on SQLite's own page cache
  *
  * Each thread owns the rows whose id is its number modulo THREADS and remembers their
- * versions: every read of an owned row must show the version last committed. Prints one line,
+ * versions (read at its start): every read of an owned row must show the version last
+ * committed. Prints one line,
  * "DONE wrong=... reads=... commits=... rollbacks=... scans=... busy=... integrity=...
  * purged_bytes=...", and exits 0 unless something went wrong.
  */
@@ -91,6 +92,13 @@ static void *work(void *arg)
 		fprintf(stderr, "# the whole scan did not see %lld rows\n", (long long)rows);
 		w->wrong++;
 	}
+	sqlite3_finalize(all);
+	/* The versions its rows hold now (an earlier run may have changed them). */
+	sqlite3_prepare_v2(db, "SELECT id, ver FROM t WHERE (id - 1) % ? = ?", -1, &all, NULL);
+	sqlite3_bind_int(all, 1, threads);
+	sqlite3_bind_int(all, 2, w->n);
+	while (sqlite3_step(all) == SQLITE_ROW)
+		w->ver[(sqlite3_column_int64(all, 0) - 1) / threads] = sqlite3_column_int64(all, 1);
 	sqlite3_finalize(all);
 	sqlite3_prepare_v2(db, "SELECT ver, s FROM t WHERE id = ?", -1, &get, NULL);
 	sqlite3_prepare_v2(db, "UPDATE t SET ver = ?, s = ? WHERE id = ?", -1, &set, NULL);
