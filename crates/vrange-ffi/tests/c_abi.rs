@@ -166,16 +166,16 @@ fn c_sqlite_test_passes() {
     run_c_test_with("test_sqlite", &[], &["-lsqlite3", "-lpthread"]);
 }
 
-/// SQLite on `vrange_sqlite_pcache()` under real pressure: a database of 80,000 rows (about
-/// 105 MiB) and four connections whose caches are sized for all memory (each reads the whole
+/// SQLite on `vrange_sqlite_pcache()` under real pressure: a database of 40,000 rows (about
+/// 52 MiB) and four connections whose caches are sized for all memory (each reads the whole
 /// database, then mixes checked reads, transactions that commit or roll back, and range scans
-/// for 6 s) in a memory cgroup of 48 MiB: never a wrong row, integrity_check ok, no OOM kill.
+/// for 6 s) in a memory cgroup of 24 MiB: never a wrong row, integrity_check ok, no OOM kill.
 /// The same run on SQLite's own page cache, in the same limit, is OOM-killed: the pressure is
 /// real.
 #[test]
 #[cfg_attr(miri, ignore = "spawns compilers")]
 fn sqlite_in_a_cgroup_smaller_than_its_database_loses_nothing_and_is_not_oom_killed() {
-    const LIMIT: u64 = 48 << 20;
+    const LIMIT: u64 = 24 << 20;
     let _s = vrange_testkit::serial();
     let mut flags = pkg_config_flags();
     flags.extend(["-lsqlite3", "-lpthread"].map(String::from));
@@ -192,7 +192,7 @@ fn sqlite_in_a_cgroup_smaller_than_its_database_loses_nothing_and_is_not_oom_kil
     // One database for both runs: the run on SQLite's own cache goes first (its OOM kill
     // comes while it reads, and the stress run reads the versions the rows hold anyway).
     let db = scratch.join("stress.db");
-    let created = run(Command::new(&exe).arg("create").arg(&db).arg("80000"));
+    let created = run(Command::new(&exe).arg("create").arg(&db).arg("40000"));
     assert!(created.status.success(), "create: {}", show(&created));
     let run_in_cgroup = |mode: &str| {
         let child = match cgroup::child("vrange-sqlite-", LIMIT) {
