@@ -17,6 +17,15 @@ pub fn rss_lazy_kb(pid: i32) -> (u64, u64) {
     procfs::smaps_rollup(Some(pid)).map_or((0, 0), |s| (s.rss_kb, s.lazy_free_kb))
 }
 
+/// A process's peak resident size in KiB (`VmHWM` in /proc/PID/status; 0 once it is gone).
+pub fn peak_rss_kb(pid: i32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// This process's (minor, major) page faults so far (getrusage).
 pub fn page_faults() -> (u64, u64) {
     // SAFETY: all-zero bytes are a valid `rusage`; getrusage fills the struct it is given.
