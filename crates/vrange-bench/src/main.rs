@@ -45,6 +45,7 @@ mod pressure;
 mod refill;
 mod report;
 mod service;
+mod sqlite;
 mod stress;
 mod tradeoff;
 mod workload;
@@ -76,6 +77,9 @@ pub enum Suite {
     /// Processes with volatile caches and a growing neighbour in one memory cgroup: their own
     /// reclaimers, the coordinator, or the kernel OOM killer alone.
     Coordinate,
+    /// SQLite on vrange_sqlite_pcache() against SQLite's own page cache (default and sized for
+    /// all memory), a service whose neighbour takes memory in a small cgroup.
+    Sqlite,
     /// The cost of one malloc+free pair of 64 KiB, 512 KiB and 2 MiB blocks, every allocator.
     Pairs,
     /// Churn throughput against memory given back to a neighbour in the same memory cgroup
@@ -97,7 +101,7 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 11] = [
+    const ALL: [Suite; 12] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
@@ -105,6 +109,7 @@ impl Suite {
         Suite::Refill,
         Suite::Cache,
         Suite::Coordinate,
+        Suite::Sqlite,
         Suite::Pairs,
         Suite::Tradeoff,
         Suite::Stress,
@@ -121,6 +126,7 @@ impl Suite {
             Suite::Refill => "refill",
             Suite::Cache => "cache",
             Suite::Coordinate => "coordinate",
+            Suite::Sqlite => "sqlite",
             Suite::Pairs => "pairs",
             Suite::Tradeoff => "tradeoff",
             Suite::Stress => "stress",
@@ -373,6 +379,7 @@ fn run(args: Args) -> i32 {
             Suite::Refill => refill::run(&ctx),
             Suite::Cache => cache::run(&ctx),
             Suite::Coordinate => coordinate::run(&ctx),
+            Suite::Sqlite => sqlite::run(&ctx),
             Suite::Pairs => pairs::run(&ctx),
             Suite::Tradeoff => tradeoff::run(&ctx),
             Suite::Stress => stress::run(&ctx),

@@ -26,6 +26,8 @@ pub const CHURN: Workload = workload!("churn");
 pub const PAIR: Workload = workload!("pair");
 /// `peak_and_next.c`: the pressure suite's two processes.
 pub const PEAK_AND_NEXT: Workload = workload!("peak_and_next");
+/// `sqlite_service.c`: the sqlite suite's database and service.
+pub const SQLITE_SERVICE: Workload = workload!("sqlite_service");
 /// `tradeoff.c`: the tradeoff suite's churner and neighbour (the stress suite's burst too).
 pub const TRADEOFF: Workload = workload!("tradeoff");
 

@@ -6,7 +6,7 @@ use common::vrange_bench;
 
 use vrange_testkit::proc::show;
 
-const SUITES: [&str; 13] = [
+const SUITES: [&str; 14] = [
     "ebizzy",
     "pressure",
     "lazyfree",
@@ -15,6 +15,7 @@ const SUITES: [&str; 13] = [
     "refill",
     "cache",
     "coordinate",
+    "sqlite",
     "pairs",
     "tradeoff",
     "stress",

@@ -25,7 +25,10 @@
 //!   caches from several threads.
 
 use libc::{c_int, c_uint, c_void};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+
+/// Page number → slot.
+type PageMap = HashMap<u32, u32, foldhash::fast::RandomState>;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 use std::sync::Mutex;
@@ -114,11 +117,13 @@ struct Inner {
     per_chunk: usize,
     chunks: Vec<Chunk>,
     free: Vec<u32>,
-    map: HashMap<u32, u32>,
+    map: PageMap,
+    /// At least every key in `map` (SQLite truncates at every commit: nothing to do is O(1)).
+    max_key: u32,
     key: Vec<u32>,
     state: Vec<State>,
-    /// Unpinned slots, oldest first (an entry whose slot changed since is skipped).
-    unpinned: VecDeque<u32>,
+    /// Unpinned slots, least recently unpinned first: exactly the slots in `State::Unpinned`.
+    unpinned: Lru,
     /// Pages allocated, and whether memory was short at the last look (see `short`).
     allocs: u32,
     was_short: bool,
@@ -128,6 +133,68 @@ struct Inner {
 const SHORT_BYTES: u64 = 4 << 20;
 /// Allocations between two looks at the room left while it is not short.
 const CHECK_EVERY: u32 = 16;
+
+/// No slot (the ends of [`Lru`]).
+const NIL: u32 = u32::MAX;
+
+/// A list of slots threaded through two arrays indexed by slot (as SQLite's own cache keeps
+/// its LRU list), so that unpinning, pinning again and taking the oldest are each O(1).
+struct Lru {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+}
+
+impl Lru {
+    fn new() -> Lru {
+        Lru {
+            prev: Vec::new(),
+            next: Vec::new(),
+            head: NIL,
+            tail: NIL,
+        }
+    }
+
+    /// Makes room for slots `0..n`.
+    fn grow(&mut self, n: usize) {
+        self.prev.resize(n, NIL);
+        self.next.resize(n, NIL);
+    }
+
+    /// The least recently pushed slot.
+    fn front(&self) -> Option<u32> {
+        (self.head != NIL).then_some(self.head)
+    }
+
+    /// Appends `slot`, which must not be in the list.
+    fn push_back(&mut self, slot: u32) {
+        let i = slot as usize;
+        self.prev[i] = self.tail;
+        self.next[i] = NIL;
+        match self.tail {
+            NIL => self.head = slot,
+            t => self.next[t as usize] = slot,
+        }
+        self.tail = slot;
+    }
+
+    /// Takes out `slot`, which must be in the list.
+    fn remove(&mut self, slot: u32) {
+        let i = slot as usize;
+        let (p, n) = (self.prev[i], self.next[i]);
+        match p {
+            NIL => self.head = n,
+            p => self.next[p as usize] = n,
+        }
+        match n {
+            NIL => self.tail = p,
+            n => self.prev[n as usize] = p,
+        }
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
+    }
+}
 
 /// `sqlite3_pcache` (opaque to SQLite).
 struct Cache(Mutex<Inner>);
@@ -243,6 +310,7 @@ impl Inner {
         let new = first..first + self.per_chunk as u32;
         self.key.extend(new.clone().map(|_| 0));
         self.state.extend(new.clone().map(|_| State::Free));
+        self.unpinned.grow(self.state.len());
         // Free pages are volatile: they hold nothing.
         for s in new.clone() {
             self.release(s);
@@ -260,7 +328,12 @@ impl Inner {
         if self.map.get(&key) == Some(&slot) {
             self.map.remove(&key);
         }
-        if self.state[slot as usize] == State::Pinned || !self.purgeable {
+        let state = self.state[slot as usize];
+        if state == State::Unpinned {
+            self.unpinned.remove(slot);
+        }
+        // An unpinned page of a purgeable cache is volatile already.
+        if state == State::Pinned || !self.purgeable {
             self.release(slot);
         }
         self.state[slot as usize] = State::Free;
@@ -268,13 +341,8 @@ impl Inner {
     }
 
     /// This cache's oldest unpinned page, if any.
-    fn oldest_unpinned(&mut self) -> Option<u32> {
-        while let Some(slot) = self.unpinned.pop_front() {
-            if self.state[slot as usize] == State::Unpinned {
-                return Some(slot);
-            }
-        }
-        None
+    fn oldest_unpinned(&self) -> Option<u32> {
+        self.unpinned.front()
     }
 
     /// Discards unpinned pages, oldest first, until at most `keep` pages are held. Not in a
@@ -282,18 +350,17 @@ impl Inner {
     /// cache, it ignores `cache_size` then).
     fn trim(&mut self, keep: usize) {
         while self.purgeable && self.map.len() > keep {
-            let Some(slot) = self.unpinned.pop_front() else {
+            let Some(slot) = self.oldest_unpinned() else {
                 return;
             };
-            if self.state[slot as usize] == State::Unpinned {
-                self.discard(slot);
-            }
+            self.discard(slot);
         }
     }
 
     fn fetch(&mut self, key: u32, create: c_int) -> *mut PcachePage {
         if let Some(&slot) = self.map.get(&key) {
             if self.state[slot as usize] == State::Unpinned {
+                self.unpinned.remove(slot);
                 let intact = !self.purgeable || self.take(slot);
                 self.state[slot as usize] = State::Pinned;
                 if !intact {
@@ -320,6 +387,7 @@ impl Inner {
             return null_mut();
         };
         self.map.insert(key, slot);
+        self.max_key = self.max_key.max(key);
         self.key[slot as usize] = key;
         self.state[slot as usize] = State::Pinned;
         self.page(slot)
@@ -338,12 +406,6 @@ impl Inner {
             self.release(slot);
         }
         self.unpinned.push_back(slot);
-        if self.unpinned.len() > 2 * self.map.len() + 64 {
-            // Stale entries (slots pinned again or freed since) pile up: keep the live ones.
-            let state = &self.state;
-            self.unpinned
-                .retain(|&s| state[s as usize] == State::Unpinned);
-        }
         self.trim(self.max);
     }
 
@@ -357,10 +419,15 @@ impl Inner {
             self.map.remove(&old);
         }
         self.map.insert(new, slot);
+        self.max_key = self.max_key.max(new);
         self.key[slot as usize] = new;
     }
 
     fn truncate(&mut self, limit: u32) {
+        if self.map.is_empty() || limit > self.max_key {
+            return;
+        }
+        self.max_key = limit.saturating_sub(1);
         let gone: Vec<u32> = self
             .map
             .iter()
@@ -378,10 +445,8 @@ impl Inner {
         if !self.purgeable {
             return;
         }
-        while let Some(slot) = self.unpinned.pop_front() {
-            if self.state[slot as usize] == State::Unpinned {
-                self.discard(slot);
-            }
+        while let Some(slot) = self.oldest_unpinned() {
+            self.discard(slot);
         }
         for c in &self.chunks {
             // Pinned pages stay: a purge takes volatile ranges only.
@@ -433,10 +498,11 @@ unsafe extern "C" fn x_create(page_size: c_int, extra: c_int, purgeable: c_int) 
             per_chunk: (CHUNK_BYTES / stride).max(1),
             chunks: Vec::new(),
             free: Vec::new(),
-            map: HashMap::new(),
+            map: PageMap::default(),
+            max_key: 0,
             key: Vec::new(),
             state: Vec::new(),
-            unpinned: VecDeque::new(),
+            unpinned: Lru::new(),
             allocs: 0,
             was_short: false,
         };

@@ -113,19 +113,23 @@ impl MemCgroup {
         }
     }
 
-    /// Bytes the cgroup can still charge before reclaim starts: the lower of the hard limit and
-    /// (v2) `memory.high`, minus usage, 0 when over; `None` when neither is set or a file cannot
-    /// be read.
+    /// Bytes the cgroup can still take before anything but page cache must go: the lower of
+    /// the hard limit and (v2) `memory.high`, minus usage, plus the page cache the kernel
+    /// drops first and cheaply ([`reclaimable_file`]: clean page cache, not shared memory); 0 when
+    /// over; `None` when neither limit is set or a file cannot be read. Without a limit the
+    /// machine's MemAvailable counts the same way.
     ///
-    /// Cost: two (v1) or three (v2) small control-file reads, each an open, read and close
+    /// Cost: three (v1) or four (v2) control-file reads, each an open, read and close
     /// with a path and a string allocated, some microseconds. A loop that asks often should
-    /// hold a [`super::pressure::Headroom`] instead: one pread, nothing allocated.
+    /// hold a [`super::pressure::Headroom`] instead: two preads, nothing allocated.
     pub fn headroom(&self) -> Option<u64> {
         let ceiling = match (self.limit(), self.high()) {
             (Some(limit), Some(high)) => limit.min(high),
             (limit, high) => limit.or(high)?,
         };
-        Some(ceiling.saturating_sub(self.usage().ok()?))
+        let cache = crate::fd::read_file(self.file("memory.stat"))
+            .map_or(0, |stat| reclaimable_file(stat.as_bytes(), self.version));
+        Some(ceiling.saturating_sub(self.usage().ok()?.saturating_sub(cache)))
     }
 
     /// Bytes currently charged to the cgroup.
@@ -593,6 +597,43 @@ fn unescape(field: &str) -> String {
 }
 
 /// The number after `key` on the line starting with exactly that key ("oom_kill 3").
+/// The page cache a cgroup's `memory.stat` (its text, or the start of it) shows the kernel can
+/// drop before anything else: the page cache less shared memory (which needs swap to go) and
+/// less dirty and writeback pages (which must be written first), as the machine's MemAvailable
+/// counts the page cache; hierarchical (v1's `total_` lines; v2's are). Not the inactive file
+/// list: it also holds lazily freed anonymous pages, and a page read twice moves to the active
+/// list, so a program re-reading its files would count as pressed. 0 where a line is missing.
+/// By hand over bytes: the headroom poll reads the file into a stack buffer and must not
+/// allocate.
+pub(crate) fn reclaimable_file(stat: &[u8], version: Version) -> u64 {
+    let keys: [&[u8]; 4] = match version {
+        Version::V1 => [
+            b"total_cache",
+            b"total_shmem",
+            b"total_dirty",
+            b"total_writeback",
+        ],
+        Version::V2 => [b"file", b"shmem", b"file_dirty", b"file_writeback"],
+    };
+    let value = |key: &[u8]| {
+        stat.split(|&b| b == b'\n')
+            .find_map(|line| {
+                let rest = line.strip_prefix(key)?.strip_prefix(b" ")?;
+                rest.iter().try_fold(0u64, |n, &d| {
+                    d.is_ascii_digit()
+                        .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+                        .flatten()
+                })
+            })
+            .unwrap_or(0)
+    };
+    let [cache, shmem, dirty, writeback] = keys.map(value);
+    cache
+        .saturating_sub(shmem)
+        .saturating_sub(dirty)
+        .saturating_sub(writeback)
+}
+
 fn keyed_value(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let mut words = line.split_whitespace();

@@ -1,18 +1,27 @@
-//! How many bytes a memory cgroup can still charge before reclaim starts, read with one
-//! pread(2) per question.
+//! How many bytes a memory cgroup can still take before anything but cheap page cache must go,
+//! read with two pread(2)s per question.
 
 use super::*;
 
-/// How many bytes a memory cgroup can still charge before reclaim starts, for a loop that asks
-/// often: holds the control files open, so [`Headroom::bytes`] is one pread(2) of the usage
-/// file (about 20 bytes) into a stack buffer, no allocation, no path lookup; a few
-/// microseconds. The ceiling (`min(limit, memory.high)`) is read at creation and by
-/// [`Headroom::refresh_ceiling`]. [`MemCgroup::headroom`] is the one-shot version.
+/// How many bytes a memory cgroup can still take before anything but cheap page cache must go,
+/// for a loop that asks often: holds the control files open, so [`Headroom::bytes`] is a
+/// pread(2) of the usage file (about 20 bytes) and one of `memory.stat` (about 1 KiB) into
+/// stack buffers, no allocation, no path lookup; some microseconds. The ceiling
+/// (`min(limit, memory.high)`) is read at creation and by [`Headroom::refresh_ceiling`].
+/// [`MemCgroup::headroom`] is the one-shot version.
+///
+/// Usage counts the cgroup's page cache, which fills any limit a program reading files runs
+/// under and which the kernel drops before anything else: [`Headroom::bytes`] counts its clean
+/// part as room, as the machine's MemAvailable does (else volatile memory would be purged to
+/// make room for cache the kernel drops for free, and a program caching its own file, SQLite
+/// on `vrange_sqlite_pcache()`, would purge its cache to keep the kernel's copy of it).
 ///
 /// On v1, usage includes per-CPU charge caches, so it is exact only to some hundreds of KiB.
 #[derive(Debug)]
 pub struct Headroom {
     usage: GuestFd,
+    /// `memory.stat`, for the reclaimable page cache (`None`: not readable, none counted).
+    stat: Option<GuestFd>,
     limit: GuestFd,
     high: Option<GuestFd>,
     version: Version,
@@ -45,6 +54,7 @@ impl Headroom {
         };
         let mut headroom = Headroom {
             usage,
+            stat: open("memory.stat").ok(),
             limit,
             high,
             version: cg.version(),
@@ -78,6 +88,7 @@ impl Headroom {
     pub fn is_intact(&self) -> bool {
         self.usage.is_intact()
             && self.limit.is_intact()
+            && self.stat.as_ref().is_none_or(GuestFd::is_intact)
             && self.high.as_ref().is_none_or(GuestFd::is_intact)
     }
 
@@ -90,12 +101,34 @@ impl Headroom {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "usage file is not a number"))
     }
 
-    /// `ceiling - usage`, 0 when over; one pread.
+    /// Page cache the kernel drops first and cheaply: clean, not shared memory (see
+    /// `cgroup::reclaimable_file`); one pread of `memory.stat`, 0 if it cannot be read.
+    pub fn reclaimable_cache(&self) -> u64 {
+        let Some(fd) = self.stat.as_ref().and_then(GuestFd::get) else {
+            return 0;
+        };
+        // The lines needed come in the first 4 KiB (v1's whole file is about 1 KiB; v2's are
+        // among its first 20 lines); a line cut short at the end is not trusted.
+        let mut buf = [0u8; 4096];
+        match pread(fd, &mut buf) {
+            Ok(n) => {
+                let whole = buf[..n]
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |i| i + 1);
+                crate::cgroup::reclaimable_file(&buf[..whole], self.version)
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// `ceiling - (usage - reclaimable page cache)`, 0 when over; two preads.
     ///
     /// # Errors
     /// As [`Headroom::usage`].
     pub fn bytes(&self) -> io::Result<u64> {
-        Ok(self.ceiling.saturating_sub(self.usage()?))
+        let used = self.usage()?.saturating_sub(self.reclaimable_cache());
+        Ok(self.ceiling.saturating_sub(used))
     }
 }
 
@@ -188,5 +221,21 @@ mod tests {
         assert_eq!(parse_number(b"max\n"), None);
         assert_eq!(parse_number(b""), None);
         assert_eq!(parse_number(b"99999999999999999999999\n"), None);
+    }
+
+    #[test]
+    fn reclaimable_cache_is_clean_page_cache() {
+        use crate::cgroup::reclaimable_file;
+        let v1 = b"cache 100\ninactive_file 7\ndirty 1\ntotal_cache 80\ntotal_shmem 10\n\
+                   total_dirty 3\ntotal_writeback 2\ntotal_inactive_file 50\n";
+        assert_eq!(reclaimable_file(v1, Version::V1), 65);
+        let v2 = b"anon 5\nfile 90\nshmem 0\nfile_dirty 10\nfile_writeback 0\ninactive_file 40\n";
+        assert_eq!(reclaimable_file(v2, Version::V2), 80);
+        // Lazily freed anonymous pages sit on the inactive file list but are no page cache.
+        let lazy = b"file 20\nshmem 5\nfile_dirty 0\nfile_writeback 0\ninactive_file 300\n";
+        assert_eq!(reclaimable_file(lazy, Version::V2), 15);
+        assert_eq!(reclaimable_file(b"file 4\nfile_dirty 9\n", Version::V2), 0);
+        assert_eq!(reclaimable_file(b"anon 5\nfile_mapped 9\n", Version::V2), 0);
+        assert_eq!(reclaimable_file(b"file 4x\n", Version::V2), 0);
     }
 }
