@@ -16,7 +16,7 @@
 //!   (`:memory:` and temporary databases, `bPurgeable == 0`) are never marked volatile: they
 //!   hold the only copy of their data.
 //! - Keeping the pages: while the memory cgroup's free memory is within 4 MiB of the headroom
-//!   threshold (`vrange::reclaimer::room_left`, one `pread`, every 16 new pages or at each
+//!   threshold (`vrange::reclaimer::room_left`, two `pread`s, every 16 new pages or at each
 //!   while short), a new page takes the slot of the cache's oldest unpinned page, memory
 //!   already charged, instead of charging more (see `Inner::alloc`).
 //! - `cache_size` is honoured as SQLite's own cache honours it (unpinned pages beyond it are

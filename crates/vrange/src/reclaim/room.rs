@@ -30,8 +30,8 @@ static ROOM: RankedMutex<OwnHeadroom> = RankedMutex::new(Rank::Room, OwnHeadroom
 /// For clients that fill volatile memory faster than the thread's tick (a cache filling at
 /// memory speed can pass a container's limit between two ticks, and volatile memory that is
 /// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
-/// ([`on_flush`](super::on_flush)) first, then costs one `pread` of the cgroup's usage on a verified
-/// descriptor; one caller at a time (others return 0 at once, or, coordinated, wait for the
+/// ([`on_flush`](super::on_flush)) first, then costs two `pread`s (the cgroup's usage and its `memory.stat`) on verified
+/// descriptors; one caller at a time (others return 0 at once, or, coordinated, wait for the
 /// answer the first is waiting for).
 ///
 /// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
@@ -100,9 +100,10 @@ pub fn make_room(bytes: usize) -> usize {
 }
 
 /// Bytes this process's memory cgroup can still charge before its free memory falls under the
-/// `VRANGE_HEADROOM` threshold (the limit, less the usage, less the threshold; 0 when under
-/// it); `None` without a limit (or while its files cannot be read). One `pread` of the usage on
-/// a kept descriptor, under a short lock shared with [`make_room`].
+/// `VRANGE_HEADROOM` threshold (the limit, less the usage, plus the clean page cache, less the
+/// threshold; 0 when under it); `None` without a limit (or while its files cannot be read).
+/// Two `pread`s (the usage, `memory.stat`) on kept descriptors, under a short lock shared with
+/// [`make_room`].
 ///
 /// For a client that can give back memory of its own instead of taking more (a page cache
 /// recycling its oldest unused page) when memory is short, without purging anyone's.

@@ -239,7 +239,7 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
     if setting == 0 || stats::volatile_resident() == 0 {
         return;
     }
-    // One pread of the usage file on an open descriptor: cheap enough for every tick.
+    // Two preads (usage, memory.stat) on open descriptors: cheap enough for every tick.
     let Ok(headroom) = h.bytes() else {
         return;
     };
