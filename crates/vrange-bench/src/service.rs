@@ -3,11 +3,16 @@
 //! [`Seconds`]), the supervisor that starts a killed one again ([`Seat`]), and the samples the
 //! suite takes of their cgroup ([`Samples`]).
 
-use super::plot::Series;
+use super::neighbour::Neighbour;
+use super::plot::{self, Axis, Series, Unit};
+use super::report;
+use super::Ctx;
 use std::ops::Deref;
 use std::time::{Duration, Instant};
+use vrange_sys::cgroup::MemCgroup;
 use vrange_sys::clock::now_ns;
 use vrange_testkit::proc::{Exit, Proc};
+use vrange_testkit::procfs;
 use vrange_testkit::role::Reply;
 
 pub const MIB: u64 = 1 << 20;
@@ -215,6 +220,117 @@ impl Samples {
                 .collect(),
         )
     }
+}
+
+/// What [`supervise`] saw of a scenario.
+pub struct Supervised {
+    /// The cgroup every 100 ms.
+    pub samples: Samples,
+    /// Seconds after the epoch at which the service was found killed (and started again).
+    pub kills: Vec<f64>,
+    /// Times the service was started.
+    pub starts: usize,
+    /// Seconds after the epoch at which the neighbour was found killed (and started again).
+    pub neighbour_kills: Vec<f64>,
+}
+
+/// Runs a scenario from `epoch` to `end` (ns, `now_ns`'s clock): the service `spawn_service`
+/// starts (again [`RESTART`] after a kill), whose every line goes to `take`, beside
+/// `neighbour` (started again by `spawn_neighbour` after a kill), sampling `cg` every 100 ms;
+/// waits for both to end. `label` names the run in errors.
+pub fn supervise(
+    label: &str,
+    cg: &MemCgroup,
+    (epoch, end): (u64, u64),
+    mut neighbour: Neighbour,
+    spawn_neighbour: impl Fn(&[String]) -> Result<Proc, String>,
+    spawn_service: impl Fn() -> Result<Proc, String>,
+    mut take: impl FnMut(&str),
+) -> Result<Supervised, String> {
+    let mut run = Supervised {
+        samples: Samples::default(),
+        kills: Vec::new(),
+        starts: 1,
+        neighbour_kills: Vec::new(),
+    };
+    let mut service = Seat::new(spawn_service()?);
+    let mut next_sample = 0u64;
+    let since = |now: u64| (now as f64 - epoch as f64) / 1e9;
+    loop {
+        let now = now_ns();
+        let killed = service
+            .poll(now, end, &mut take)
+            .map_err(|e| format!("{label}: the service {e}"))?;
+        if killed {
+            run.kills.push(since(now));
+        }
+        if service.restart_due(now) {
+            service.fill(spawn_service()?);
+            run.starts += 1;
+        }
+        if service.done() && now >= end {
+            break;
+        }
+        if now > end + 20 * SEC {
+            return Err(format!("{label}: the service did not end"));
+        }
+        if now < end {
+            neighbour
+                .keep_up(&spawn_neighbour, since(now))
+                .map_err(|e| format!("{label}: {e}"))?;
+        }
+        if now >= next_sample && now >= epoch && now < end {
+            next_sample = now + SEC / 10;
+            run.samples.0.push(Sample {
+                t: since(now),
+                usage: cg.usage().unwrap_or(0),
+                neighbour: procfs::rss_lazy_kb(neighbour.pid()).0 * 1024,
+                service: service
+                    .proc()
+                    .map_or(0, |p| procfs::rss_lazy_kb(p.pid()).0 * 1024),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    neighbour.wait();
+    run.neighbour_kills = std::mem::take(&mut neighbour.kills);
+    Ok(run)
+}
+
+/// A scenario's plot over time, `series` and the neighbour's memory as `samples` measured it
+/// (percent of `limit`), written as `NAME.svg` in the output directory.
+#[allow(clippy::too_many_arguments)]
+pub fn plot_over_time(
+    ctx: &Ctx,
+    name: &str,
+    title: String,
+    y_label: &str,
+    mut series: Vec<Series>,
+    samples: &Samples,
+    seconds: usize,
+    limit: u64,
+) -> Result<(), String> {
+    series.push(samples.neighbour_series(seconds, limit));
+    let svg = plot::lines(
+        &ctx.figure(title),
+        &Axis::linear("time (s)", Unit::Plain),
+        &Axis::linear(y_label, Unit::Plain),
+        &series,
+    );
+    report::write_file(&ctx.out, &format!("{name}.svg"), &svg)?;
+    Ok(())
+}
+
+/// The targets table's last row: `what` read wrong by any peer (must be none).
+pub fn wrong_row(what: &str, wrong: u64) -> Vec<String> {
+    vec![
+        format!("wrong {what} (every peer)"),
+        if wrong == 0 {
+            "met: 0".into()
+        } else {
+            format!("FAILED: {wrong}")
+        },
+    ]
 }
 
 /// Sleeps until `t` (ns, `now_ns`'s clock).

@@ -24,18 +24,18 @@
 //! every second, and close to the big cache's while memory is free.
 
 use super::neighbour::{Neighbour, Ramp};
-use super::plot::{self, Axis, Series, Unit};
+use super::plot::Series;
 use super::report::{self, mib, progress, Csv, Table};
-use super::service::{Samples, Seat, MIB, RESTART, SEC};
+use super::service::{plot_over_time, supervise, wrong_row, Samples, MIB, RESTART, SEC};
 use super::workload::SQLITE_SERVICE;
 use super::Ctx;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use vrange_sys::clock::now_ns;
+use vrange_testkit::cgroup;
 use vrange_testkit::proc::{clean_command, Proc};
 use vrange_testkit::role::Reply;
-use vrange_testkit::{cgroup, procfs};
 
 /// The neighbour's peak and the database's size, in percent of the limit.
 const NEIGHBOUR_PERCENT: u64 = 60;
@@ -176,64 +176,31 @@ fn one(
         cgroup::join(&mut cmd, cg.cgroup())?;
         Proc::try_spawn(cmd)
     };
-    let mut neighbour = Neighbour::start(neighbour_spawn, ramp.role_args(epoch, end))?;
-    let mut run = Run {
-        seconds: vec![Second::default(); ramp.seconds()],
-        samples: Samples::default(),
-        kills: Vec::new(),
-        neighbour_kills: Vec::new(),
-        oom_kills: None,
-        peak: None,
-    };
-    let mut seat = Seat::new(service_spawn()?);
-    let since = |now: u64| (now as f64 - epoch as f64) / 1e9;
-    let mut next_sample = 0u64;
-    loop {
-        let now = now_ns();
-        let killed = seat
-            .poll(now, end, |line| {
-                if let Some((n, s)) = Second::parse(line) {
-                    if let Some(slot) = run.seconds.get_mut(n) {
-                        slot.add(&s);
-                    }
+    let neighbour = Neighbour::start(neighbour_spawn, ramp.role_args(epoch, end))?;
+    let mut seconds = vec![Second::default(); ramp.seconds()];
+    let seen = supervise(
+        &peer.label,
+        cg.cgroup(),
+        (epoch, end),
+        neighbour,
+        neighbour_spawn,
+        service_spawn,
+        |line| {
+            if let Some((n, s)) = Second::parse(line) {
+                if let Some(slot) = seconds.get_mut(n) {
+                    slot.add(&s);
                 }
-            })
-            .map_err(|e| format!("{}: the service {e}", peer.label))?;
-        if killed {
-            run.kills.push(since(now));
-        }
-        if seat.restart_due(now) {
-            seat.fill(service_spawn()?);
-        }
-        if seat.done() && now >= end {
-            break;
-        }
-        if now > end + 20 * SEC {
-            return Err(format!("{}: the service did not end", peer.label));
-        }
-        if now < end {
-            neighbour
-                .keep_up(neighbour_spawn, since(now))
-                .map_err(|e| format!("{}: {e}", peer.label))?;
-        }
-        if now >= next_sample && now >= epoch && now < end {
-            next_sample = now + SEC / 10;
-            run.samples.0.push(super::service::Sample {
-                t: since(now),
-                usage: cg.cgroup().usage().unwrap_or(0),
-                neighbour: procfs::rss_lazy_kb(neighbour.pid()).0 * 1024,
-                service: seat
-                    .proc()
-                    .map_or(0, |p| procfs::rss_lazy_kb(p.pid()).0 * 1024),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    neighbour.wait();
-    run.neighbour_kills = std::mem::take(&mut neighbour.kills);
-    run.oom_kills = cg.cgroup().oom_kills().ok();
-    run.peak = cgroup::peak(cg.cgroup());
-    Ok(run)
+            }
+        },
+    )?;
+    Ok(Run {
+        seconds,
+        samples: seen.samples,
+        kills: seen.kills,
+        neighbour_kills: seen.neighbour_kills,
+        oom_kills: cg.cgroup().oom_kills().ok(),
+        peak: cgroup::peak(cg.cgroup()),
+    })
 }
 
 pub fn run(ctx: &Ctx) -> Result<(), String> {
@@ -473,32 +440,22 @@ fn report(ctx: &Ctx, peers: &[Peer], runs: &[Run], limit: u64, ramp: &Ramp) -> R
             report::rate(big.rate(free))
         ),
     ]);
-    targets.row(vec![
-        "wrong rows (every peer)".into(),
-        if wrong == 0 {
-            "met: 0".into()
-        } else {
-            format!("FAILED: {wrong}")
-        },
-    ]);
+    targets.row(wrong_row("rows", wrong));
     ctx.table(&targets);
-    let mut neighbour = vr.samples.neighbour_series(n, limit);
-    neighbour.name = "neighbour (% of limit)".into();
-    series.push(neighbour);
     csv.write(&ctx.out, "sqlite-seconds.csv")?;
-    let svg = plot::lines(
-        &ctx.figure(format!(
+    plot_over_time(
+        ctx,
+        "sqlite",
+        format!(
             "SQLite operations while a neighbour takes up to {NEIGHBOUR_PERCENT} % of a {} cgroup",
             mib(limit)
-        )),
-        &Axis::linear("time (s)", Unit::Plain),
-        &Axis::linear(
-            "thousand operations/s; neighbour memory (% of the limit)",
-            Unit::Plain,
         ),
-        &series,
-    );
-    report::write_file(&ctx.out, "sqlite.svg", &svg)?;
+        "thousand operations/s; neighbour memory (% of the limit)",
+        series,
+        &vr.samples,
+        n,
+        limit,
+    )?;
     if wrong > 0 {
         return Err(format!("{wrong} wrong rows read"));
     }

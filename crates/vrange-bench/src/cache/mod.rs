@@ -39,7 +39,8 @@ use super::neighbour::{Neighbour, Ramp};
 use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, mib, pct, progress, Csv, Table};
 use super::service::{
-    headroom, sleep_until, Rng, Sample, Samples, Seat, Second, Seconds, Zipf, MIB, RESTART, SEC,
+    headroom, plot_over_time, sleep_until, supervise, wrong_row, Rng, Sample, Samples, Second,
+    Seconds, Zipf, MIB, RESTART, SEC,
 };
 use super::Ctx;
 use hot::{hot_path, hot_role};

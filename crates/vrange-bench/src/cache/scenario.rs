@@ -160,7 +160,7 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
     };
     let epoch = now_ns() + SEC / 2;
     let end = epoch + s.neighbour.total().as_nanos() as u64;
-    let mut neighbour = Neighbour::start(spawn, s.neighbour.role_args(epoch, end))?;
+    let neighbour = Neighbour::start(spawn, s.neighbour.role_args(epoch, end))?;
     let service_args: Vec<String> = vec![
         "cache".into(),
         "service".into(),
@@ -171,64 +171,27 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
         end.to_string(),
         ZIPF.to_string(),
     ];
-    let mut run = Run {
-        seconds: Seconds::new(s.neighbour.seconds()),
-        samples: Samples::default(),
-        kills: Vec::new(),
-        starts: 1,
-        oom_kills: None,
-        peak: None,
-        neighbour_kills: Vec::new(),
-    };
-    let mut service = Seat::new(spawn(&service_args)?);
-    let mut next_sample = 0u64;
-    let since = |now: u64| (now as f64 - epoch as f64) / 1e9;
-    loop {
-        let now = now_ns();
-        let killed = service
-            .poll(now, end, |line| {
-                run.seconds.take(line);
-            })
-            .map_err(|e| format!("{}: the service {e}", peer.label))?;
-        if killed {
-            run.kills.push(since(now));
-        }
-        if service.restart_due(now) {
-            service.fill(spawn(&service_args)?);
-            run.starts += 1;
-        }
-        if service.done() && now >= end {
-            break;
-        }
-        if now > end + 20 * SEC {
-            return Err(format!("{}: the service did not end", peer.label));
-        }
-        if now < end {
-            // A neighbour killed with the service.
-            neighbour
-                .keep_up(spawn, since(now))
-                .map_err(|e| format!("{}: {e}", peer.label))?;
-        }
-        if now >= next_sample && now >= epoch && now < end {
-            next_sample = now + SEC / 10;
-            run.samples.0.push(Sample {
-                t: since(now),
-                usage: cg.cgroup().usage().unwrap_or(0),
-                neighbour: procfs::rss_lazy_kb(neighbour.pid()).0 * 1024,
-                service: service
-                    .proc()
-                    .map_or(0, |p| procfs::rss_lazy_kb(p.pid()).0 * 1024),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    neighbour.wait();
-    run.neighbour_kills = std::mem::take(&mut neighbour.kills);
-    run.oom_kills = cg.cgroup().oom_kills().ok();
-    run.peak = cgroup::peak(cg.cgroup());
-    drop(neighbour);
-    drop(cg);
-    Ok(run)
+    let mut seconds = Seconds::new(s.neighbour.seconds());
+    let seen = supervise(
+        &peer.label,
+        cg.cgroup(),
+        (epoch, end),
+        neighbour,
+        spawn,
+        || spawn(&service_args),
+        |line| {
+            seconds.take(line);
+        },
+    )?;
+    Ok(Run {
+        seconds,
+        samples: seen.samples,
+        kills: seen.kills,
+        starts: seen.starts,
+        oom_kills: cg.cgroup().oom_kills().ok(),
+        peak: cgroup::peak(cg.cgroup()),
+        neighbour_kills: seen.neighbour_kills,
+    })
 }
 
 /// What one run of the scenario (the `quick` one or the suite's) did to vrange-cache's
@@ -529,32 +492,24 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
             ),
         },
     ]);
-    targets.row(vec![
-        "wrong values (every peer)".into(),
-        if wrong == 0 {
-            "met: 0".into()
-        } else {
-            format!("FAILED: {wrong}")
-        },
-    ]);
+    targets.row(wrong_row("values", wrong));
     ctx.table(&targets);
-    // The neighbour, as measured during the first run, in percent of the limit.
-    series.push(runs[0].samples.neighbour_series(n, limit));
     csv.write(&ctx.out, "cache-scenario.csv")?;
     seconds_csv.write(&ctx.out, "cache-seconds.csv")?;
-    let svg = plot::lines(
-        &ctx.figure(format!(
+    // The neighbour, as measured during the first run, in percent of the limit.
+    plot_over_time(
+        ctx,
+        "cache",
+        format!(
             "Cache hit rate while a neighbour takes up to {NEIGHBOUR_PERCENT} % of a {} cgroup",
             mib(limit)
-        )),
-        &Axis::linear("time (s)", Unit::Plain),
-        &Axis::linear(
-            "hit rate (%), neighbour memory (% of the limit)",
-            Unit::Plain,
         ),
-        &series,
-    );
-    report::write_file(&ctx.out, "cache.svg", &svg)?;
+        "hit rate (%), neighbour memory (% of the limit)",
+        series,
+        &runs[0].samples,
+        n,
+        limit,
+    )?;
     if wrong > 0 {
         return Err(format!("{wrong} wrong values read from the caches"));
     }

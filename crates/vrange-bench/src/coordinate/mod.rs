@@ -37,7 +37,8 @@ use super::neighbour::{Neighbour, Ramp};
 use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, mib, pct, progress, Csv, Table};
 use super::service::{
-    headroom, sleep_until, Rng, Sample, Samples, Seat, Second, Seconds, Zipf, MIB, RESTART, SEC,
+    headroom, plot_over_time, sleep_until, Rng, Sample, Samples, Seat, Second, Seconds, Zipf, MIB,
+    RESTART, SEC,
 };
 use super::Ctx;
 use std::path::{Path, PathBuf};
@@ -494,24 +495,23 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             by.join(", ")
         ));
     }
-    series.push(runs[0].samples.neighbour_series(secs, limit));
     csv.write(&ctx.out, "coordinate.csv")?;
     seconds_csv.write(&ctx.out, "coordinate-seconds.csv")?;
     participants_csv.write(&ctx.out, "coordinate-participants.csv")?;
     purges_csv.write(&ctx.out, "coordinate-purges.csv")?;
-    let svg = plot::lines(
-        &ctx.figure(format!(
+    plot_over_time(
+        ctx,
+        "coordinate",
+        format!(
             "Hit rate, {n} participants, neighbour up to {NEIGHBOUR_PERCENT} % of {}",
             mib(limit)
-        )),
-        &Axis::linear("time (s)", Unit::Plain),
-        &Axis::linear(
-            "hit rate, killed = miss (%); neighbour (% of limit)",
-            Unit::Plain,
         ),
-        &series,
-    );
-    report::write_file(&ctx.out, "coordinate.svg", &svg)?;
+        "hit rate, killed = miss (%); neighbour (% of limit)",
+        series,
+        &runs[0].samples,
+        secs,
+        limit,
+    )?;
     // How young the data thrown away was: per volatile configuration, MiB purged of data
     // volatile for at most x ms (each chunk at the age it was last seen intact).
     let ages: Vec<Series> = Config::ALL
