@@ -115,7 +115,7 @@ impl MemCgroup {
 
     /// Bytes the cgroup can still take before anything but page cache must go: the lower of
     /// the hard limit and (v2) `memory.high`, minus usage, plus the page cache the kernel
-    /// drops first and cheaply ([`reclaimable_file`]: clean page cache, not shared memory); 0 when
+    /// drops first and cheaply (clean page cache, not shared memory; see `memory.stat`); 0 when
     /// over; `None` when neither limit is set or a file cannot be read. Without a limit the
     /// machine's MemAvailable counts the same way.
     ///
