@@ -279,14 +279,19 @@ impl Inner {
 
     fn grow(&mut self) -> Option<()> {
         let first = u32::try_from(self.chunks.len().checked_mul(self.per_chunk)?).ok()?;
+        // Slots are u32 below NIL (the list's sentinel).
+        let end = first
+            .checked_add(u32::try_from(self.per_chunk).ok()?)
+            .filter(|&e| e < NIL)?;
         let len = self.per_chunk.checked_mul(self.stride)?;
+        let extra_len = self.per_chunk.checked_mul(self.extra_words.max(1))?;
         let opts = Options {
             policy: Policy::Managed,
             huge: Huge::Never,
             ..Options::default()
         };
         let region = VolatileRegion::new(len, opts).ok()?;
-        let mut extras = vec![0u64; self.per_chunk * self.extra_words.max(1)].into_boxed_slice();
+        let mut extras = vec![0u64; extra_len].into_boxed_slice();
         let base = region.as_ptr();
         let pages = (0..self.per_chunk)
             .map(|i| Page {
@@ -307,7 +312,7 @@ impl Inner {
             extras,
             pages,
         });
-        let new = first..first + self.per_chunk as u32;
+        let new = first..end;
         self.key.extend(new.clone().map(|_| 0));
         self.state.extend(new.clone().map(|_| State::Free));
         self.unpinned.grow(self.state.len());
