@@ -44,8 +44,8 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicI32, AtomicU64};
 
 /// Descriptors vrange keeps at most above the floor at once, the reclaimer's sources (waker,
-/// two PSI triggers, four vmpressure files, three headroom files) and a margin; shared regions
-/// add one each.
+/// two PSI triggers, four vmpressure files, four headroom files: usage, limit, `memory.high`,
+/// `memory.stat`) and a margin; shared regions add one each.
 pub const RESERVE: RawFd = 32;
 /// The floor never goes above this much below 1024.
 const CAP: RawFd = 1024;
