@@ -26,13 +26,13 @@
 
 use libc::{c_int, c_uint, c_void};
 use std::collections::HashMap;
-
-/// Page number → slot.
-type PageMap = HashMap<u32, u32, foldhash::fast::RandomState>;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 use std::sync::Mutex;
 use vrange_core::{Huge, Options, Policy, VolatileRegion};
+
+/// Page number → slot.
+type PageMap = HashMap<u32, u32, foldhash::fast::RandomState>;
 
 /// `sqlite3_pcache_page` of sqlite3.h.
 #[repr(C)]

@@ -596,7 +596,6 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The number after `key` on the line starting with exactly that key ("oom_kill 3").
 /// The page cache a cgroup's `memory.stat` (its text, or the start of it) shows the kernel can
 /// drop before anything else: the page cache less shared memory (which needs swap to go) and
 /// less dirty and writeback pages (which must be written first), as the machine's MemAvailable
@@ -634,6 +633,7 @@ pub(crate) fn reclaimable_file(stat: &[u8], version: Version) -> u64 {
         .saturating_sub(writeback)
 }
 
+/// The number after `key` on the line starting with exactly that key ("oom_kill 3").
 fn keyed_value(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let mut words = line.split_whitespace();
