@@ -30,6 +30,7 @@ static TOP_TABLE: [AtomicPtr<AtomicUsize>; TOP] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; TOP];
 static GROW: vrange_sys::sync::SpinLock = vrange_sys::sync::SpinLock::new();
 
+#[inline]
 fn key(addr: usize) -> Option<(usize, usize)> {
     if addr >> ADDR_BITS != 0 {
         return None;
@@ -38,35 +39,48 @@ fn key(addr: usize) -> Option<(usize, usize)> {
     Some((k >> LEAF_BITS, k & (LEAF - 1)))
 }
 
-fn entry(addr: usize, create: bool) -> Option<&'static AtomicUsize> {
+/// The entry of `addr`, if its leaf exists. Inlined into `free`: for a pointer of the system
+/// allocator it is one load of the top table.
+#[inline]
+fn lookup(addr: usize) -> Option<&'static AtomicUsize> {
     let (hi, lo) = key(addr)?;
-    let mut leaf = TOP_TABLE[hi].load(Acquire);
+    let leaf = TOP_TABLE[hi].load(Acquire);
     if leaf.is_null() {
-        if !create {
-            return None;
-        }
-        leaf = GROW.with(|| {
-            let mut leaf = TOP_TABLE[hi].load(Acquire);
-            if leaf.is_null() {
-                let bytes = LEAF * std::mem::size_of::<AtomicUsize>();
-                if let Ok(fresh) = mem::map_anon(bytes, mem::page_size()) {
-                    leaf = fresh.as_ptr().cast();
-                    TOP_TABLE[hi].store(leaf, Release);
-                }
-            }
-            leaf
-        });
-        if leaf.is_null() {
-            return None;
-        }
+        return None;
     }
     // SAFETY: leaves are LEAF zero-initialised atomics, mapped once and never unmapped; lo < LEAF.
     Some(unsafe { &*leaf.add(lo) })
 }
 
+/// The entry of `addr`, its leaf mapped if need be (None: the address is out of range or the
+/// leaf could not be mapped).
+fn entry(addr: usize) -> Option<&'static AtomicUsize> {
+    if let Some(e) = lookup(addr) {
+        return Some(e);
+    }
+    let (hi, lo) = key(addr)?;
+    let leaf = GROW.with(|| {
+        let mut leaf = TOP_TABLE[hi].load(Acquire);
+        if leaf.is_null() {
+            let bytes = LEAF * std::mem::size_of::<AtomicUsize>();
+            if let Ok(fresh) = mem::map_anon(bytes, mem::page_size()) {
+                leaf = fresh.as_ptr().cast();
+                TOP_TABLE[hi].store(leaf, Release);
+            }
+        }
+        leaf
+    });
+    if leaf.is_null() {
+        return None;
+    }
+    // SAFETY: as in `lookup`.
+    Some(unsafe { &*leaf.add(lo) })
+}
+
 /// The owner of the 2 MiB block holding `addr`. Async-signal-safe.
+#[inline]
 pub fn get(addr: usize) -> Option<Owner> {
-    let v = entry(addr, false)?.load(Acquire);
+    let v = lookup(addr)?.load(Acquire);
     match v {
         0 => None,
         v if v & LARGE_BIT != 0 => Some(Owner::Large(v & !LARGE_BIT)),
@@ -83,7 +97,7 @@ pub fn set(start: usize, len: usize, owner: Owner) -> bool {
     };
     let mut addr = start;
     while addr < start + len {
-        let Some(e) = entry(addr, true) else {
+        let Some(e) = entry(addr) else {
             clear(start, addr - start);
             return false;
         };
@@ -97,7 +111,7 @@ pub fn set(start: usize, len: usize, owner: Owner) -> bool {
 pub fn clear(start: usize, len: usize) {
     let mut addr = start;
     while addr < start + len {
-        if let Some(e) = entry(addr, false) {
+        if let Some(e) = lookup(addr) {
             e.store(0, Relaxed);
         }
         addr += CHUNK;

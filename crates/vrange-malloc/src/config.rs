@@ -181,6 +181,7 @@ pub fn init() {
 }
 
 /// The smallest request the allocator serves.
+#[inline]
 pub fn threshold() -> usize {
     THRESHOLD.load(Relaxed)
 }
@@ -191,6 +192,7 @@ pub fn set_threshold(bytes: usize) {
 }
 
 /// The mode.
+#[inline]
 pub fn mode() -> MallocMode {
     match MODE.load(Relaxed) {
         0 => MallocMode::Hybrid,
@@ -206,6 +208,7 @@ pub fn set_mode(mode: MallocMode) {
 }
 
 /// Which memory asks for transparent huge pages.
+#[inline]
 pub fn thp() -> Thp {
     match THP.load(Relaxed) {
         0 => Thp::Never,

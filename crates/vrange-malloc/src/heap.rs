@@ -43,6 +43,7 @@ fn set_up() {
     if caching() {
         cache::register();
     }
+    large::register();
     // vrange's handlers first: fork runs prepare handlers in reverse order of registration, so
     // ours (the arenas, taken on paths that then call into vrange) are taken before vrange's.
     vrange::register_fork_handlers();
@@ -83,7 +84,21 @@ pub fn serves(size: usize, align: usize) -> bool {
 
 /// Allocates `size` bytes aligned to `align` (a power of two), or `None` when the request is
 /// not the allocator's (see [`serves`]) or memory is exhausted.
+///
+/// Inlined into the shim's `malloc` so that a request below the threshold, most of a
+/// program's, is declined with one load and one comparison, before any register is saved for
+/// the rest. (Before the settings are read, the threshold is its default: a request declined
+/// then goes to the system allocator, which is always right.)
+#[inline]
 pub fn alloc(size: usize, align: usize) -> Option<Block> {
+    if size < config::threshold() {
+        return None;
+    }
+    alloc_at_threshold(size, align)
+}
+
+#[inline(never)]
+fn alloc_at_threshold(size: usize, align: usize) -> Option<Block> {
     init();
     if !serves(size, align) {
         return None;
@@ -121,11 +136,25 @@ pub fn owns(ptr: *const u8) -> bool {
 ///
 /// # Safety
 /// If the allocator's, `ptr` must be a live block it handed out, freed once.
+#[inline]
 pub unsafe fn free(ptr: *mut u8) -> bool {
     let addr = ptr as usize;
     match chunkmap::get(addr) {
         None => false,
-        Some(Owner::Chunk(c)) => {
+        // SAFETY: forwarded.
+        Some(owner) => unsafe { free_owned(addr, owner) },
+    }
+}
+
+/// Frees the allocator's `addr`, whose 2 MiB block `owner` owns. Out of line, so that `free`
+/// of a system allocator's pointer is a table lookup and nothing more.
+///
+/// # Safety
+/// As [`free`].
+#[inline(never)]
+unsafe fn free_owned(addr: usize, owner: Owner) -> bool {
+    match owner {
+        Owner::Chunk(c) => {
             // SAFETY: chunk metadata is never freed; a live block's tags are stable.
             let chunk = unsafe { &*(c as *const Chunk) };
             let Some(pages) = chunk.block_pages(addr) else {
@@ -147,7 +176,7 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
             vrange::reclaimer::catch_up();
             true
         }
-        Some(Owner::Large(m)) => {
+        Owner::Large(m) => {
             // SAFETY: the chunk map names a large block's record, which is never freed.
             if !unsafe { large::is_live(m as *mut Large, addr) } {
                 invalid_free();

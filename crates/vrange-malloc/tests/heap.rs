@@ -163,27 +163,6 @@ fn resize_in_place_and_usable_size() {
 }
 
 #[test]
-fn large_blocks_are_whole_chunks_and_cached() {
-    let _serial = serial();
-    // A size no other test here uses, so that the first block is a new mapping.
-    let len = 11 * 1024 * KIB + 1;
-    let a = heap::alloc(len, 16).expect("served");
-    assert!(a.zeroed, "a new mapping is zero");
-    assert_eq!(a.ptr.as_ptr() as usize % (2 << 20), 0, "2 MiB-aligned");
-    assert_eq!(heap::usable_size(a.ptr.as_ptr()), Some(12 << 20));
-    fill(a.ptr.as_ptr(), len, 1);
-    // SAFETY: live, freed once.
-    assert!(unsafe { heap::free(a.ptr.as_ptr()) });
-    let b = heap::alloc(len, 16).expect("served");
-    assert_eq!(
-        b.ptr, a.ptr,
-        "the freed large block is reused from the cache"
-    );
-    // SAFETY: live, freed once.
-    assert!(unsafe { heap::free(b.ptr.as_ptr()) });
-}
-
-#[test]
 fn small_and_foreign_requests_are_declined() {
     let _serial = serial();
     assert!(heap::alloc(1000, 16).is_none(), "below the threshold");

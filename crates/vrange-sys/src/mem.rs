@@ -118,6 +118,51 @@ pub fn map_file_readonly(file: &std::fs::File, len: usize) -> io::Result<NonNull
     NonNull::new(raw.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
+/// Moves the mapping `[ptr, ptr + len)` to a fresh address aligned to `align` (a power of two,
+/// at least a page) and grows it to `new_len` bytes (a page multiple above `len`): its pages
+/// move with their page tables (mremap(2), no copy) and the bytes past `len` are fresh zero
+/// memory, accounted like [`map_anon`]'s. Returns the new address; the old range is no longer
+/// mapped.
+///
+/// # Errors
+/// mmap's or mremap's errno (ENOMEM when the address space or overcommit limit is exhausted);
+/// the old mapping is then unchanged.
+///
+/// # Safety
+/// The range must be one private anonymous mapping (or part of one) that the caller owns, with
+/// no live references into it, not registered with userfaultfd.
+///
+/// # References
+/// mremap(2) MREMAP_MAYMOVE, MREMAP_FIXED; mm/mremap.c `move_page_tables`.
+pub unsafe fn move_grow(
+    ptr: NonNull<u8>,
+    len: usize,
+    new_len: usize,
+    align: usize,
+) -> io::Result<NonNull<u8>> {
+    debug_assert!(new_len > len);
+    // An aligned reservation that the move replaces whole.
+    let target = map_anon(new_len, align)?;
+    // SAFETY: the caller owns the old range; the target is the fresh mapping just made, which
+    // MREMAP_FIXED replaces and nothing else knows of.
+    let moved = unsafe {
+        libc::mremap(
+            ptr.as_ptr().cast(),
+            len,
+            new_len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            target.as_ptr().cast::<libc::c_void>(),
+        )
+    };
+    if moved == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        // SAFETY: the reservation is ours and unused (whatever of it the failed call left).
+        unsafe { unmap(target, new_len) };
+        return Err(e);
+    }
+    Ok(target)
+}
+
 /// Unmaps `[ptr, ptr + len)`.
 ///
 /// # Safety
@@ -355,6 +400,38 @@ pub fn resident_pages(ptr: *mut u8, len: usize) -> io::Result<usize> {
 mod tests {
     use super::*;
     use crate::procfs;
+
+    /// The pages move, not copies: resident before, resident after, with their bytes; the added
+    /// bytes read zero and are not resident; the old address is a hole.
+    #[test]
+    fn move_grow_moves_the_pages_and_adds_zero_bytes() {
+        let page = page_size();
+        let (len, new_len) = (HUGE_PAGE, 3 * HUGE_PAGE);
+        let old = map_anon(len, HUGE_PAGE).unwrap();
+        // SAFETY: the test's own mapping, len bytes.
+        unsafe { old.as_ptr().write_bytes(0x5a, len) };
+        // SAFETY: the test's mapping, unused from here, not registered with userfaultfd.
+        let new = unsafe { move_grow(old, len, new_len, HUGE_PAGE) }.unwrap();
+        assert_eq!(new.as_ptr() as usize % HUGE_PAGE, 0, "aligned as asked");
+        assert_eq!(resident_pages(new.as_ptr(), len).unwrap(), len / page);
+        assert_eq!(
+            resident_pages(old.as_ptr(), page).map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ENOMEM)),
+            "the old address is no longer mapped"
+        );
+        // SAFETY: the grown mapping is new_len bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(new.as_ptr(), new_len) };
+        assert!(bytes[..len].iter().all(|b| *b == 0x5a), "the bytes moved");
+        // SAFETY: inside the grown mapping.
+        let added = unsafe { new.as_ptr().add(len) };
+        assert_eq!(resident_pages(added, new_len - len).unwrap(), 0);
+        assert!(
+            bytes[len..].iter().all(|b| *b == 0),
+            "the added bytes read zero"
+        );
+        // SAFETY: the test's mapping, no longer used.
+        unsafe { unmap(new, new_len) };
+    }
 
     /// On any kernel, with or without PT_RECLAIM: 64 blocks with a page touched in each hold
     /// 64 page tables (256 KiB of VmPTE on x86-64); replacing the blocks frees them, the
