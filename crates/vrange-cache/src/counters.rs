@@ -43,6 +43,7 @@ struct Class {
     inserts: AtomicU64,
     purged_lookups: AtomicU64,
     promoted: AtomicU64,
+    recycled: AtomicU64,
     purged_entries: AtomicU64,
     purged_bytes: AtomicU64,
 }
@@ -156,6 +157,11 @@ impl Shared {
         self.classes[class(p)].promoted.fetch_add(1, Relaxed);
     }
 
+    /// A slab of class `p` gave its pages to a new slab (`crate::recycle`).
+    pub fn recycled(&self, p: Priority) {
+        self.classes[class(p)].recycled.fetch_add(1, Relaxed);
+    }
+
     pub fn purged_lookup(&self, p: Priority) {
         self.classes[class(p)].purged_lookups.fetch_add(1, Relaxed);
     }
@@ -241,6 +247,7 @@ impl Shared {
             inserts: c.inserts.load(Relaxed),
             purged_lookups: c.purged_lookups.load(Relaxed),
             promoted: c.promoted.load(Relaxed),
+            recycled: c.recycled.load(Relaxed),
             purged_entries: c.purged_entries.load(Relaxed),
             purged_bytes: c.purged_bytes.load(Relaxed),
             resident_bytes: c.resident.load(Relaxed),
@@ -272,6 +279,9 @@ pub struct ClassStats {
     pub purged_lookups: u64,
     /// Values moved off probation by their first hit (see the crate's "Probation").
     pub promoted: u64,
+    /// Slabs whose pages a new slab took over while memory was short (see the crate's
+    /// "Recycling"); their entries count in `purged_entries`.
+    pub recycled: u64,
     /// Entries whose memory the system purged (found by a lookup or by the cache's sweep).
     pub purged_entries: u64,
     /// Their value bytes.

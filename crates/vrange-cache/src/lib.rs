@@ -61,6 +61,16 @@
 //! lookup whose hit moves a value off probation (below) when the move needs a new slab: such
 //! a lookup may purge, as an insert may.
 //!
+//! # Recycling
+//! While memory is short (a new slab would pass the cache's budget or leave the memory cgroup
+//! less free than that threshold), a new slab is not mapped: it takes over the pages of the
+//! cache's own least recently used unpinned slab (lowest class first, probation a class
+//! below), whose entries then read as purged ([`ClassStats::recycled`] counts such slabs).
+//! The pages are resident already: no fault, no zeroing, no new charge to the cgroup, where
+//! purging the old slab and faulting a new one in would do all three. The cache gives memory
+//! back to the system only when someone else needs it: vrange's reclaimer still purges its
+//! volatile slabs on pressure, in one order with all other vrange memory of the process.
+//!
 //! # Hits, and when a released slab becomes volatile
 //! A hit costs a map lookup and two atomic operations on its slab: a slab stays pinned on the
 //! cache's behalf after its last reader lets go, until the next *flush*, which marks every such
@@ -91,6 +101,7 @@
 mod counters;
 mod entry;
 mod probation;
+mod recycle;
 mod slab;
 
 pub use counters::{ClassStats, Stats};
@@ -227,8 +238,10 @@ pub struct Cache<K: Hash + Eq> {
     /// (`Cache::open_slab`), so that threads inserting at once do not queue on one lock.
     open: Box<[CachePadded<Mutex<Option<Open>>>]>,
     ghosts: probation::Ghosts,
-    /// Every slab, by start address: for sweeps, the budget, statistics and raw releases.
+    /// Every slab, by start address: for sweeps, the budget, recycling, statistics and raw
+    /// releases.
     slabs: DashMap<usize, Weak<Slab>, foldhash::fast::RandomState>,
+    candidates: recycle::Candidates,
     shared: Arc<Shared>,
     opts: Options,
     opened: AtomicUsize,
@@ -331,6 +344,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 .collect(),
             ghosts: probation::Ghosts::default(),
             slabs: DashMap::default(),
+            candidates: recycle::Candidates::default(),
             shared,
             opts,
             opened: AtomicUsize::new(0),
@@ -401,14 +415,20 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
         // Full, or purged while open: close it.
         open.take();
-        vrange::reclaimer::make_room(self.opts.slab_bytes);
-        let slab = Slab::new(
-            self.opts.slab_bytes,
-            self.region_opts(priority),
-            probation,
-            &self.shared,
-        )?;
-        self.register(&slab);
+        let slab = match self.recycled_slab(priority, probation) {
+            Some(slab) => slab,
+            None => {
+                vrange::reclaimer::make_room(self.opts.slab_bytes);
+                let slab = Slab::new(
+                    self.opts.slab_bytes,
+                    self.region_opts(priority),
+                    probation,
+                    &self.shared,
+                )?;
+                self.register(&slab);
+                slab
+            }
+        };
         slab.entry_added(len);
         let c = self.colour();
         slab.touch(c + len);

@@ -1,5 +1,6 @@
 //! A slab: one vrange region holding the values of one or more entries, purged whole. It never
-//! reuses space, so bytes once written stay what they were while the slab is mapped.
+//! reuses space, so bytes once written stay what they were while the slab lives. A dead slab's
+//! region may become a new slab (`crate::recycle`): no one can pin the dead one again.
 //!
 //! # Pins, and why a hit changes no range state
 //! `state` holds the readers' and writers' pin count and two flags. `HELD`: the region is
@@ -43,6 +44,13 @@ use vrange::{Options, Priority, VolatileRegion};
 /// The slab's content is gone (the system purged it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Purged;
+
+/// A dead slab's region, taken for a new slab, and how much of it was written.
+#[derive(Debug)]
+pub(crate) struct Recycled {
+    region: VolatileRegion,
+    touched: usize,
+}
 
 const HELD: u32 = 1 << 31;
 const QUEUED: u32 = 1 << 30;
@@ -149,12 +157,46 @@ impl Slab {
                 ..opts
             },
         )?;
-        shared.slab_created(opts.priority, region.len());
+        Ok(Slab::around(region, opts.priority, probation, shared, 0))
+    }
+
+    /// A new slab on the pages of a recycled one's region (see `crate::recycle`), pinned once
+    /// for its creator and purged as class `priority` (one below on `probation`). `None` if the
+    /// region cannot be pinned (never for a cache's own region).
+    pub fn recycled(
+        recycled: Recycled,
+        priority: Priority,
+        probation: bool,
+        shared: &Arc<Shared>,
+    ) -> Option<Arc<Slab>> {
+        let Recycled { region, touched } = recycled;
+        region.set_priority(if probation {
+            crate::probation::below(priority)
+        } else {
+            priority
+        });
+        // Pages the kernel or the reclaimer took meanwhile read as zero: harmless for a slab
+        // whose values are all to be written, but they no longer count as resident.
+        let unmarked = region.unmark().ok()?;
+        let touched = if unmarked.was_purged() { 0 } else { touched };
+        Some(Slab::around(region, priority, probation, shared, touched))
+    }
+
+    /// The slab around `region` (pinned), its first `touched` bytes' pages resident.
+    fn around(
+        region: VolatileRegion,
+        priority: Priority,
+        probation: bool,
+        shared: &Arc<Shared>,
+        touched: usize,
+    ) -> Arc<Slab> {
+        shared.slab_created(priority, region.len());
+        shared.touched(priority, touched);
         let slab = Arc::new_cyclic(|me| Slab {
             start: region.as_ptr() as usize,
             len: region.len(),
             state: AtomicU32::new(HELD | 1),
-            touched: AtomicUsize::new(0),
+            touched: AtomicUsize::new(touched),
             inner: Mutex::new(Inner {
                 region: Some(region),
                 me: None,
@@ -164,13 +206,32 @@ impl Slab {
             live: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
             held_bytes: AtomicUsize::new(0),
-            priority: opts.priority,
+            priority,
             probation,
             shared: shared.clone(),
             me: me.clone(),
         });
         slab.inner.lock().me = Some(slab.clone());
-        Ok(slab)
+        slab
+    }
+
+    /// Takes the region of this volatile slab for a new one (`crate::recycle`): the slab dies
+    /// as if purged (its entries' lookups say `Purged`). `None`, changing nothing, if a reader
+    /// pins it, a hold keeps pages of it, or it is dead already.
+    pub fn take_for_recycling(&self) -> Option<Recycled> {
+        let mut inner = self.inner.lock();
+        // Under the lock with the state zero, no pin exists and a new one waits for the lock,
+        // then finds no region.
+        if self.state.load(Acquire) != 0 || self.is_dead() || !inner.holds.is_empty() {
+            return None;
+        }
+        let region = inner.region.take()?;
+        self.die(&mut inner);
+        self.shared.recycled(self.priority);
+        Some(Recycled {
+            region,
+            touched: self.touched(),
+        })
     }
 
     /// The class the slab's region is purged as (one below its values' on probation).

@@ -1,7 +1,8 @@
 //! Real pressure: a cache filled in waves to three times its memory cgroup's limit, while two
 //! reader threads hold pins on entries of the first wave and check them. Nothing is OOM-killed,
-//! no value read is torn, the held entries survive whole, and what was purged follows class
-//! and age: the low class before the normal one, old waves before the last.
+//! no value read is torn, the held entries survive whole, the cache recycles its own slabs at
+//! the cgroup's headroom, and what was purged follows class and age: the low class before the
+//! normal one, old waves before the last.
 
 mod common;
 
@@ -109,8 +110,9 @@ fn filler() {
         ));
     }
     let s = cache.stats();
+    let recycled: u64 = s.classes.iter().map(|c| c.recycled).sum();
     say(format!(
-        "DONE wrong={wrong} purged_bytes={} resident={} dropped={}",
+        "DONE wrong={wrong} purged_bytes={} resident={} dropped={} recycled={recycled}",
         s.purged_bytes(),
         s.resident_bytes(),
         s.dropped_purged
@@ -167,6 +169,10 @@ fn three_times_the_limit_in_waves_purges_by_class_and_age_without_oom() {
     assert!(
         done.u64("purged_bytes") > LIMIT as u64,
         "the cache gave memory back"
+    );
+    assert!(
+        done.u64("recycled") > 0,
+        "at the cgroup's headroom, new slabs took the pages of the cache's oldest"
     );
     let held: Vec<_> = lines.iter().filter(|r| r.tag == "HELD").collect();
     assert_eq!(held.len(), 2);

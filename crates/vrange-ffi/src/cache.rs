@@ -70,10 +70,11 @@ pub struct VrangeCacheStats {
     pub mapped_bytes: u64,
     pub pinned_bytes: u64,
     pub promoted: [u64; 4],
+    pub recycled: [u64; 4],
 }
 
 const _: () = assert!(std::mem::size_of::<VrangeCacheOptions>() == 8 * 4);
-const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2 + 4));
+const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2 + 4 + 4));
 
 impl From<&ClassStats> for VrangeCacheClassStats {
     fn from(c: &ClassStats) -> Self {
@@ -339,6 +340,7 @@ pub unsafe extern "C" fn vrange_cache_stats(
             mapped_bytes: s.mapped_bytes(),
             pinned_bytes: s.pinned_bytes(),
             promoted: std::array::from_fn(|i| s.classes[i].promoted),
+            recycled: std::array::from_fn(|i| s.classes[i].recycled),
         };
         let n = size.min(std::mem::size_of::<VrangeCacheStats>());
         full.size = n as u64;

@@ -527,7 +527,8 @@ impl Cache {
     /// slabs' address space), pinned_bytes (bytes held views keep from any purge now),
     /// value_bytes, purged_bytes, overhead_bytes, dropped_purged, and "classes": per priority
     /// name, hits, inserts, purged_lookups, promoted (values moved off probation by their
-    /// first hit), purged_entries, purged_bytes, resident_bytes, mapped_bytes, pinned_bytes,
+    /// first hit), recycled (slabs whose pages a new slab took over while memory was short),
+    /// purged_entries, purged_bytes, resident_bytes, mapped_bytes, pinned_bytes,
     /// value_bytes and slabs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = py.detach(|| self.inner.stats());
@@ -550,6 +551,7 @@ impl Cache {
             cd.set_item("inserts", c.inserts)?;
             cd.set_item("purged_lookups", c.purged_lookups)?;
             cd.set_item("promoted", c.promoted)?;
+            cd.set_item("recycled", c.recycled)?;
             cd.set_item("purged_entries", c.purged_entries)?;
             cd.set_item("purged_bytes", c.purged_bytes)?;
             cd.set_item("resident_bytes", c.resident_bytes)?;
