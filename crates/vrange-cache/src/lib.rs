@@ -62,10 +62,10 @@
 //! a lookup may purge, as an insert may.
 //!
 //! # Recycling
-//! While memory is short (a new slab would pass the cache's budget or leave the memory cgroup
-//! less free than that threshold), a new slab is not mapped: it takes over the pages of the
-//! cache's own least recently used unpinned slab (lowest class first, probation a class
-//! below), whose entries then read as purged ([`ClassStats::recycled`] counts such slabs).
+//! While memory is short (a new slab would leave the memory cgroup less free than that
+//! threshold), a new slab is not mapped: it takes over the pages of the cache's own least
+//! recently used unpinned slab (lowest class first, probation a class below), whose entries
+//! then read as purged ([`ClassStats::recycled`] counts such slabs).
 //! The pages are resident already: no fault, no zeroing, no new charge to the cgroup, where
 //! purging the old slab and faulting a new one in would do all three. The cache gives memory
 //! back to the system only when someone else needs it: vrange's reclaimer still purges its
