@@ -7,20 +7,9 @@
 
 use std::time::{Duration, Instant};
 use vrange_malloc::heap;
+use vrange_testkit::pattern::{check, check_at, fill, is_zero};
 
 const MIB: usize = 1 << 20;
-
-fn fill(p: *mut u8, len: usize, byte: u8) {
-    // SAFETY: callers pass live blocks of at least len bytes.
-    unsafe { p.write_bytes(byte, len) };
-}
-
-fn all(p: *const u8, len: usize, byte: u8) -> bool {
-    // SAFETY: callers pass live blocks of at least len bytes.
-    unsafe { std::slice::from_raw_parts(p, len) }
-        .iter()
-        .all(|b| *b == byte)
-}
 
 fn alloc(size: usize) -> heap::Block {
     heap::alloc(size, 16).expect("served")
@@ -58,7 +47,7 @@ fn large_blocks_are_reused_split_grown_and_kept_within_the_peak_plus_64_mib() {
     let b = alloc(11 * MIB + 1);
     assert_eq!(b.ptr.as_ptr(), base, "the freed large block is reused");
     assert!(!b.zeroed);
-    assert!(all(base, 12 * MIB, 1), "reused intact");
+    assert!(check(base, 12 * MIB, 1), "reused intact");
     free(base);
 
     // Split: a request of a quarter of the cached block takes its head; the tail, a block of
@@ -80,8 +69,8 @@ fn large_blocks_are_reused_split_grown_and_kept_within_the_peak_plus_64_mib() {
     );
     assert_eq!(heap::usable_size(tail), Some(4 * MIB));
     assert!(
-        all(base, 4 * MIB, 1) && all(tail, 4 * MIB, 1),
-        "split blocks intact"
+        check_at(base, 0, 8 * MIB, 1),
+        "both parts of the split block intact"
     );
     fill(tail, 4 * MIB, 2);
 
@@ -98,10 +87,13 @@ fn large_blocks_are_reused_split_grown_and_kept_within_the_peak_plus_64_mib() {
         None,
         "the old address is no block any more"
     );
-    assert!(all(moved, 4 * MIB, 2), "the moved block's bytes came along");
+    assert!(
+        check(moved, 4 * MIB, 2),
+        "the moved block's bytes came along"
+    );
     // SAFETY: inside the 10 MiB block.
     let added = unsafe { moved.add(4 * MIB) };
-    assert!(all(added, 6 * MIB, 0), "the added bytes are zero");
+    assert!(is_zero(added, 6 * MIB), "the added bytes are zero");
     free(moved);
     free(base);
 
@@ -110,7 +102,7 @@ fn large_blocks_are_reused_split_grown_and_kept_within_the_peak_plus_64_mib() {
     // the peak decays, tick by tick.
     vrange::set_option("VRANGE_POLL_MS", "10").unwrap();
     let blocks: Vec<*mut u8> = (0..12)
-        .map(|i| {
+        .map(|i: u64| {
             let p = alloc(8 * MIB).ptr.as_ptr();
             fill(p, 8 * MIB, i);
             p
