@@ -23,8 +23,8 @@ pub struct Block {
 /// 0: not set up, 1: setting up, 2: ready.
 static READY: AtomicU8 = AtomicU8::new(0);
 
-/// Reads the settings and installs the fork handlers, once. Called by every allocation; one
-/// load after the first.
+/// Reads the settings and installs the fork handlers, once. Called by every allocation at or
+/// above the default threshold (and by the shim at load); one load after the first.
 #[inline]
 pub fn init() {
     if READY.load(Acquire) != 2 {
