@@ -1,9 +1,14 @@
 //! A memory cgroup thrashing at its limit, the pressure the pressure-source tests and the
 //! stress suite make: the thrasher holds anonymous memory reclaim cannot take (there is no
-//! swap), then writes and reads back an unnamed file over and over. With the file larger than
-//! what the limit leaves it, the cgroup reclaims all the time over pages that were just written
-//! (dirty) or just read (referenced): it scans far more than it frees, which is what vmpressure
-//! calls medium or critical, and the thrasher stalls in reclaim, which is what PSI counts.
+//! swap), then writes an unnamed file and reads it back through a shared mapping, over and over.
+//! With the file larger than what the limit leaves it, the cgroup reclaims all the time over
+//! pages that were just written (dirty) or just read through the mapping (young in a page
+//! table, so the first scan of each keeps it): it scans far more than it frees, which is what
+//! vmpressure calls medium or critical, and the thrasher stalls in reclaim, which is what PSI
+//! counts. The mapped read is what makes the scans fail whatever the disk's speed: read with
+//! pread(2) instead, a page is referenced only as a flag, which reclaim drops for a clean page,
+//! and on a fast disk the flusher cleans the written pages before reclaim reaches them (Linux
+//! 6.1 in a guest then reports only low, run after run).
 //!
 //! System calls only, no allocation: a forked child of a multi-threaded harness may thrash.
 
@@ -64,25 +69,30 @@ impl Thrash {
         if fd < 0 {
             return Err(Failed::File(code(&std::io::Error::last_os_error())));
         }
+        // SAFETY: `fd` is the descriptor just opened, owned by this file from here on (closed
+        // when the thrasher returns; the file wraps the number and allocates nothing).
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.set_len(self.file as u64)
+            .map_err(|e| Failed::File(code(&e)))?;
+        let mapped = mem::map_file_readonly(&file, self.file).map_err(|e| Failed::Map(code(&e)))?;
         ready();
         while go_on() {
-            for write in [true, false] {
-                for off in (0..self.file).step_by(self.chunk) {
-                    let at = off as libc::off_t;
-                    // SAFETY: `buf` holds `chunk` bytes; `fd` is the file opened above.
-                    let done = unsafe {
-                        if write {
-                            libc::pwrite(fd, buf.as_ptr().cast(), self.chunk, at)
-                        } else {
-                            libc::pread(fd, buf.as_ptr().cast(), self.chunk, at)
-                        }
-                    };
-                    if done < 0 {
-                        return Err(Failed::Io(code(&std::io::Error::last_os_error())));
-                    }
+            for off in (0..self.file).step_by(self.chunk) {
+                // SAFETY: `buf` holds `chunk` bytes; `fd` is the file opened above.
+                let done = unsafe {
+                    libc::pwrite(fd, buf.as_ptr().cast(), self.chunk, off as libc::off_t)
+                };
+                if done < 0 {
+                    return Err(Failed::Io(code(&std::io::Error::last_os_error())));
                 }
             }
+            for off in (0..self.file).step_by(page) {
+                // SAFETY: inside the file's mapping, within its length (set above).
+                unsafe { mapped.as_ptr().add(off).read_volatile() };
+            }
         }
+        // SAFETY: the mapping made above; nothing refers into it any more.
+        unsafe { mem::unmap(mapped, self.file) };
         Ok(())
     }
 }
