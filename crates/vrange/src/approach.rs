@@ -14,6 +14,18 @@
 //! process's own cgroup (vmpressure, v2 `memory.pressure`) or of a short machine counts as
 //! tight too, for at least [`HOLD`].
 //!
+//! Except a *hot* range: one marked again within [`HOT`] of its previous mark (a cache's slab
+//! between two hits, a buffer reused in a loop). Arming it at every mark would cost an
+//! madvise(2) over the range at the mark and a proof of each page at the next unmark, both
+//! wasted when the range is pinned again a moment later (half the time of a cache serving
+//! beside its limit went there). A hot range is armed by the reclaimer once it has been idle
+//! for [`HOT`], one tight tick; until then the kernel cannot take it, and what the process
+//! re-marked within the last two ticks is the memory it is using, the last the reclaimer would
+//! drop, which the reclaimer still purges at its tick if the headroom calls for it. A range's
+//! first mark is never hot: the burst right after a first mark finds it armed. Until a
+//! reclaimer has measured, hot ranges are armed at the mark like the others (nothing would arm
+//! them later).
+//!
 //! This module owns the flag and the rule; it never purges.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -39,6 +51,27 @@ pub(crate) const TIGHT_POLL: Duration = Duration::from_millis(10);
 const FAULT_RATE: u64 = 4 << 30;
 /// The smallest watermark.
 const MIN_WATERMARK: u64 = 64 << 20;
+/// A range marked again within this of its previous mark is hot: armed only once idle this
+/// long. One tight tick.
+pub(crate) const HOT: Duration = TIGHT_POLL;
+
+/// Whether a range marked at `now`, previously marked at `previous` (0: never), is hot.
+#[inline]
+pub(crate) fn is_hot(previous: u64, now: u64) -> bool {
+    previous != 0 && now.saturating_sub(previous) < HOT.as_nanos() as u64
+}
+
+/// Whether the marking thread arms a hybrid range it just marked (`hot`: see [`is_hot`]):
+/// memory is tight and the range is not hot, or no reclaimer has measured (then none may arm
+/// a hot range later either).
+#[inline]
+pub(crate) fn arm_at_mark(hot: bool) -> bool {
+    match STATE.load(Relaxed) {
+        RELAXED => false,
+        TIGHT => !hot,
+        _ => true,
+    }
+}
 
 /// Whether hybrid ranges are armed as they are marked (one relaxed load: the mark path's cost):
 /// memory is tight, or not measured yet.
@@ -126,6 +159,15 @@ mod tests {
         assert!(next(true, Some(150 * MIB), mark, 0, 0), "hysteresis");
         assert!(!next(true, Some(201 * MIB), mark, 0, 0));
         assert!(!next(true, None, mark, 0, 0), "no limit known: not tight");
+    }
+
+    #[test]
+    fn hot_is_marked_again_within_a_tick() {
+        let at = 5_000_000_000;
+        let hot = HOT.as_nanos() as u64;
+        assert!(!is_hot(0, at), "a first mark");
+        assert!(is_hot(at - hot + 1, at));
+        assert!(!is_hot(at - hot, at));
     }
 
     #[test]

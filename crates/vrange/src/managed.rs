@@ -285,18 +285,23 @@ fn mark_range(idx: u32, slot: &Slot, now: u64) {
     if slot.header().is_some() && !slot.holding.swap(false, Relaxed) {
         return; // this process holds no pin to drop
     }
+    let previous = slot.last_used();
     slot.touch(now);
     if slot.state().mark() == Marked::Now && slot.header().is_none() {
         stats::volatile_add(idx, slot.len.load(Relaxed));
-        if crate::approach::is_tight() {
+        let hot = crate::approach::is_hot(previous, now);
+        slot.hot.store(hot, Relaxed);
+        if crate::approach::arm_at_mark(hot) {
             arm_now(slot, now);
         }
     }
 }
 
 /// Hands a hybrid range just marked to the kernel's lazy-free path in the marking thread, while
-/// memory is tight (`crate::approach`). Skipped while a purge holds the purge lock (a flush
-/// hook marking inside one): the reclaimer's next pass, at most 10 ms away, arms it.
+/// memory is tight (`crate::approach`), unless it is hot (marked again within
+/// `approach::HOT`: the reclaimer arms it once idle that long). Skipped while a purge holds the
+/// purge lock (a flush hook marking inside one): the reclaimer's next pass, at most 10 ms
+/// away, arms it.
 fn arm_now(slot: &Slot, now: u64) {
     let word = slot.state().load();
     if !due_for_arming(slot, word, now, 0) {

@@ -92,6 +92,10 @@ pub(crate) struct Slot {
     pub fd: AtomicPtr<GuestFd>,
     pub holding: AtomicBool,
     pub seen_epoch: AtomicU64,
+    /// Marked again within `approach::HOT` of its previous mark (a range in use: a cache's
+    /// slab between hits): while memory is tight it is armed only once idle that long
+    /// (`crate::approach`).
+    pub hot: AtomicBool,
 }
 
 impl Slot {
@@ -214,6 +218,7 @@ impl Slot {
         self.fd.store(null_mut(), Relaxed);
         self.holding.store(true, Relaxed);
         self.seen_epoch.store(0, Relaxed);
+        self.hot.store(false, Relaxed);
         self.info
             .store((priority as u32) << PRIORITY_SHIFT, Relaxed);
         self.set_policy(policy);
@@ -223,6 +228,7 @@ impl Slot {
     pub fn init_split(&self, from: &Slot, word: u64, start: usize, len: usize, armed: usize) {
         self.state.reset_to(word);
         self.last_used.store(from.last_used.load(Relaxed), Relaxed);
+        self.hot.store(from.hot.load(Relaxed), Relaxed);
         self.start.store(start, Relaxed);
         self.len.store(len, Relaxed);
         self.armed.store(armed, Relaxed);

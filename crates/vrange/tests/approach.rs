@@ -17,6 +17,11 @@
 //! limit plus `MUST_FREE` at full speed, in 4 KiB pages. It survives only if the kernel takes
 //! at least `MUST_FREE` of the volatile region (nothing else can be reclaimed: no swap). The
 //! holder then unmarks and checks that every page is its pattern or zero, as reported.
+//!
+//! A hot range (marked again within a tight tick of its previous mark) is the exception:
+//! `a_hot_range_is_armed_once_idle_not_at_every_mark` checks, in a cgroup as tight, that
+//! marks in a quick loop are not armed one by one, that the range is armed once left idle,
+//! and that its content comes back exact.
 
 use std::time::{Duration, Instant};
 use vrange::{Options, VolatileRegion};
@@ -35,6 +40,10 @@ const SEED: u64 = 77;
 const SYNC: Duration = Duration::from_secs(20);
 const TEST: &str = "a_burst_right_after_the_first_mark_finds_the_memory_takeable";
 const TRIALS: usize = 3;
+const HOT_TEST: &str = "a_hot_range_is_armed_once_idle_not_at_every_mark";
+/// The hot range, and the mark/unmark cycles of one batch.
+const HOT_LEN: usize = 2 * MIB;
+const CYCLES: u64 = 500;
 
 fn holder() {
     let r = VolatileRegion::new(VOLATILE, Options::default()).expect("region");
@@ -141,6 +150,7 @@ fn a_burst_right_after_the_first_mark_finds_the_memory_takeable() {
     match role().as_deref() {
         Some("holder") => return holder(),
         Some("burster") => return burster(),
+        Some("hot") => return,
         Some(other) => panic!("unknown role {other}"),
         None => {}
     }
@@ -153,4 +163,106 @@ fn a_burst_right_after_the_first_mark_finds_the_memory_takeable() {
             }
         }
     }
+}
+
+/// In the tight cgroup: a first mark armed at once, then batches of `CYCLES` quick
+/// mark/unmark cycles until one arms fewer than a tenth of its marks (the reclaimer has
+/// measured the headroom: before that, every mark arms), then the range left marked until the
+/// reclaimer arms it, then unmarked and checked page by page.
+fn hot_holder() {
+    let r = VolatileRegion::new(HOT_LEN, Options::default()).expect("region");
+    fill(r.as_ptr(), r.len(), SEED);
+    let armed = || vrange::stats().armed_total_bytes;
+    let before = armed();
+    // SAFETY: nothing refers into the region while it is volatile.
+    unsafe { r.mark() }.expect("mark");
+    let first = armed() - before;
+    let mut batches = Vec::new();
+    let deadline = Instant::now() + SYNC;
+    loop {
+        let before = armed();
+        for _ in 0..CYCLES {
+            let u = r.unmark().expect("unmark");
+            assert_eq!(
+                u.purged, 0,
+                "nothing presses this cgroup: nothing may be lost"
+            );
+            // SAFETY: as above.
+            unsafe { r.mark() }.expect("mark");
+        }
+        let arms = (armed() - before) / HOT_LEN as u64;
+        batches.push(arms);
+        if arms < CYCLES / 10 || Instant::now() > deadline {
+            break;
+        }
+    }
+    // Left alone: armed by the reclaimer once idle for a tick.
+    let idle = Instant::now();
+    while vrange::stats().armed_bytes < HOT_LEN as u64 && idle.elapsed() < SYNC {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let armed_idle = vrange::stats().armed_bytes;
+    let waited = idle.elapsed().as_millis();
+    let u = r.unmark().expect("unmark");
+    let page = vrange::page_size();
+    let (mut zero, mut bad) = (0, 0);
+    for off in (0..r.len()).step_by(page) {
+        // SAFETY: inside the region, pinned again.
+        let p = unsafe { r.as_ptr().add(off) };
+        if is_zero(p, page) {
+            zero += 1;
+        } else if !check_at(r.as_ptr(), off, page, SEED) {
+            bad += 1;
+        }
+    }
+    let batches: Vec<String> = batches.iter().map(u64::to_string).collect();
+    say(format_args!(
+        "HOT first={first} batches={} armed_idle={armed_idle} waited_ms={waited} purged={} \
+         zero={zero} bad={bad}",
+        batches.join(","),
+        u.purged
+    ));
+}
+
+#[test]
+fn a_hot_range_is_armed_once_idle_not_at_every_mark() {
+    if role().as_deref() == Some("hot") {
+        return hot_holder();
+    }
+    let _serial = serial();
+    // Tight: the cgroup's headroom is below the smallest watermark (64 MiB) from the start.
+    let child = match cgroup::child("vrange-hot-", LIMIT as u64) {
+        Ok(c) => c,
+        Err(why) => return vrange_testkit::skip(why),
+    };
+    let mut cmd = role_command(HOT_TEST, "hot");
+    join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join");
+    let mut holder = Role::spawn("hot", cmd);
+    let line = holder.expect("HOT", SYNC * 2);
+    let exit = holder.wait(SYNC);
+    drop(holder);
+    cgroup::remove(child);
+    println!("{line:?}, {exit}");
+    assert_eq!(
+        line.u64("first"),
+        HOT_LEN as u64,
+        "a first mark while tight arms at once: {line:?}"
+    );
+    let last: u64 = line
+        .str("batches")
+        .rsplit(',')
+        .next()
+        .and_then(|b| b.parse().ok())
+        .expect("batches");
+    assert!(
+        last < CYCLES / 10,
+        "every batch of {CYCLES} hot marks armed a tenth of them or more: {line:?}"
+    );
+    assert_eq!(
+        line.u64("armed_idle"),
+        HOT_LEN as u64,
+        "left idle, the hot range is armed: {line:?}"
+    );
+    assert_eq!(line.u64("bad"), 0, "{line:?}");
+    assert_eq!(line.u64("purged"), line.u64("zero"), "exact: {line:?}");
 }

@@ -4,6 +4,7 @@
 use crate::managed;
 use crate::registry::{self, Priority};
 use crate::stats::Source;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// A range the reclaimer may purge, as seen in one pass over the registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,12 +121,18 @@ pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
     (ranges, bytes)
 }
 
-/// Hands every hybrid range volatile for at least `delay_ns` to the kernel path. Returns bytes
-/// armed.
+/// Hands every hybrid range volatile for at least `delay_ns` to the kernel path (a hot range:
+/// at least `approach::HOT`). Returns bytes armed.
 pub(crate) fn arm_due(now: u64, delay_ns: u64) -> u64 {
+    let hot_ns = crate::approach::HOT.as_nanos() as u64;
     let mut armed = 0;
     registry::for_each_live(|_, slot| {
         let word = slot.state().load();
+        let delay_ns = if slot.hot.load(Relaxed) {
+            delay_ns.max(hot_ns)
+        } else {
+            delay_ns
+        };
         if managed::due_for_arming(slot, word, now, delay_ns) {
             armed += managed::arm(slot, word) as u64;
         }
