@@ -178,8 +178,24 @@
  *     touch a refill region, nor create or free one. Pages the program writes stay until their
  *     block is made again or recycled (refill regions are meant to be read). vrange() and vrange_unmark()
  *     refuse refill memory (EINVAL: its pages are the refill thread's to drop and make). flags
- *     must be 0. Free the region with vrange_free(). A fork(2) child inherits no registration: there, pages taken
+ *     is 0 or VRANGE_FILL_HERE (below). Free the region with vrange_free(). A fork(2) child inherits no registration: there, pages taken
  *     back read zero. Without userfaultfd vrange_alloc_refill() fails with ENOTSUP.
+ *
+ *     With VRANGE_FILL_HERE the touching thread fills the block itself: a touch of a missing
+ *     page raises SIGBUS on it (userfaultfd's SIGBUS feature), and libvrange's SIGBUS handler
+ *     calls fill there with a buffer of the region's, installs the block and returns, so the
+ *     access is retried and succeeds; no other thread wakes. The first such region installs
+ *     that handler for the process (SA_SIGINFO | SA_RESTART, on the thread's own stack), in
+ *     front of the SIGBUS action the program had then, to which every other SIGBUS goes:
+ *     a signal at another address, and the fault of a failing fill (si_code BUS_ADRERR, si_addr
+ *     the address touched: a handler may place the page with vrange_fill() and return); where
+ *     the program had none, the process dies of SIGBUS. fill then runs inside a signal handler,
+ *     on several threads at once: it must not touch a refill region, and it may allocate or
+ *     take a lock only if the code touching the region never holds it while doing so. A
+ *     program that installs its own SIGBUS handler later must pass on the signals it does not
+ *     handle to the action it replaced. These fills do not give back the oldest blocks near
+ *     the cgroup's limit (the kernel reclaims the lazy-free blocks). At most 64 such regions
+ *     live at once (ENOMEM).
  *
  *   Regions
  *     vrange_alloc() maps a region of length bytes (rounded up to a page) owned by libvrange,
@@ -469,10 +485,12 @@
  *     ENOMEM  memory for the pages could not be charged.
  *
  *   vrange_alloc_refill()
- *     EINVAL  length or block is 0, block is not a page multiple, fill is NULL or flags is not
- *             0.
- *     ENOTSUP userfaultfd(2) is absent or not allowed to this process.
- *     ENOMEM  length is too large, or mmap(2) failed.
+ *     EINVAL  length or block is 0, block is not a page multiple, fill is NULL or flags is
+ *             neither 0 nor VRANGE_FILL_HERE.
+ *     ENOTSUP userfaultfd(2) (with VRANGE_FILL_HERE, its SIGBUS feature) is absent or not
+ *             allowed to this process.
+ *     ENOMEM  length is too large, or mmap(2) failed, or (VRANGE_FILL_HERE) 64 such regions
+ *             live already.
  *
  *   vrange_alloc()
  *     EINVAL  length is 0; flags has a bit no VRANGE_* flag defines, two policies
@@ -795,8 +813,8 @@ int vrange_forget(void *start, size_t length);
 typedef int (*vrange_refill_fn)(void *ctx, size_t offset, void *buf, size_t len);
 
 /** Maps a refill region of length bytes in blocks of block bytes, made by fill(ctx, ...) on
- *  first access and whenever the system took a block back. flags must be 0. Returns its start,
- *  or NULL with errno set. Free it with vrange_free(). */
+ *  first access and whenever the system took a block back. flags is 0 or VRANGE_FILL_HERE.
+ *  Returns its start, or NULL with errno set. Free it with vrange_free(). */
 void *vrange_alloc_refill(size_t length, int flags, size_t block, vrange_refill_fn fill,
                           void *ctx);
 
@@ -838,6 +856,9 @@ uint64_t vrange_feature_flags(void);
 #define VRANGE_SIGBUS (1 << 11)
 /** struct vrange_cache_options flags: no probation (see vrange_cache_create()). */
 #define VRANGE_CACHE_NO_PROBATION (1 << 12)
+/** vrange_alloc_refill() flag: fill each block on the thread that touches it, in libvrange's
+ *  SIGBUS handler (see vrange(3), Refill regions). */
+#define VRANGE_FILL_HERE (1 << 13)
 
 /** What made the reclaimer purge: the indices of struct vrange_stats's sources. */
 enum vrange_source {

@@ -10,7 +10,9 @@
 //!   fit, and is OOM-killed);
 //! - `nocache`: decompress the needed block at every access (no memory, all CPU);
 //! - `pagecache`: the uncompressed file mmapped (the kernel's own answer: the page cache);
-//! - `refill`: a `vrange::RefillRegion` whose fill decompresses the block.
+//! - `refill`: a `vrange::RefillRegion` whose fill decompresses the block (on the refill
+//!   thread);
+//! - `refill-here`: the same, filled on the faulting thread (`RefillRegion::filled_here`).
 //!
 //! Every process reads the same offsets and reports a checksum of the bytes it read; they must
 //! agree. Reported: accesses per second (random and sequential), page faults, the cgroup's
@@ -29,11 +31,15 @@ use vrange_testkit::role::field;
 use vrange_testkit::{cgroup, procfs};
 
 const BLOCK: usize = 256 << 10;
-const METHODS: [(&str, &str); 4] = [
+const METHODS: [(&str, &str); 5] = [
     ("ordinary", "decompress all into ordinary memory"),
     ("nocache", "decompress the block at every access"),
     ("pagecache", "uncompressed file, mmapped (page cache)"),
     ("refill", "vrange refill region (decompress on fault)"),
+    (
+        "refill-here",
+        "vrange refill region, filled on the faulting thread",
+    ),
 ];
 /// Published single-fault latency of userfaultfd (missing fault resolved by UFFDIO_COPY from a
 /// handler thread), for comparison with ours, which includes the decompression.
@@ -156,17 +162,24 @@ extern "C" fn fill_from_handler(_: libc::c_int, info: *mut libc::siginfo_t, _: *
     let _ = unsafe { vrange::fill(at as *mut u8, SIGBUS_PAGE.as_ptr(), page) };
 }
 
-/// `fault-refill` / `fault-sigbus`: the time of one fault on a missing page, fill included
+/// `fault-refill` / `fault-here` / `fault-sigbus`: the time of one fault on a missing page, fill
+/// included
 /// (a page of constant bytes: the mechanism, not a decompressor). Prints `done us_per_fault=`.
 fn fault_role(kind: &str) -> i32 {
     let page = vrange::page_size();
     let len = FAULT_PAGES * page;
     let t = match kind {
-        "fault-refill" => {
-            let r = match vrange::RefillRegion::new(len, page, |_, buf| {
+        "fault-refill" | "fault-here" => {
+            let fill = |_: usize, buf: &mut [u8]| {
                 buf.fill(7);
                 true
-            }) {
+            };
+            let r = if kind == "fault-here" {
+                vrange::RefillRegion::filled_here(len, page, fill)
+            } else {
+                vrange::RefillRegion::new(len, page, fill)
+            };
+            let r = match r {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("fault role: {e}");
@@ -216,7 +229,8 @@ fn fault_role(kind: &str) -> i32 {
     0
 }
 
-/// The role: `METHOD SIZE RANDOM ZST IDX RAW`, or `fault-refill` / `fault-sigbus`; prints
+/// The role: `METHOD SIZE RANDOM ZST IDX RAW`, or `fault-refill` / `fault-here` /
+/// `fault-sigbus`; prints
 /// `done ...` with the times, faults and checksum.
 pub fn role(args: &[String]) -> i32 {
     if let Some(kind) = args.first().filter(|a| a.starts_with("fault-")) {
@@ -325,6 +339,27 @@ pub fn role(args: &[String]) -> i32 {
             };
             let base = region.as_ptr();
             // SAFETY: inside the region; a read waits for the fill of a missing block.
+            run(&mut |o| unsafe { base.add(o).read_volatile() })
+        }
+        "refill-here" => {
+            thread_local! {
+                static SCRATCH: std::cell::RefCell<Vec<u8>> = const {
+                    std::cell::RefCell::new(Vec::new())
+                };
+            }
+            // The fill runs in the reading thread's SIGBUS handler, which holds nothing the
+            // decompression takes (the read is a plain load).
+            let region = match vrange::RefillRegion::filled_here(size, BLOCK, move |off, buf| {
+                SCRATCH.with(|s| blocks.decompress(off / BLOCK, buf, &mut s.borrow_mut()))
+            }) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("refill role: RefillRegion::filled_here: {e}");
+                    return 1;
+                }
+            };
+            let base = region.as_ptr();
+            // SAFETY: inside the region; a read of a missing block fills it on this thread.
             run(&mut |o| unsafe { base.add(o).read_volatile() })
         }
         other => {
@@ -505,6 +540,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         (
             "fault-refill",
             "refill region, 4 KiB blocks of constant bytes",
+        ),
+        (
+            "fault-here",
+            "refill region filled on the faulting thread, 4 KiB blocks",
         ),
         (
             "fault-sigbus",

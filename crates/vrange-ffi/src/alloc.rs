@@ -34,7 +34,8 @@ pub unsafe extern "C" fn vrange_alloc(length: size_t, flags: c_int) -> *mut c_vo
 /// of the block at `offset` into `buf` and returns 0, or anything else on failure.
 pub type RefillFn = unsafe extern "C" fn(*mut c_void, size_t, *mut c_void, size_t) -> c_int;
 
-/// The C caller's fill function and context, called on the refill thread.
+/// The C caller's fill function and context, called on the refill thread (or, with
+/// `VRANGE_FILL_HERE`, on the touching threads, several at once).
 struct CFill {
     fill: RefillFn,
     ctx: *mut c_void,
@@ -43,12 +44,27 @@ struct CFill {
 // SAFETY: the C contract (vrange.h) says the fill function is called on a libvrange thread,
 // with ctx; the caller makes ctx usable from there.
 unsafe impl Send for CFill {}
+// SAFETY: with VRANGE_FILL_HERE the C contract says the fill function is called from several
+// threads at once, with ctx; the caller makes ctx usable so.
+unsafe impl Sync for CFill {}
+
+impl CFill {
+    fn call(&self, offset: usize, buf: &mut [u8]) -> bool {
+        // SAFETY: buf is a live buffer of buf.len() bytes for the call; fill and ctx are the
+        // caller's, called as its contract says.
+        unsafe { (self.fill)(self.ctx, offset, buf.as_mut_ptr().cast(), buf.len()) == 0 }
+    }
+}
+
+/// `vrange_alloc_refill` flag: fill on the touching thread (vrange.h's `VRANGE_FILL_HERE`).
+const FILL_HERE: c_int = 1 << 13;
 
 /// Maps a refill region of `length` bytes in blocks of `block` bytes whose content `fill`
-/// makes; returns it or NULL with errno. `flags` must be 0.
+/// makes; returns it or NULL with errno. `flags` is 0 or `VRANGE_FILL_HERE`.
 ///
 /// # Safety
-/// `fill` must be a function callable with `ctx` from another thread, as vrange.h says.
+/// `fill` must be a function callable with `ctx` from another thread (with `VRANGE_FILL_HERE`,
+/// from a SIGBUS handler on several threads at once), as vrange.h says.
 #[no_mangle]
 pub unsafe extern "C" fn vrange_alloc_refill(
     length: size_t,
@@ -58,16 +74,17 @@ pub unsafe extern "C" fn vrange_alloc_refill(
     ctx: *mut c_void,
 ) -> *mut c_void {
     guard(null_mut(), || {
-        let (Some(fill), 0) = (fill, flags) else {
+        let Some(fill) = fill else {
             return Err(Error::BadFlags);
         };
         let c = CFill { fill, ctx };
-        let region = RefillRegion::new(length, block, move |offset, buf| {
-            let c = &c;
-            // SAFETY: buf is a live buffer of buf.len() bytes for the call; fill and ctx are
-            // the caller's, called as its contract says.
-            unsafe { (c.fill)(c.ctx, offset, buf.as_mut_ptr().cast(), buf.len()) == 0 }
-        })
+        let region = match flags {
+            0 => RefillRegion::new(length, block, move |offset, buf| c.call(offset, buf)),
+            FILL_HERE => {
+                RefillRegion::filled_here(length, block, move |offset, buf| c.call(offset, buf))
+            }
+            _ => return Err(Error::BadFlags),
+        }
         .map_err(|e| match e {
             Error::Overflow => Error::Os(libc::ENOMEM),
             Error::Unaligned | Error::NotRegion => Error::BadFlags,

@@ -1,6 +1,7 @@
-//! Process-wide hooks and facts: fork and exit handlers, and the CPU a thread runs on. Owns
-//! `pthread_atfork`, `atexit` and `sched_getcpu`, so that everything vrange installs in a
-//! process is registered here (README, "A guest in your process", lists it).
+//! Process-wide hooks and facts: fork and exit handlers, the SIGBUS handler a program may ask
+//! for, and the CPU a thread runs on. Owns `pthread_atfork`, `atexit`, `sigaction` and
+//! `sched_getcpu`, so that everything vrange installs in a process is registered here (README,
+//! "A guest in your process", lists it).
 
 /// A handler for [`at_fork`] or [`at_exit`]: a plain function, valid for the program's life.
 pub type Handler = extern "C" fn();
@@ -120,5 +121,104 @@ pub fn raise_sigbus(tid: i32, addr: usize) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// What vrange's SIGBUS handler asks first (see [`hook_sigbus`]): whether it resolved the
+/// fault at this address, so that returning retries the access. Called in a signal handler.
+pub type SigbusHook = fn(addr: usize) -> bool;
+
+/// The hook and the action it was installed in front of.
+struct Chain {
+    hook: SigbusHook,
+    previous: libc::sigaction,
+}
+
+static CHAIN: std::sync::OnceLock<Chain> = std::sync::OnceLock::new();
+
+/// Installs vrange's SIGBUS handler, once per process, in front of the program's action:
+/// a SIGBUS raised by a fault (`si_code` > 0) whose address `hook` resolves returns at once
+/// (the access is retried); every other SIGBUS goes to the action that was in place when this
+/// was first called (its handler is called with the same arguments; the default action
+/// terminates the process, as it would have; an ignored one is ignored, except for a fault,
+/// which the kernel never lets a process ignore). Only for programs that asked for it (refill
+/// regions filled on the faulting thread): vrange installs no signal handler otherwise. Later
+/// calls keep the first hook. The handler runs on the faulting thread's own stack (no
+/// SA_ONSTACK: an alternate signal stack is sized for a stack overflow's report, not for a
+/// fill), with SIGBUS blocked and SA_RESTART.
+///
+/// # Errors
+/// The errno of sigaction(2).
+pub fn hook_sigbus(hook: SigbusHook) -> std::io::Result<()> {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if CHAIN.get().is_some() {
+        return Ok(());
+    }
+    // SAFETY: a zeroed sigaction is valid plain data; sigaction(2) with a null new action only
+    // reads the current one.
+    let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Set before the handler is: a SIGBUS arriving in between finds the chain.
+    let _ = CHAIN.set(Chain { hook, previous });
+    // SAFETY: as above; the handler is a plain function for the process's life.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = on_sigbus as *const () as usize;
+    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // SAFETY: sigemptyset initialises the mask; sigaction(2) reads the new action.
+    let rc = unsafe {
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// vrange's SIGBUS handler (see [`hook_sigbus`]). Async-signal-safe as far as the hook is.
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(chain) = CHAIN.get() else {
+        return;
+    };
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    let fault = code > 0;
+    if fault && (chain.hook)(addr) {
+        return;
+    }
+    let previous = &chain.previous;
+    match previous.sa_sigaction {
+        libc::SIG_DFL => {
+            // SAFETY: signal(2) is async-signal-safe. A fault happens again when the access
+            // is retried, now with the default action; a sent signal is sent again (delivered
+            // when this handler returns and SIGBUS is unblocked).
+            unsafe {
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
+                if !fault {
+                    libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig);
+                }
+            }
+        }
+        libc::SIG_IGN => {
+            if fault {
+                // SAFETY: as above: the kernel does not let a fault be ignored.
+                unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+            }
+        }
+        handler if previous.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the program installed this SA_SIGINFO handler for SIGBUS.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(handler) };
+            f(sig, info, ctx);
+        }
+        handler => {
+            // SAFETY: the program installed this plain handler for SIGBUS.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+            f(sig);
+        }
     }
 }

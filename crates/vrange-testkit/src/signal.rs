@@ -4,7 +4,9 @@
 /// A `SA_SIGINFO` handler.
 pub type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
 
-/// Installs `handler` for SIGBUS in this process.
+/// Installs `handler` for SIGBUS in this process: the program's own handler, in the tests
+/// that play the program (outside the OS layer's fence on purpose).
+#[allow(clippy::disallowed_methods)]
 pub fn on_sigbus(handler: Handler) {
     // SAFETY: a zeroed sigaction is valid; the handler is an SA_SIGINFO function for the
     // process's lifetime; the mask is initialised empty.

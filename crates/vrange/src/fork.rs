@@ -25,7 +25,7 @@ struct Held {
 
 /// Every lock held across fork, in rank order (checked by a test, and in debug builds by the
 /// ranks' witness as the prepare handler takes them).
-static HELD_ACROSS_FORK: [Held; 6] = [
+static HELD_ACROSS_FORK: [Held; 7] = [
     Held {
         lock: &crate::refill::TABLE.lock,
         child: crate::refill::after_fork_child,
@@ -37,6 +37,10 @@ static HELD_ACROSS_FORK: [Held; 6] = [
     Held {
         lock: &crate::refill::UFFD.open,
         child: crate::refill::uffd_after_fork_child,
+    },
+    Held {
+        lock: &crate::refill_here::LOCK,
+        child: crate::refill_here::after_fork_child,
     },
     Held {
         lock: &crate::reclaim::START,

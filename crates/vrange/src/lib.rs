@@ -75,6 +75,7 @@ mod page_index;
 mod publish;
 mod reclaim;
 mod refill;
+mod refill_here;
 mod region;
 mod regions;
 mod registry;
@@ -323,6 +324,33 @@ impl RefillRegion {
         // The refill thread's table is held across fork, before vrange's other locks.
         fork::register();
         RefillRegion::create(len, block, fill)
+    }
+
+    /// As [`RefillRegion::new`], but each block is filled on the thread that touches it, in
+    /// vrange's SIGBUS handler, instead of by the refill thread: no thread wakes another, so a
+    /// fault costs the signal, the fill and the install. The first such region installs that
+    /// handler for the process, in front of the program's SIGBUS action, to which every other
+    /// SIGBUS goes (and a failing fill's, with `si_addr` the address touched: a handler may
+    /// place the page with [`fill`] and return).
+    ///
+    /// `fill` runs inside a signal handler at the instruction that touched the region, on
+    /// several threads at once: it must not touch a refill region (SIGBUS is blocked there: the
+    /// process would die), and it may allocate or take a lock only if the code touching the
+    /// region never holds it while doing so. A program that installs a SIGBUS handler of its
+    /// own after this must pass the signals it does not handle on to the one it replaced, as
+    /// vrange does. Near the memory cgroup's limit these fills do not first give back the
+    /// region's oldest blocks (the refill thread's do); the kernel takes the lazy-free blocks.
+    ///
+    /// # Errors
+    /// As [`RefillRegion::new`] (ENOTSUP without userfaultfd's SIGBUS feature);
+    /// `Error::Os(ENOMEM)` when 64 such regions live already.
+    pub fn filled_here(
+        len: usize,
+        block: usize,
+        fill: impl Fn(usize, &mut [u8]) -> bool + Send + Sync + 'static,
+    ) -> Result<RefillRegion> {
+        fork::register();
+        RefillRegion::create_here(len, block, Box::new(fill))
     }
 }
 

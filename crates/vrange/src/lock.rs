@@ -19,6 +19,8 @@ pub(crate) enum Rank {
     SigbusOpen,
     /// Opening the refill regions' userfaultfd.
     RefillOpen,
+    /// Adding and removing regions filled on the faulting thread (`crate::refill_here`).
+    RefillHere,
     /// Starting and stopping the reclaimer thread.
     ReclaimerStart,
     /// The reclaimer thread's join handle (taken under `ReclaimerStart`).

@@ -103,6 +103,8 @@ static THREAD: AtomicBool = AtomicBool::new(false);
 pub struct RefillRegion {
     start: NonNull<u8>,
     len: usize,
+    /// Filled on the faulting thread (`crate::refill_here`), not by the refill thread.
+    here: bool,
 }
 
 // SAFETY: the region is memory owned by this handle; the fill function is `Send` and runs on
@@ -120,18 +122,11 @@ impl RefillRegion {
         block: usize,
         fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
     ) -> Result<RefillRegion, Error> {
-        let page = mem::page_size();
-        let len = crate::span::region_len(len)?;
-        if block == 0 {
-            return Err(Error::NotRegion);
-        }
-        if block % page != 0 {
-            return Err(Error::Unaligned);
-        }
+        let (len, block) = checked(len, block)?;
         // A descriptor the program closed is replaced here; the refill thread registers the
         // live regions on the new one (see `run`).
         let fd = UFFD.ensure(uffd::open_handled)?.fd;
-        let start = mem::map_anon(len, page)?;
+        let start = mem::map_anon(len, mem::page_size())?;
         // A huge page would be filled (and dropped) whole, not by block.
         let _ = mem::advise_huge(start.as_ptr(), len, false);
         if let Err(e) = uffd::register_missing(fd, start.as_ptr() as usize, len) {
@@ -142,9 +137,9 @@ impl RefillRegion {
         let entry = Entry {
             start: start.as_ptr() as usize,
             len,
-            block: block.min(len),
+            block,
             fill: Box::new(fill),
-            buf: vec![0; block.min(len)],
+            buf: vec![0; block],
             filled: VecDeque::new(),
         };
         // The entry and the thread's flag change under the table's lock, where the thread
@@ -153,7 +148,11 @@ impl RefillRegion {
             t.push(entry);
             !THREAD.swap(true, Relaxed)
         });
-        let region = RefillRegion { start, len };
+        let region = RefillRegion {
+            start,
+            len,
+            here: false,
+        };
         if let Err(e) = regions::record(Extent::Refill, start.as_ptr() as usize, len) {
             drop(region);
             return Err(e);
@@ -165,6 +164,37 @@ impl RefillRegion {
                 return Err(e.into());
             }
         }
+        Ok(region)
+    }
+
+    /// [`RefillRegion::filled_here`] once the fork handlers are in place: the region is
+    /// registered on the SIGBUS-mode descriptor, published in `crate::refill_here`'s table,
+    /// and vrange's SIGBUS handler is installed (once per process).
+    pub(crate) fn create_here(
+        len: usize,
+        block: usize,
+        fill: crate::refill_here::SharedFill,
+    ) -> Result<RefillRegion, Error> {
+        let (len, block) = checked(len, block)?;
+        let fd = crate::sigbus::ensure()?;
+        vrange_sys::process::hook_sigbus(crate::refill_here::resolve)?;
+        let start = mem::map_anon(len, mem::page_size())?;
+        let _ = mem::advise_huge(start.as_ptr(), len, false);
+        let at = start.as_ptr() as usize;
+        let published = uffd::register_missing(fd, at, len)
+            .map_err(Error::from)
+            .and_then(|()| crate::refill_here::add(at, len, block, fill));
+        if let Err(e) = published {
+            // SAFETY: just mapped, never handed out.
+            unsafe { mem::unmap(start, len) };
+            return Err(e);
+        }
+        let region = RefillRegion {
+            start,
+            len,
+            here: true,
+        };
+        regions::record(Extent::Refill, at, len)?;
         Ok(region)
     }
 
@@ -182,7 +212,8 @@ impl RefillRegion {
         if !regions::is_exactly(Extent::Refill, ptr as usize, len) {
             return Err(Error::NotRegion);
         }
-        Ok(RefillRegion { start, len })
+        let here = crate::refill_here::is_exactly(ptr as usize, len);
+        Ok(RefillRegion { start, len, here })
     }
 }
 
@@ -190,6 +221,13 @@ impl Drop for RefillRegion {
     fn drop(&mut self) {
         let start = self.start.as_ptr() as usize;
         regions::unrecord(Extent::Refill, start, self.len);
+        if self.here {
+            let fill = crate::refill_here::remove(start, self.len);
+            // SAFETY: this handle owned the mapping; no handler fills it any more.
+            unsafe { mem::unmap(self.start, self.len) };
+            drop(fill);
+            return;
+        }
         // Under the table's lock: the refill thread is not filling this region meanwhile.
         let entry = TABLE.with(|t| {
             let i = t
@@ -203,6 +241,19 @@ impl Drop for RefillRegion {
         // The fill function is dropped outside the lock (its destructor may take others).
         drop(entry);
     }
+}
+
+/// A region's length rounded up to a page, and its block (capped at the length), or the error
+/// for either.
+fn checked(len: usize, block: usize) -> Result<(usize, usize), Error> {
+    let len = crate::span::region_len(len)?;
+    if block == 0 {
+        return Err(Error::NotRegion);
+    }
+    if block % mem::page_size() != 0 {
+        return Err(Error::Unaligned);
+    }
+    Ok((len, block.min(len)))
 }
 
 /// Faults closer together than this (from the end of one fill to the next fault read) keep

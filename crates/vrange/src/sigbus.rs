@@ -66,13 +66,17 @@ pub(crate) fn current() -> Option<RawFd> {
     UFFD.current()
 }
 
-/// Registers every live managed SIGBUS range on a new descriptor.
+/// Registers every live managed SIGBUS range, and every refill region filled on the faulting
+/// thread, on a new descriptor.
 fn reregister(fd: RawFd) {
     registry::for_each_live(|_, slot| {
         if slot.sigbus() && slot.policy() != Policy::Lazy {
             let (start, len) = slot.extent();
             let _ = uffd::register_missing(fd, start, len);
         }
+    });
+    crate::refill_here::for_each(|start, len| {
+        let _ = uffd::register_missing(fd, start, len);
     });
 }
 

@@ -106,11 +106,21 @@ fn play() {
         // SAFETY: inside the region; the read waits for its fill.
         unsafe { r.as_ptr().add(12345).read_volatile() == 7 }
     });
+    let here = RefillRegion::filled_here(len, 1 << 16, |_, buf| {
+        buf.fill(9);
+        true
+    });
+    let filled_here = here.as_ref().is_ok_and(|r| {
+        // SAFETY: inside the region; the read fills its block on this thread.
+        unsafe { r.as_ptr().add(12345).read_volatile() == 9 }
+    });
     say(format!(
-        "userfaultfd sigbus={} refill={} refilled={}",
+        "userfaultfd sigbus={} refill={} refilled={} here={} filled_here={}",
         errno(sigbus),
         errno(refill),
-        u8::from(refilled)
+        u8::from(refilled),
+        errno(here),
+        u8::from(filled_here)
     ));
 }
 
@@ -168,6 +178,7 @@ fn under_dockers_default_seccomp_profile() {
     assert_eq!(features.u64("process_madvise"), 0, "{features:?}");
     assert_eq!(uffd.u64("sigbus"), libc::ENOTSUP as u64, "{uffd:?}");
     assert_eq!(uffd.u64("refill"), libc::ENOTSUP as u64, "{uffd:?}");
+    assert_eq!(uffd.u64("here"), libc::ENOTSUP as u64, "{uffd:?}");
 }
 
 /// An unprivileged user: the core and the reclaimer work; no cgroup can be created and PSI
@@ -182,10 +193,13 @@ fn as_an_unprivileged_user() {
         return;
     };
     if features.u64("uffd") == 1 {
-        assert_eq!((uffd.u64("sigbus"), uffd.u64("refill")), (0, 0), "{uffd:?}");
+        let errnos = (uffd.u64("sigbus"), uffd.u64("refill"), uffd.u64("here"));
+        assert_eq!(errnos, (0, 0, 0), "{uffd:?}");
         assert_eq!(uffd.u64("refilled"), 1, "{uffd:?}");
+        assert_eq!(uffd.u64("filled_here"), 1, "{uffd:?}");
     } else {
         assert_eq!(uffd.u64("sigbus"), libc::ENOTSUP as u64, "{uffd:?}");
         assert_eq!(uffd.u64("refill"), libc::ENOTSUP as u64, "{uffd:?}");
+        assert_eq!(uffd.u64("here"), libc::ENOTSUP as u64, "{uffd:?}");
     }
 }

@@ -31,6 +31,8 @@ extern "C" fn on_signal(_: libc::c_int) {
     HANDLED.fetch_add(1, Ordering::Release);
 }
 
+// The test plays the program installing its own handler: outside the OS layer's fence.
+#[allow(clippy::disallowed_methods)]
 fn install(sig: libc::c_int) {
     // SAFETY: test-owned memory; a zeroed sigaction with a valid handler and an empty mask.
     unsafe {

@@ -1,0 +1,412 @@
+//! Refill regions filled on the faulting thread (`RefillRegion::filled_here`) on the real
+//! kernel: each block is made by the thread that touches it, on first touch and again after
+//! the system took it (forced with MADV_DONTNEED), by threads touching and a purger taking
+//! blocks at once; a failing fill and every SIGBUS that is not a region's go to the program's
+//! own handler (installed before the first region), or kill the process where it had none;
+//! regions are registered again after the program closed the descriptor; the table of such
+//! regions is bounded and freed entries are reused.
+//!
+//! The program's handler is installed once, before any region, by [`setup`]: vrange's handler
+//! keeps the action it found when the process's first region installed it.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicI32, AtomicUsize};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+use vrange::{Error, RefillRegion};
+use vrange_testkit::pattern::pattern;
+use vrange_testkit::proc::Exit;
+use vrange_testkit::role::{role, role_command, say, Role};
+use vrange_testkit::{serial, skip};
+
+const KIB: usize = 1 << 10;
+const BLOCK: usize = 64 * KIB;
+const TEST_DEFAULT: &str = "without_a_handler_of_the_programs_a_failing_fill_kills_with_sigbus";
+
+fn word(seed: u64, i: usize) -> u64 {
+    pattern(seed, i)
+}
+
+fn generate(seed: u64, offset: usize, buf: &mut [u8]) {
+    for (j, chunk) in buf.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&word(seed, offset / 8 + j).to_ne_bytes());
+    }
+}
+
+fn tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Fills of a region: how many, and the threads they ran on.
+#[derive(Default)]
+struct Fills {
+    count: AtomicUsize,
+    threads: Mutex<Vec<i32>>,
+    last_thread: AtomicI32,
+}
+
+/// A region of `len` bytes made by the generator with `seed`, recording its fills; None (with a
+/// printed reason) without userfaultfd.
+fn region(len: usize, seed: u64) -> Option<(RefillRegion, Arc<Fills>)> {
+    setup();
+    let fills = Arc::new(Fills::default());
+    let seen = fills.clone();
+    match RefillRegion::filled_here(len, BLOCK, move |offset, buf| {
+        seen.count.fetch_add(1, SeqCst);
+        seen.last_thread.store(tid(), SeqCst);
+        seen.threads.lock().unwrap().push(tid());
+        generate(seed, offset, buf);
+        true
+    }) {
+        Ok(r) => Some((r, fills)),
+        Err(Error::Os(libc::ENOTSUP)) => {
+            skip("userfaultfd (with its SIGBUS feature) is not available to this process");
+            None
+        }
+        Err(e) => panic!("RefillRegion::filled_here: {e}"),
+    }
+}
+
+fn read_word(r: &RefillRegion, i: usize) -> u64 {
+    assert!(i * 8 < r.len());
+    // SAFETY: inside the region; a missing block is filled on this thread.
+    unsafe { (r.as_ptr() as *const u64).add(i).read_volatile() }
+}
+
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+// ---- The program's own SIGBUS handler ----
+
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+static SIG_ADDR: AtomicUsize = AtomicUsize::new(0);
+static SIG_CODE: AtomicI32 = AtomicI32::new(0);
+/// The region whose failing block the handler places (0: none), and its seed.
+static PLACE_BASE: AtomicUsize = AtomicUsize::new(0);
+static PLACE_LEN: AtomicUsize = AtomicUsize::new(0);
+const PLACE_SEED: u64 = 6;
+
+extern "C" fn programs_handler(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: a valid siginfo for an SA_SIGINFO handler.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    SIGNALS.fetch_add(1, SeqCst);
+    SIG_ADDR.store(addr, SeqCst);
+    SIG_CODE.store(code, SeqCst);
+    let base = PLACE_BASE.load(SeqCst);
+    if base == 0 || addr < base || addr >= base + PLACE_LEN.load(SeqCst) {
+        return;
+    }
+    let page = vrange::page_size();
+    let at = addr & !(page - 1);
+    let mut buf = [0u8; 4096];
+    generate(PLACE_SEED, at - base, &mut buf[..page]);
+    // SAFETY: buf holds a page; the page belongs to the test's region.
+    let _ = unsafe { vrange::fill(at as *mut u8, buf.as_ptr(), page) };
+}
+
+/// Installs the program's handler once, before this process's first region.
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if role().is_none() {
+            vrange_testkit::signal::on_sigbus(programs_handler);
+        }
+    });
+}
+
+// ---- Tests ----
+
+#[test]
+fn blocks_are_filled_on_the_touching_thread_first_and_after_they_were_taken() {
+    let _s = serial();
+    let Some((r, fills)) = region(16 * BLOCK, 3) else {
+        return;
+    };
+    let words = BLOCK / 8;
+    assert_eq!(
+        fills.count.load(SeqCst),
+        0,
+        "nothing is made before it is touched"
+    );
+    let before = vrange::stats();
+    let signals = SIGNALS.load(SeqCst);
+    assert_eq!(read_word(&r, 5 * words + 17), word(3, 5 * words + 17));
+    assert_eq!(fills.count.load(SeqCst), 1, "one fill for the block");
+    assert_eq!(
+        fills.last_thread.load(SeqCst),
+        tid(),
+        "filled on the touching thread"
+    );
+    for i in 5 * words..6 * words {
+        assert_eq!(read_word(&r, i), word(3, i));
+    }
+    assert_eq!(
+        fills.count.load(SeqCst),
+        1,
+        "installed whole: no more fills"
+    );
+    // Take the block back as the system would.
+    // SAFETY: the region's content is the generator's: nothing is lost.
+    unsafe { vrange_sys::mem::purge_forced(r.as_ptr().wrapping_add(5 * BLOCK), BLOCK) }.unwrap();
+    let other = std::thread::spawn({
+        let r = r.as_ptr() as usize;
+        move || {
+            // SAFETY: inside the region, which outlives this thread (joined below).
+            let v = unsafe { ((r + 5 * BLOCK) as *const u64).read_volatile() };
+            (v, tid())
+        }
+    });
+    let (v, other_tid) = other.join().unwrap();
+    assert_eq!(v, word(3, 5 * words));
+    assert_eq!(fills.count.load(SeqCst), 2, "made again after it was taken");
+    assert_eq!(
+        fills.last_thread.load(SeqCst),
+        other_tid,
+        "by the thread that touched it"
+    );
+    let after = vrange::stats();
+    assert_eq!(after.refill_fills - before.refill_fills, 2);
+    assert_eq!(after.refill_bytes - before.refill_bytes, 2 * BLOCK as u64);
+    assert!(
+        vrange_testkit::sched::thread_named("vrange-refill").is_none(),
+        "no refill thread serves these regions"
+    );
+    assert_eq!(
+        SIGNALS.load(SeqCst),
+        signals,
+        "the program's handler saw none of it"
+    );
+}
+
+#[test]
+fn threads_touching_while_blocks_are_taken_read_the_generator() {
+    let _s = serial();
+    const TAKEN: usize = 300;
+    let blocks = 32;
+    let Some((r, fills)) = region(blocks * BLOCK, 5) else {
+        return;
+    };
+    let r = &r;
+    let readers = Mutex::new(Vec::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let taken = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (readers, taken) = (&readers, &taken);
+                s.spawn(move || {
+                    readers.lock().unwrap().push(tid());
+                    let mut dice = 0x9e37_79b9 + t;
+                    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                    let mut reads = 0;
+                    while reads < 20_000
+                        || (taken.load(SeqCst) < TAKEN && std::time::Instant::now() < deadline)
+                    {
+                        let i = next(&mut dice) as usize % (r.len() / 8);
+                        assert_eq!(read_word(r, i), word(5, i), "thread {t}, word {i}");
+                        reads += 1;
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            let mut dice = 77u64;
+            while !stop.load(SeqCst) {
+                let b = next(&mut dice) as usize % blocks;
+                // SAFETY: the region's content is the generator's: nothing is lost.
+                unsafe { vrange_sys::mem::purge_forced(r.as_ptr().wrapping_add(b * BLOCK), BLOCK) }
+                    .unwrap();
+                taken.fetch_add(1, SeqCst);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        for h in handles {
+            h.join().unwrap();
+        }
+        stop.store(true, SeqCst);
+    });
+    let readers = readers.into_inner().unwrap();
+    let threads = fills.threads.lock().unwrap();
+    assert!(
+        taken.load(SeqCst) >= TAKEN,
+        "the purger took too few blocks meanwhile"
+    );
+    println!(
+        "{} fills, {} blocks taken meanwhile",
+        threads.len(),
+        taken.load(SeqCst)
+    );
+    assert!(
+        threads.len() >= blocks,
+        "every block was filled at least once"
+    );
+    assert!(
+        threads.iter().all(|t| readers.contains(t)),
+        "every fill ran on a reading thread"
+    );
+}
+
+#[test]
+fn a_failing_fill_and_other_sigbus_go_to_the_programs_handler() {
+    let _s = serial();
+    setup();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let f = failures.clone();
+    let r = match RefillRegion::filled_here(8 * BLOCK, BLOCK, move |offset, buf| {
+        if offset == 2 * BLOCK {
+            f.fetch_add(1, SeqCst);
+            return false;
+        }
+        generate(PLACE_SEED, offset, buf);
+        true
+    }) {
+        Ok(r) => r,
+        Err(Error::Os(libc::ENOTSUP)) => return skip("userfaultfd is not available"),
+        Err(e) => panic!("RefillRegion::filled_here: {e}"),
+    };
+    PLACE_LEN.store(r.len(), SeqCst);
+    PLACE_BASE.store(r.as_ptr() as usize, SeqCst);
+    let signals = SIGNALS.load(SeqCst);
+    let failed = vrange::stats().refill_failures;
+    let i = (2 * BLOCK + 3 * 4096 + 40) / 8;
+    assert_eq!(
+        read_word(&r, i),
+        word(PLACE_SEED, i),
+        "the program's handler placed the page"
+    );
+    assert_eq!(SIGNALS.load(SeqCst) - signals, 1);
+    assert_eq!(SIG_ADDR.load(SeqCst), r.as_ptr() as usize + i * 8);
+    assert_eq!(
+        SIG_CODE.load(SeqCst),
+        libc::BUS_ADRERR,
+        "the fault's own siginfo"
+    );
+    assert_eq!(failures.load(SeqCst), 1);
+    assert_eq!(vrange::stats().refill_failures - failed, 1);
+    assert_eq!(
+        read_word(&r, 0),
+        word(PLACE_SEED, 0),
+        "other blocks fill as usual"
+    );
+    // A SIGBUS sent to the thread (not a fault) goes to the program's handler as it came.
+    vrange_sys::process::raise_sigbus(tid(), 0x1234_5000).unwrap();
+    assert_eq!(SIGNALS.load(SeqCst) - signals, 2);
+    assert_eq!(SIG_ADDR.load(SeqCst), 0x1234_5000);
+    assert_eq!(SIG_CODE.load(SeqCst), libc::SI_QUEUE);
+    PLACE_BASE.store(0, SeqCst);
+}
+
+/// The role: a process without a SIGBUS handler of its own touches a block whose fill fails.
+fn dies_touching_a_failing_block() {
+    let r = RefillRegion::filled_here(4 * BLOCK, BLOCK, |offset, buf| {
+        generate(1, offset, buf);
+        offset != BLOCK
+    })
+    .expect("filled_here");
+    assert_eq!(read_word(&r, 0), word(1, 0));
+    say("FILLED");
+    let _ = read_word(&r, BLOCK / 8);
+    say("SURVIVED");
+}
+
+#[test]
+fn without_a_handler_of_the_programs_a_failing_fill_kills_with_sigbus() {
+    if role().as_deref() == Some("dies") {
+        return dies_touching_a_failing_block();
+    }
+    let _s = serial();
+    if region(BLOCK, 1).is_none() {
+        return;
+    }
+    let mut child = Role::spawn("dies", role_command(TEST_DEFAULT, "dies"));
+    child.expect("FILLED", Duration::from_secs(20));
+    let exit = child.wait(Duration::from_secs(20));
+    assert!(
+        matches!(exit, Exit::Signal(libc::SIGBUS)),
+        "the default action of the program's SIGBUS: {exit}"
+    );
+}
+
+#[test]
+fn the_table_is_bounded_and_reuses_freed_entries() {
+    let _s = serial();
+    let page = vrange::page_size();
+    assert_eq!(
+        RefillRegion::filled_here(BLOCK, page + 1, |_, _| true).err(),
+        Some(Error::Unaligned)
+    );
+    assert_eq!(
+        RefillRegion::filled_here(0, page, |_, _| true).err(),
+        Some(Error::NotRegion)
+    );
+    let Some((first, _)) = region(BLOCK, 2) else {
+        return;
+    };
+    let mut live = vec![first];
+    let full = loop {
+        match RefillRegion::filled_here(BLOCK, BLOCK, |o, b| {
+            generate(2, o, b);
+            true
+        }) {
+            Ok(r) => live.push(r),
+            Err(e) => break e,
+        }
+        assert!(live.len() <= 64, "more than 64 regions live");
+    };
+    assert_eq!(full, Error::Os(libc::ENOMEM));
+    assert_eq!(live.len(), 64);
+    let (ptr, len) = live.pop().unwrap().into_raw();
+    // SAFETY: from into_raw, no other handle; a wrong length names no region.
+    let wrong = unsafe { RefillRegion::from_raw(ptr, len + page) };
+    assert_eq!(wrong.err(), Some(Error::NotRegion));
+    // SAFETY: as above.
+    let back = unsafe { RefillRegion::from_raw(ptr, len) }.unwrap();
+    assert_eq!(read_word(&back, 3), word(2, 3));
+    drop(back);
+    live.truncate(1);
+    let again: Vec<_> = (0..63)
+        .map(|_| RefillRegion::filled_here(BLOCK, BLOCK, |_, _| true).expect("freed entries"))
+        .collect();
+    assert_eq!(read_word(&live[0], 1), word(2, 1));
+    drop(again);
+}
+
+/// A program that closes every descriptor above its own takes the SIGBUS descriptor with them
+/// and the kernel drops the registrations; the next region opens a new one and registers the
+/// live regions on it again at once.
+#[test]
+fn regions_are_registered_again_after_the_program_closed_the_descriptor() {
+    let _s = serial();
+    let Some((a, _)) = region(4 * BLOCK, 11) else {
+        return;
+    };
+    assert_eq!(read_word(&a, 0), word(11, 0));
+    // SAFETY: close_range on descriptors this test process does not use itself (vrange's, at
+    // and above the floor), as a daemon's closefrom would.
+    #[allow(clippy::disallowed_methods)]
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            vrange_sys::fd::floor() as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "close_range");
+    let Some((b, _)) = region(4 * BLOCK, 12) else {
+        return;
+    };
+    assert_eq!(read_word(&b, 1), word(12, 1));
+    // SAFETY: the region's content is the generator's: nothing is lost.
+    unsafe { vrange_sys::mem::purge_forced(a.as_ptr(), BLOCK) }.unwrap();
+    assert_eq!(
+        read_word(&a, 1),
+        word(11, 1),
+        "registered again with the new descriptor"
+    );
+}
