@@ -326,40 +326,34 @@ pub fn role(args: &[String]) -> i32 {
             unsafe { vrange_sys::mem::unmap(map, size) };
             r
         }
-        "refill" => {
-            let mut scratch = Vec::new();
-            let region = match vrange::RefillRegion::new(size, BLOCK, move |off, buf| {
-                blocks.decompress(off / BLOCK, buf, &mut scratch)
-            }) {
+        "refill" | "refill-here" => {
+            let region = if method == "refill" {
+                let mut scratch = Vec::new();
+                vrange::RefillRegion::new(size, BLOCK, move |off, buf| {
+                    blocks.decompress(off / BLOCK, buf, &mut scratch)
+                })
+            } else {
+                thread_local! {
+                    static SCRATCH: std::cell::RefCell<Vec<u8>> = const {
+                        std::cell::RefCell::new(Vec::new())
+                    };
+                }
+                // The fill runs in the reading thread's SIGBUS handler, which holds nothing
+                // the decompression takes (the read is a plain load).
+                vrange::RefillRegion::filled_here(size, BLOCK, move |off, buf| {
+                    SCRATCH.with(|s| blocks.decompress(off / BLOCK, buf, &mut s.borrow_mut()))
+                })
+            };
+            let region = match region {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("refill role: RefillRegion: {e}");
+                    eprintln!("refill role: {method}: {e}");
                     return 1;
                 }
             };
             let base = region.as_ptr();
-            // SAFETY: inside the region; a read waits for the fill of a missing block.
-            run(&mut |o| unsafe { base.add(o).read_volatile() })
-        }
-        "refill-here" => {
-            thread_local! {
-                static SCRATCH: std::cell::RefCell<Vec<u8>> = const {
-                    std::cell::RefCell::new(Vec::new())
-                };
-            }
-            // The fill runs in the reading thread's SIGBUS handler, which holds nothing the
-            // decompression takes (the read is a plain load).
-            let region = match vrange::RefillRegion::filled_here(size, BLOCK, move |off, buf| {
-                SCRATCH.with(|s| blocks.decompress(off / BLOCK, buf, &mut s.borrow_mut()))
-            }) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("refill role: RefillRegion::filled_here: {e}");
-                    return 1;
-                }
-            };
-            let base = region.as_ptr();
-            // SAFETY: inside the region; a read of a missing block fills it on this thread.
+            // SAFETY: inside the region; a read of a missing block waits for its fill (or, in
+            // `refill-here`, fills it on this thread).
             run(&mut |o| unsafe { base.add(o).read_volatile() })
         }
         other => {

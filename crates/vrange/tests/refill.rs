@@ -4,6 +4,9 @@
 //! without an OOM kill, the fills near the limit recycling the oldest blocks), threads touching blocks at once, and a failing fill raising SIGBUS at
 //! the address touched.
 
+mod common;
+
+use common::{generate, next, read_word, refill_or_skip};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
@@ -24,43 +27,17 @@ fn word(seed: u64, i: usize) -> u64 {
     pattern(seed, i)
 }
 
-fn generate(seed: u64, offset: usize, buf: &mut [u8]) {
-    for (j, chunk) in buf.chunks_exact_mut(8).enumerate() {
-        chunk.copy_from_slice(&word(seed, offset / 8 + j).to_ne_bytes());
-    }
-}
-
 /// A region of `len` bytes made by the generator, counting its fills; None (with a printed
 /// reason) without userfaultfd.
 fn region(len: usize, seed: u64) -> Option<(RefillRegion, Arc<AtomicUsize>)> {
     let fills = Arc::new(AtomicUsize::new(0));
     let counted = fills.clone();
-    match RefillRegion::new(len, BLOCK, move |offset, buf| {
+    let r = refill_or_skip(RefillRegion::new(len, BLOCK, move |offset, buf| {
         counted.fetch_add(1, SeqCst);
         generate(seed, offset, buf);
         true
-    }) {
-        Ok(r) => Some((r, fills)),
-        Err(Error::Os(libc::ENOTSUP)) => {
-            skip("userfaultfd is not available to this process");
-            None
-        }
-        Err(e) => panic!("RefillRegion::new: {e}"),
-    }
-}
-
-fn read_word(r: &RefillRegion, i: usize) -> u64 {
-    assert!(i * 8 < r.len());
-    // SAFETY: inside the region; reading waits for the block's fill if it is missing.
-    unsafe { (r.as_ptr() as *const u64).add(i).read_volatile() }
-}
-
-/// A small deterministic generator of offsets (no dependency needed for a test's dice).
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
+    }))?;
+    Some((r, fills))
 }
 
 #[test]
@@ -334,18 +311,7 @@ fn regions_are_registered_again_after_the_program_closed_the_descriptor() {
         return;
     };
     assert_eq!(read_word(&a, 0), word(11, 0));
-    // SAFETY: close_range on descriptors this test process does not use itself (vrange's, at
-    // and above the floor), as a daemon's closefrom would.
-    #[allow(clippy::disallowed_methods)]
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            vrange_sys::fd::floor() as libc::c_uint,
-            libc::c_uint::MAX,
-            0,
-        )
-    };
-    assert_eq!(rc, 0, "close_range");
+    common::close_from_floor();
     let Some((b, _)) = region(4 * BLOCK, 12) else {
         return;
     };

@@ -9,6 +9,9 @@
 //! The program's handler is installed once, before any region, by [`setup`]: vrange's handler
 //! keeps the action it found when the process's first region installed it.
 
+mod common;
+
+use common::{generate, next, read_word, refill_or_skip};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicI32, AtomicUsize};
 use std::sync::{Arc, Mutex, Once};
@@ -25,12 +28,6 @@ const TEST_DEFAULT: &str = "without_a_handler_of_the_programs_a_failing_fill_kil
 
 fn word(seed: u64, i: usize) -> u64 {
     pattern(seed, i)
-}
-
-fn generate(seed: u64, offset: usize, buf: &mut [u8]) {
-    for (j, chunk) in buf.chunks_exact_mut(8).enumerate() {
-        chunk.copy_from_slice(&word(seed, offset / 8 + j).to_ne_bytes());
-    }
 }
 
 fn tid() -> i32 {
@@ -52,33 +49,14 @@ fn region(len: usize, seed: u64) -> Option<(RefillRegion, Arc<Fills>)> {
     setup();
     let fills = Arc::new(Fills::default());
     let seen = fills.clone();
-    match RefillRegion::filled_here(len, BLOCK, move |offset, buf| {
+    let r = refill_or_skip(RefillRegion::filled_here(len, BLOCK, move |offset, buf| {
         seen.count.fetch_add(1, SeqCst);
         seen.last_thread.store(tid(), SeqCst);
         seen.threads.lock().unwrap().push(tid());
         generate(seed, offset, buf);
         true
-    }) {
-        Ok(r) => Some((r, fills)),
-        Err(Error::Os(libc::ENOTSUP)) => {
-            skip("userfaultfd (with its SIGBUS feature) is not available to this process");
-            None
-        }
-        Err(e) => panic!("RefillRegion::filled_here: {e}"),
-    }
-}
-
-fn read_word(r: &RefillRegion, i: usize) -> u64 {
-    assert!(i * 8 < r.len());
-    // SAFETY: inside the region; a missing block is filled on this thread.
-    unsafe { (r.as_ptr() as *const u64).add(i).read_volatile() }
-}
-
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
+    }))?;
+    Some((r, fills))
 }
 
 // ---- The program's own SIGBUS handler ----
@@ -386,18 +364,7 @@ fn regions_are_registered_again_after_the_program_closed_the_descriptor() {
         return;
     };
     assert_eq!(read_word(&a, 0), word(11, 0));
-    // SAFETY: close_range on descriptors this test process does not use itself (vrange's, at
-    // and above the floor), as a daemon's closefrom would.
-    #[allow(clippy::disallowed_methods)]
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            vrange_sys::fd::floor() as libc::c_uint,
-            libc::c_uint::MAX,
-            0,
-        )
-    };
-    assert_eq!(rc, 0, "close_range");
+    common::close_from_floor();
     let Some((b, _)) = region(4 * BLOCK, 12) else {
         return;
     };

@@ -88,3 +88,59 @@ pub fn quiet() {
         vrange::set_option(name, value).unwrap();
     }
 }
+
+/// Writes the words of the pattern with `seed` at `offset` (bytes, a multiple of 8) into `buf`:
+/// a refill region's generator.
+pub fn generate(seed: u64, offset: usize, buf: &mut [u8]) {
+    for (j, chunk) in buf.chunks_exact_mut(8).enumerate() {
+        chunk
+            .copy_from_slice(&vrange_testkit::pattern::pattern(seed, offset / 8 + j).to_ne_bytes());
+    }
+}
+
+/// A small deterministic generator of offsets (xorshift; no dependency for a test's dice).
+pub fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Closes every descriptor at or above vrange's floor, as a daemon's closefrom would: the
+/// program taking vrange's descriptors away.
+pub fn close_from_floor() {
+    // SAFETY: close_range on descriptors this test process does not use itself (vrange's, at
+    // and above the floor).
+    #[allow(clippy::disallowed_methods)]
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            vrange_sys::fd::floor() as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "close_range");
+}
+
+/// Word `i` of a refill region, read through it (a missing block is filled first).
+pub fn read_word(r: &vrange::RefillRegion, i: usize) -> u64 {
+    assert!(i * 8 < r.len());
+    // SAFETY: inside the region; reading fills its block first if it is missing.
+    unsafe { (r.as_ptr() as *const u64).add(i).read_volatile() }
+}
+
+/// A refill region just made, or None (with a printed reason, a skip) where userfaultfd is not
+/// available to this process.
+pub fn refill_or_skip(
+    made: Result<vrange::RefillRegion, vrange::Error>,
+) -> Option<vrange::RefillRegion> {
+    match made {
+        Ok(r) => Some(r),
+        Err(vrange::Error::Os(libc::ENOTSUP)) => {
+            vrange_testkit::skip("userfaultfd is not available to this process");
+            None
+        }
+        Err(e) => panic!("a refill region: {e}"),
+    }
+}
