@@ -14,17 +14,18 @@
 //! process's own cgroup (vmpressure, v2 `memory.pressure`) or of a short machine counts as
 //! tight too, for at least [`HOLD`].
 //!
-//! Except a *hot* range: one marked again within [`HOT`] of its previous mark (a cache's slab
-//! between two hits, a buffer reused in a loop). Arming it at every mark would cost an
-//! madvise(2) over the range at the mark and a proof of each page at the next unmark, both
-//! wasted when the range is pinned again a moment later (half the time of a cache serving
-//! beside its limit went there). A hot range is armed by the reclaimer once it has been idle
-//! for [`HOT`], one tight tick; until then the kernel cannot take it, and what the process
-//! re-marked within the last two ticks is the memory it is using, the last the reclaimer would
-//! drop, which the reclaimer still purges at its tick if the headroom calls for it. A range's
-//! first mark is never hot: the burst right after a first mark finds it armed. Until a
-//! reclaimer has measured, hot ranges are armed at the mark like the others (nothing would arm
-//! them later).
+//! Except a *hot* range: one marked again within [`HOT`] of its previous mark (a cache's slab,
+//! pinned by a hit and marked again by the next tick's flush; a buffer reused in a loop).
+//! Arming it at every mark would cost an madvise(2) over the range at the mark and a proof of
+//! each page at the next unmark, both wasted when the range is pinned again a moment later
+//! (half the time of a cache serving beside its limit went there). A hot range is armed by the
+//! reclaimer once it has been idle for [`HOT`] (five tight ticks: a slab hit between every
+//! tick is marked every tick); until then the kernel cannot take it, but the reclaimer, which
+//! looks every tick, still purges it if the headroom calls for it: what the process re-marked
+//! within the last [`HOT`] is the memory it is using, the last the reclaimer would drop. A
+//! range's first mark is never hot: the burst right after a first mark finds it armed. Until
+//! a reclaimer has measured, hot ranges are armed at the mark like the others (nothing would
+//! arm them later).
 //!
 //! This module owns the flag and the rule; it never purges.
 
@@ -52,8 +53,8 @@ const FAULT_RATE: u64 = 4 << 30;
 /// The smallest watermark.
 const MIN_WATERMARK: u64 = 64 << 20;
 /// A range marked again within this of its previous mark is hot: armed only once idle this
-/// long. One tight tick.
-pub(crate) const HOT: Duration = TIGHT_POLL;
+/// long. Five tight ticks.
+pub(crate) const HOT: Duration = Duration::from_millis(5 * TIGHT_POLL.as_millis() as u64);
 
 /// Whether a range marked at `now`, previously marked at `previous` (0: never), is hot.
 #[inline]
@@ -162,7 +163,7 @@ mod tests {
     }
 
     #[test]
-    fn hot_is_marked_again_within_a_tick() {
+    fn hot_is_marked_again_within_hot() {
         let at = 5_000_000_000;
         let hot = HOT.as_nanos() as u64;
         assert!(!is_hot(0, at), "a first mark");
