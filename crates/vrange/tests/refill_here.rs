@@ -24,7 +24,7 @@ use vrange_testkit::{serial, skip};
 
 const KIB: usize = 1 << 10;
 const BLOCK: usize = 64 * KIB;
-const TEST_DEFAULT: &str = "without_a_handler_of_the_programs_a_failing_fill_kills_with_sigbus";
+const TEST_ACTIONS: &str = "sigbus_goes_on_to_the_programs_own_action_whatever_it_is";
 
 fn word(seed: u64, i: usize) -> u64 {
     pattern(seed, i)
@@ -87,7 +87,8 @@ extern "C" fn programs_handler(_: libc::c_int, info: *mut libc::siginfo_t, _: *m
     let _ = unsafe { vrange::fill(at as *mut u8, buf.as_ptr(), page) };
 }
 
-/// Installs the program's handler once, before this process's first region.
+/// Installs the program's handler once, before this process's first region (not in a role:
+/// each sets its own action).
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -279,8 +280,33 @@ fn a_failing_fill_and_other_sigbus_go_to_the_programs_handler() {
     PLACE_BASE.store(0, SeqCst);
 }
 
-/// The role: a process without a SIGBUS handler of its own touches a block whose fill fails.
-fn dies_touching_a_failing_block() {
+static PLAIN_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn plain_handler(_: libc::c_int) {
+    PLAIN_CALLS.fetch_add(1, SeqCst);
+}
+
+/// The roles, each a program whose SIGBUS action was set before its first region (as a C
+/// program's):
+/// - `dies`: the default action; it touches a block whose fill fails;
+/// - `ignored`: SIGBUS ignored; the same touch (the kernel does not let a fault be ignored);
+/// - `sent`: the default action; SIGBUS sent to itself (not a fault: sent again, and kills);
+/// - `plain`: a handler without SA_SIGINFO; SIGBUS sent to itself reaches it, and it lives.
+fn program(kind: &str) {
+    // SAFETY: signal(2) with a plain handler or SIG_IGN, before any region: the program's own
+    // action, as it would set it.
+    unsafe {
+        match kind {
+            "ignored" => libc::signal(libc::SIGBUS, libc::SIG_IGN),
+            "plain" => libc::signal(
+                libc::SIGBUS,
+                plain_handler as *const () as libc::sighandler_t,
+            ),
+            // Rust's runtime installs a SIGBUS handler of its own (stack overflow reports,
+            // resetting to the default for any other address): a C program has none.
+            _ => libc::signal(libc::SIGBUS, libc::SIG_DFL),
+        };
+    }
     let r = RefillRegion::filled_here(4 * BLOCK, BLOCK, |offset, buf| {
         generate(1, offset, buf);
         offset != BLOCK
@@ -288,26 +314,39 @@ fn dies_touching_a_failing_block() {
     .expect("filled_here");
     assert_eq!(read_word(&r, 0), word(1, 0));
     say("FILLED");
-    let _ = read_word(&r, BLOCK / 8);
-    say("SURVIVED");
+    match kind {
+        "sent" | "plain" => vrange_sys::process::raise_sigbus(tid(), 0x1000).unwrap(),
+        _ => drop(read_word(&r, BLOCK / 8)),
+    }
+    say(format_args!("SURVIVED plain={}", PLAIN_CALLS.load(SeqCst)));
 }
 
 #[test]
-fn without_a_handler_of_the_programs_a_failing_fill_kills_with_sigbus() {
-    if role().as_deref() == Some("dies") {
-        return dies_touching_a_failing_block();
+fn sigbus_goes_on_to_the_programs_own_action_whatever_it_is() {
+    if let Some(kind) = role() {
+        return program(&kind);
     }
     let _s = serial();
     if region(BLOCK, 1).is_none() {
         return;
     }
-    let mut child = Role::spawn("dies", role_command(TEST_DEFAULT, "dies"));
-    child.expect("FILLED", Duration::from_secs(20));
-    let exit = child.wait(Duration::from_secs(20));
-    assert!(
-        matches!(exit, Exit::Signal(libc::SIGBUS)),
-        "the default action of the program's SIGBUS: {exit}"
-    );
+    for kind in ["dies", "ignored", "sent", "plain"] {
+        let mut child = Role::spawn(kind, role_command(TEST_ACTIONS, kind));
+        child.expect("FILLED", Duration::from_secs(20));
+        let survived = child.next(Duration::from_secs(20));
+        let exit = child.wait(Duration::from_secs(20));
+        if kind == "plain" {
+            let line = survived.expect("the plain handler's program lives on");
+            assert_eq!(line.u64("plain"), 1, "{kind}: {line:?}");
+            assert!(matches!(exit, Exit::Code(0)), "{kind}: {exit}");
+        } else {
+            assert!(survived.is_err(), "{kind}: it lived on: {survived:?}");
+            assert!(
+                matches!(exit, Exit::Signal(libc::SIGBUS)),
+                "{kind}: killed by SIGBUS, as without vrange: {exit}"
+            );
+        }
+    }
 }
 
 #[test]
