@@ -177,7 +177,7 @@ impl RefillRegion {
     ) -> Result<RefillRegion, Error> {
         let (len, block) = checked(len, block)?;
         let fd = crate::sigbus::ensure()?;
-        vrange_sys::process::hook_sigbus(crate::refill_here::resolve)?;
+        vrange_sys::process::hook_sigbus(resolve_here)?;
         let start = mem::map_anon(len, mem::page_size())?;
         let _ = mem::advise_huge(start.as_ptr(), len, false);
         let at = start.as_ptr() as usize;
@@ -241,6 +241,13 @@ impl Drop for RefillRegion {
         // The fill function is dropped outside the lock (its destructor may take others).
         drop(entry);
     }
+}
+
+/// vrange's SIGBUS hook (`vrange_sys::process::hook_sigbus`): a fault in a region filled on
+/// the faulting thread is filled there, through the SIGBUS-mode descriptor the regions are
+/// registered on. Async-signal-safe but for the fill function.
+fn resolve_here(addr: usize) -> bool {
+    crate::sigbus::current().is_some_and(|fd| crate::refill_here::resolve(fd, addr))
 }
 
 /// A region's length rounded up to a page, and its block (capped at the length), or the error

@@ -135,12 +135,13 @@ pub(crate) fn after_fork_child() {
     }
 }
 
-/// The SIGBUS hook (`vrange_sys::process::hook_sigbus`): fills the block holding `addr` if a
-/// published region holds it. Async-signal-safe but for the fill function itself.
-pub(crate) fn resolve(addr: usize) -> bool {
+/// For the SIGBUS hook (`crate::refill`'s, which passes the SIGBUS-mode descriptor `fd`):
+/// fills the block holding `addr` if a published region holds it. Async-signal-safe but for
+/// the fill function itself.
+pub(crate) fn resolve(fd: i32, addr: usize) -> bool {
     for e in &TABLE {
         if let Some((start, len)) = enter(e, addr) {
-            let done = serve(e, start, len, addr);
+            let done = serve(e, fd, start, len, addr);
             e.users.fetch_sub(1, SeqCst);
             return done;
         }
@@ -163,11 +164,9 @@ fn enter(e: &Entry, addr: usize) -> Option<(usize, usize)> {
     Some((start, len))
 }
 
-/// Fills and installs the block of `e` holding `addr`; whether it is in place now.
-fn serve(e: &Entry, start: usize, len: usize, addr: usize) -> bool {
-    let Some(fd) = crate::sigbus::current() else {
-        return false;
-    };
+/// Fills and installs the block of `e` holding `addr` (registered on `fd`); whether it is in
+/// place now.
+fn serve(e: &Entry, fd: i32, start: usize, len: usize, addr: usize) -> bool {
     let block = e.block.load(Relaxed);
     let offset = (addr - start) / block * block;
     let n = block.min(len - offset);
