@@ -3,6 +3,8 @@
 //! `sched_getcpu`, so that everything vrange installs in a process is registered here (README,
 //! "A guest in your process", lists it).
 
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
 /// A handler for [`at_fork`] or [`at_exit`]: a plain function, valid for the program's life.
 pub type Handler = extern "C" fn();
 
@@ -134,7 +136,16 @@ struct Chain {
     previous: libc::sigaction,
 }
 
-static CHAIN: std::sync::OnceLock<Chain> = std::sync::OnceLock::new();
+/// The chain the handler follows: null until an install is attempted, then a leaked `Chain`
+/// for the process's life (freed again only if that install failed, when no handler can read
+/// it).
+static CHAIN: AtomicPtr<Chain> = AtomicPtr::new(std::ptr::null_mut());
+/// Set once sigaction(2) installed the handler: later calls return at once. A failed install
+/// leaves it clear, so the next call tries again, with the program's action read afresh.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Test seam: the next install fails as sigaction(2) would, with EINVAL.
+#[cfg(test)]
+static FAIL_NEXT_INSTALL: AtomicBool = AtomicBool::new(false);
 
 /// Installs vrange's SIGBUS handler, once per process, in front of the program's action:
 /// a SIGBUS raised by a fault (`si_code` > 0) whose address `hook` resolves returns at once
@@ -152,7 +163,7 @@ static CHAIN: std::sync::OnceLock<Chain> = std::sync::OnceLock::new();
 pub fn hook_sigbus(hook: SigbusHook) -> std::io::Result<()> {
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if CHAIN.get().is_some() {
+    if INSTALLED.load(Ordering::Acquire) {
         return Ok(());
     }
     // SAFETY: a zeroed sigaction is valid plain data; sigaction(2) with a null new action only
@@ -162,9 +173,29 @@ pub fn hook_sigbus(hook: SigbusHook) -> std::io::Result<()> {
     if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // Set before the handler is: a SIGBUS arriving in between finds the chain.
-    let _ = CHAIN.set(Chain { hook, previous });
-    // SAFETY: as above; the handler is a plain function for the process's life.
+    // Published before the handler is installed: a SIGBUS arriving in between finds the chain.
+    let chain = Box::into_raw(Box::new(Chain { hook, previous }));
+    CHAIN.store(chain, Ordering::Release);
+    let installed = install();
+    if installed.is_err() {
+        CHAIN.store(std::ptr::null_mut(), Ordering::Release);
+        // SAFETY: `chain` came from Box::into_raw above, and the handler that would read it was
+        // never installed (INSTALLED is clear and this install failed), so nothing else holds it.
+        drop(unsafe { Box::from_raw(chain) });
+        return installed;
+    }
+    INSTALLED.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Puts [`on_sigbus`] in place as SIGBUS's action.
+fn install() -> std::io::Result<()> {
+    #[cfg(test)]
+    if FAIL_NEXT_INSTALL.swap(false, Ordering::Relaxed) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed sigaction is valid plain data; the handler is a plain function for the
+    // process's life.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
     action.sa_sigaction = on_sigbus as *const () as usize;
     action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
@@ -181,7 +212,9 @@ pub fn hook_sigbus(hook: SigbusHook) -> std::io::Result<()> {
 
 /// vrange's SIGBUS handler (see [`hook_sigbus`]). Async-signal-safe as far as the hook is.
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let Some(chain) = CHAIN.get() else {
+    // SAFETY: CHAIN is null or a `Chain` leaked for the process's life (it is freed only when
+    // this handler was never installed).
+    let Some(chain) = (unsafe { CHAIN.load(Ordering::Acquire).as_ref() }) else {
         return;
     };
     // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
@@ -220,5 +253,49 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
             f(sig);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current_handler() -> usize {
+        // SAFETY: a zeroed sigaction is valid plain data; a null new action only reads.
+        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let rc = unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut now) };
+        assert_eq!(rc, 0);
+        now.sa_sigaction
+    }
+
+    fn resolves_nothing(_addr: usize) -> bool {
+        false
+    }
+
+    #[test]
+    fn a_failed_install_is_tried_again_by_the_next_call() {
+        let before = current_handler();
+        assert_ne!(before, on_sigbus as *const () as usize);
+        FAIL_NEXT_INSTALL.store(true, Ordering::Relaxed);
+        let err = hook_sigbus(resolves_nothing).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(
+            current_handler(),
+            before,
+            "a failed install leaves the program's action"
+        );
+        assert!(CHAIN.load(Ordering::Acquire).is_null());
+
+        hook_sigbus(resolves_nothing).unwrap();
+        assert_eq!(current_handler(), on_sigbus as *const () as usize);
+        // SAFETY: installed, so CHAIN holds a chain leaked for the process's life.
+        let chain = unsafe { &*CHAIN.load(Ordering::Acquire) };
+        assert_eq!(
+            chain.previous.sa_sigaction, before,
+            "chained to the program's action"
+        );
+        hook_sigbus(resolves_nothing).unwrap();
+        assert_eq!(current_handler(), on_sigbus as *const () as usize);
     }
 }

@@ -171,6 +171,7 @@ fn serve(e: &Entry, fd: i32, start: usize, len: usize, addr: usize) -> bool {
     let offset = (addr - start) / block * block;
     let n = block.min(len - offset);
     let Some(buf) = claim(e, block) else {
+        crate::stats::count_refill_failure();
         return false;
     };
     // SAFETY: `buf` is a mapping of `block` >= `n` bytes that this handler alone holds.
@@ -188,7 +189,9 @@ fn serve(e: &Entry, fd: i32, start: usize, len: usize, addr: usize) -> bool {
         // Clean lazy pages: the first the kernel drops when memory is short.
         // SAFETY: the block's content is the fill's, made again at the next fault.
         let _ = unsafe { mem::purge_lazy(dst as *mut u8, n) };
-    } else if !ok {
+    } else {
+        // The fill failed, or its block could not be installed (ENOMEM): the fault goes on
+        // to the program's action, counted as the refill thread counts it.
         crate::stats::count_refill_failure();
     }
     installed
