@@ -307,29 +307,11 @@ fn the_refill_thread_leaves_with_the_last_region() {
 #[test]
 fn regions_are_registered_again_after_the_program_closed_the_descriptor() {
     let _s = serial();
-    let Some((a, _)) = region(4 * BLOCK, 11) else {
-        return;
-    };
-    assert_eq!(read_word(&a, 0), word(11, 0));
-    common::close_from_floor();
-    let Some((b, _)) = region(4 * BLOCK, 12) else {
-        return;
-    };
-    assert_eq!(read_word(&b, 1), word(12, 1));
-    // The refill thread registers `a` again once its poll on the old descriptor returns (within
-    // its one-second timeout); until then a missing page of `a` reads zero, so take the page
-    // and look again until it is made.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        // SAFETY: the region's content is the generator's: nothing is lost.
-        unsafe { vrange_sys::mem::purge_forced(a.as_ptr(), BLOCK) }.unwrap();
-        if read_word(&a, 1) == word(11, 1) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the first region was never registered again: its pages read zero"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // The refill thread registers the first region again once its poll on the old descriptor
+    // returns (within its one-second timeout).
+    common::registered_again_after_closefrom(
+        BLOCK,
+        |seed| region(4 * BLOCK, seed).map(|(r, _)| r),
+        Duration::from_secs(5),
+    );
 }

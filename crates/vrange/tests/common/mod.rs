@@ -144,3 +144,39 @@ pub fn refill_or_skip(
         Err(e) => panic!("a refill region: {e}"),
     }
 }
+
+/// The closed-descriptor scenario of both refill kinds: region `a` (seed 11, `make(seed)` gives
+/// a region of at least two blocks of `block` bytes holding `pattern(seed, _)`) is read, the
+/// program closes every descriptor from vrange's floor up (the kernel drops the registrations),
+/// region `b` (seed 12) opens a new descriptor, and then `a`'s purged block must be made again
+/// within `within` (zero: at once). Until `a` is registered again, a missing page of it reads
+/// zero, so the block is taken and read again every 100 ms until the deadline.
+pub fn registered_again_after_closefrom(
+    block: usize,
+    make: impl Fn(u64) -> Option<vrange::RefillRegion>,
+    within: std::time::Duration,
+) {
+    use vrange_testkit::pattern::pattern;
+    let Some(a) = make(11) else {
+        return;
+    };
+    assert_eq!(read_word(&a, 0), pattern(11, 0));
+    close_from_floor();
+    let Some(b) = make(12) else {
+        return;
+    };
+    assert_eq!(read_word(&b, 1), pattern(12, 1));
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        // SAFETY: the region's content is the generator's: nothing is lost.
+        unsafe { mem::purge_forced(a.as_ptr(), block) }.unwrap();
+        if read_word(&a, 1) == pattern(11, 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first region was not registered again within {within:?}: its pages read zero"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
