@@ -180,14 +180,7 @@ fn a_failing_fill_raises_sigbus_at_the_address_and_a_handler_may_place_the_page(
 fn bad_arguments_are_refused_and_from_raw_names_live_regions_only() {
     let _s = serial();
     let page = vrange::page_size();
-    assert_eq!(
-        RefillRegion::new(MIB, page + 1, |_, _| true).err(),
-        Some(Error::Unaligned)
-    );
-    assert_eq!(
-        RefillRegion::new(0, page, |_, _| true).err(),
-        Some(Error::NotRegion)
-    );
+    common::refill_refuses_bad_arguments(|len, block| RefillRegion::new(len, block, |_, _| true));
     let Some((r, _)) = region(4 * BLOCK, 7) else {
         return;
     };

@@ -352,15 +352,9 @@ fn sigbus_goes_on_to_the_programs_own_action_whatever_it_is() {
 #[test]
 fn the_table_is_bounded_and_reuses_freed_entries() {
     let _s = serial();
-    let page = vrange::page_size();
-    assert_eq!(
-        RefillRegion::filled_here(BLOCK, page + 1, |_, _| true).err(),
-        Some(Error::Unaligned)
-    );
-    assert_eq!(
-        RefillRegion::filled_here(0, page, |_, _| true).err(),
-        Some(Error::NotRegion)
-    );
+    common::refill_refuses_bad_arguments(|len, block| {
+        RefillRegion::filled_here(len, block, |_, _| true)
+    });
     let Some((first, _)) = region(BLOCK, 2) else {
         return;
     };
@@ -379,7 +373,7 @@ fn the_table_is_bounded_and_reuses_freed_entries() {
     assert_eq!(live.len(), 64);
     let (ptr, len) = live.pop().unwrap().into_raw();
     // SAFETY: from into_raw, no other handle; a wrong length names no region.
-    let wrong = unsafe { RefillRegion::from_raw(ptr, len + page) };
+    let wrong = unsafe { RefillRegion::from_raw(ptr, len + vrange::page_size()) };
     assert_eq!(wrong.err(), Some(Error::NotRegion));
     // SAFETY: as above.
     let back = unsafe { RefillRegion::from_raw(ptr, len) }.unwrap();

@@ -180,3 +180,16 @@ pub fn registered_again_after_closefrom(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Both refill kinds refuse a block that is not a page multiple and a zero length;
+/// `make(len, block)` makes a region of the kind.
+pub fn refill_refuses_bad_arguments(
+    make: impl Fn(usize, usize) -> Result<vrange::RefillRegion, vrange::Error>,
+) {
+    let page = vrange::page_size();
+    assert_eq!(
+        make(16 * page, page + 1).err(),
+        Some(vrange::Error::Unaligned)
+    );
+    assert_eq!(make(0, page).err(), Some(vrange::Error::NotRegion));
+}
