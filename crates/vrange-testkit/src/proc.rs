@@ -314,3 +314,82 @@ pub fn inherit_fd(cmd: &mut Command, fd: i32) {
         });
     }
 }
+
+/// What every thread of process `pid` is doing, a line each: its name, state, the kernel
+/// function it waits in, its system call line (number, arguments, stack pointer and program
+/// counter: see proc(5)) with the mapping that holds the program counter, and its kernel stack
+/// where readable (root). For the report of a test whose process hung, read before it is
+/// killed.
+pub fn task_states(pid: i32) -> String {
+    let read = |path: String| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("({e})"))
+    };
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mapping_of = |pc: u64| {
+        maps.lines()
+            .find(|l| {
+                let range = l.split(' ').next().unwrap_or("");
+                let (lo, hi) = range.split_once('-').unwrap_or(("", ""));
+                let parse = |s| u64::from_str_radix(s, 16).unwrap_or(0);
+                (parse(lo)..parse(hi)).contains(&pc)
+            })
+            .unwrap_or("")
+            .to_string()
+    };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("process {pid} has no /proc entry (it ended)");
+    };
+    let mut out = String::new();
+    for task in tasks.flatten() {
+        let dir = task.path().display().to_string();
+        let stat = read(format!("{dir}/stat"));
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next();
+        let syscall = read(format!("{dir}/syscall"));
+        let pc = syscall
+            .split_whitespace()
+            .last()
+            .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok());
+        out += &format!(
+            "{dir} {} state={} wchan={} syscall={syscall} at {}\n{}\n",
+            read(format!("{dir}/comm")),
+            state.unwrap_or("?"),
+            read(format!("{dir}/wchan")),
+            pc.map(mapping_of).unwrap_or_default(),
+            read(format!("{dir}/stack")),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn task_states_name_each_thread_and_where_it_waits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Until it has exec'd and sleeps.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let states = loop {
+            let s = super::task_states(pid);
+            if s.contains("sleep state=S") || std::time::Instant::now() > deadline {
+                break s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(states.contains("sleep state=S"), "{states}");
+        assert!(states.contains("syscall="), "{states}");
+        assert!(super::task_states(pid).contains("no /proc entry"));
+    }
+}
