@@ -361,15 +361,74 @@ pub fn task_states(pid: i32) -> String {
             read(format!("{dir}/comm")),
             state.unwrap_or("?"),
             read(format!("{dir}/wchan")),
-            pc.map(mapping_of).unwrap_or_default(),
+            pc.map(&mapping_of).unwrap_or_default(),
             read(format!("{dir}/stack")),
         );
+        // A thread running in user mode has no system call line: where it spins, sampled.
+        if syscall == "running" {
+            let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+            for _ in 0..4 {
+                if let Some(pc) = sample_pc(tid) {
+                    out += &format!("  user pc {pc:#x} in {}\n", mapping_of(pc));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
     out
 }
 
+/// The user-mode program counter of thread `tid` (x86_64), read with ptrace: the thread is
+/// stopped for the reading and let go. None where ptrace is not allowed (root may; the
+/// thread's own parent may under Yama's default) or on another architecture.
+fn sample_pc(tid: i32) -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: ptrace on a thread of a process this test made; `regs` is a valid out-
+        // parameter of the size PTRACE_GETREGS writes; the thread is detached before return.
+        unsafe {
+            let none = std::ptr::null_mut::<libc::c_void>();
+            if libc::ptrace(libc::PTRACE_SEIZE, tid, none, none) != 0 {
+                return None;
+            }
+            libc::ptrace(libc::PTRACE_INTERRUPT, tid, none, none);
+            let mut status = 0;
+            libc::waitpid(tid, &mut status, libc::__WALL);
+            let mut regs: libc::user_regs_struct = std::mem::zeroed();
+            let got = libc::ptrace(
+                libc::PTRACE_GETREGS,
+                tid,
+                none,
+                &mut regs as *mut libc::user_regs_struct as *mut libc::c_void,
+            ) == 0;
+            libc::ptrace(libc::PTRACE_DETACH, tid, none, none);
+            got.then_some(regs.rip)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = tid;
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spinning_thread_is_sampled() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let states = super::task_states(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(states.contains("state=R"), "{states}");
+        assert!(states.contains("user pc 0x"), "{states}");
+    }
+
     #[test]
     fn task_states_name_each_thread_and_where_it_waits() {
         let mut child = std::process::Command::new("sleep")
