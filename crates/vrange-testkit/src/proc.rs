@@ -421,8 +421,15 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let states = super::task_states(pid);
+        // Until the shell runs its loop (slow to start in an emulated guest under load).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let states = loop {
+            let s = super::task_states(pid);
+            if s.contains("user pc 0x") || std::time::Instant::now() > deadline {
+                break s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
         let _ = child.kill();
         let _ = child.wait();
         assert!(states.contains("state=R"), "{states}");
