@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use vrange_testkit::proc::Exit;
 
 #[global_allocator]
 static A: vrange_malloc::VrangeMalloc = vrange_malloc::VrangeMalloc;
@@ -51,34 +52,9 @@ fn child_body() -> i32 {
     0
 }
 
-/// How long a child may take: a round takes about 0.15 s in an emulated guest. Far longer
-/// means it hangs (a lock the fork left held), and the report says where.
+/// How long a child may take: a round takes about 0.15 s in an emulated guest (0.4 s under
+/// load). Far longer means it hangs, and the report says where.
 const CHILD_LIMIT: Duration = Duration::from_secs(60);
-
-/// The child's wait status, or a failure naming what each of its threads is doing if it is
-/// still running after [`CHILD_LIMIT`] (then it is killed).
-fn wait_or_report(pid: i32, round: usize) -> i32 {
-    let deadline = std::time::Instant::now() + CHILD_LIMIT;
-    let mut status = 0;
-    loop {
-        // SAFETY: pid is this test's unreaped child; status is a valid int.
-        let waited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if waited == pid {
-            return status;
-        }
-        assert_eq!(waited, 0, "waitpid: {}", std::io::Error::last_os_error());
-        if std::time::Instant::now() >= deadline {
-            let states = vrange_testkit::proc::task_states(pid);
-            // SAFETY: pid is this test's unreaped child, so not recycled.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, std::ptr::null_mut(), 0);
-            }
-            panic!("round {round}: the child still runs after {CHILD_LIMIT:?}:\n{states}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn fork_with_threads_churning() {
@@ -93,20 +69,15 @@ fn fork_with_threads_churning() {
         .collect();
     std::thread::sleep(Duration::from_millis(50));
     for round in 0..150 {
-        // SAFETY: the child only runs child_body (allocations included: that is the point)
-        // and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let code = child_body();
-            // SAFETY: ends the child without running the parent's atexit handlers.
-            unsafe { libc::_exit(code) };
+        // The child allocates (that is the point: vrange-malloc must be usable after fork).
+        let (mut child, _link) = vrange_testkit::fork::fork_linked(|_| child_body());
+        match child.wait_or_describe(CHILD_LIMIT) {
+            Ok(Exit::Code(0)) => {}
+            Ok(exit) => panic!("round {round}: the child ended with {exit}"),
+            Err(states) => {
+                panic!("round {round}: the child still runs after {CHILD_LIMIT:?}:\n{states}")
+            }
         }
-        let status = wait_or_report(pid, round);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "round {round}: the child ended with status {status:#x}"
-        );
     }
     stop.store(true, Relaxed);
     let rounds: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();

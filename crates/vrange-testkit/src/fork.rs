@@ -133,6 +133,25 @@ impl Forked {
     /// Waits for the child to end, at most `timeout`; past it the child is killed and reaped
     /// and [`Exit::TimedOut`] returned. Allocation-free.
     pub fn wait(&mut self, timeout: Duration) -> Exit {
+        self.ended_within(timeout).unwrap_or_else(|| {
+            self.kill();
+            Exit::TimedOut
+        })
+    }
+
+    /// As [`Forked::wait`], but a child still running after `timeout` is described before it
+    /// is killed: what each of its threads is doing ([`crate::proc::task_states`]), for the
+    /// report of a child that hung.
+    pub fn wait_or_describe(&mut self, timeout: Duration) -> Result<Exit, String> {
+        self.ended_within(timeout).ok_or_else(|| {
+            let states = crate::proc::task_states(self.pid);
+            self.kill();
+            states
+        })
+    }
+
+    /// How the child ended, if it did within `timeout` (reaped); None if it still runs.
+    fn ended_within(&mut self, timeout: Duration) -> Option<Exit> {
         let deadline = Instant::now() + timeout;
         let mut status = 0;
         loop {
@@ -140,15 +159,14 @@ impl Forked {
             let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
             if rc == self.pid {
                 self.reaped = true;
-                return Exit::from_wait_status(status);
+                return Some(Exit::from_wait_status(status));
             }
             if rc < 0 && last_errno() != libc::EINTR {
                 self.reaped = true;
-                return Exit::Code(-1);
+                return Some(Exit::Code(-1));
             }
             if Instant::now() >= deadline {
-                self.kill();
-                return Exit::TimedOut;
+                return None;
             }
             std::thread::sleep(Duration::from_millis(1));
         }

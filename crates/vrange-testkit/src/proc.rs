@@ -414,46 +414,44 @@ fn sample_pc(tid: i32) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_spinning_thread_is_sampled() {
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
+    use std::time::{Duration, Instant};
+
+    /// Runs `cmd` and describes it ([`super::task_states`]) until the description holds
+    /// `wanted` (a started process takes a moment to exec and settle, longer in an emulated
+    /// guest under load), at most 20 s; then kills it. Returns the last description and the
+    /// pid.
+    fn described_until(cmd: &mut std::process::Command, wanted: &str) -> (String, i32) {
+        let mut child = cmd.spawn().unwrap();
         let pid = child.id() as i32;
-        // Until the shell runs its loop (slow to start in an emulated guest under load).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(20);
         let states = loop {
             let s = super::task_states(pid);
-            if s.contains("user pc 0x") || std::time::Instant::now() > deadline {
+            if s.contains(wanted) || Instant::now() > deadline {
                 break s;
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         };
         let _ = child.kill();
         let _ = child.wait();
+        (states, pid)
+    }
+
+    #[test]
+    fn a_spinning_thread_is_sampled() {
+        let (states, _) = described_until(
+            std::process::Command::new("sh").args(["-c", "while :; do :; done"]),
+            "user pc 0x",
+        );
         assert!(states.contains("state=R"), "{states}");
         assert!(states.contains("user pc 0x"), "{states}");
     }
 
     #[test]
     fn task_states_name_each_thread_and_where_it_waits() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pid = child.id() as i32;
-        // Until it has exec'd and sleeps.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let states = loop {
-            let s = super::task_states(pid);
-            if s.contains("sleep state=S") || std::time::Instant::now() > deadline {
-                break s;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
-        let _ = child.kill();
-        let _ = child.wait();
+        let (states, pid) = described_until(
+            std::process::Command::new("sleep").arg("30"),
+            "sleep state=S",
+        );
         assert!(states.contains("sleep state=S"), "{states}");
         assert!(states.contains("syscall="), "{states}");
         assert!(super::task_states(pid).contains("no /proc entry"));
