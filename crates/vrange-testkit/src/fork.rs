@@ -211,3 +211,29 @@ pub fn fork_linked(body: impl FnOnce(&Link) -> i32) -> (Forked, Link) {
     drop(theirs);
     (Forked { pid, reaped: false }, ours)
 }
+
+/// Forks while another thread of this process is inside `hold`: `hold` takes whatever it must
+/// hold (a lock) and calls the function it is given, which returns once the child has ended.
+/// The child runs `child` (true: exit 0) and has `limit` to end; returns how it ended (a child
+/// that waits for the other thread never ends: [`Exit::TimedOut`]).
+pub fn fork_while(
+    hold: impl FnOnce(&dyn Fn()) + Send + 'static,
+    child: impl FnOnce() -> bool,
+    limit: Duration,
+) -> Exit {
+    use std::sync::mpsc;
+    let (held_tx, held) = mpsc::channel::<()>();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        hold(&|| {
+            let _ = held_tx.send(());
+            let _ = release_rx.recv();
+        })
+    });
+    held.recv().expect("the holding thread reached its wait");
+    let (mut forked, _link) = fork_linked(|_| if child() { 0 } else { 1 });
+    let exit = forked.wait(limit);
+    let _ = release.send(());
+    holder.join().expect("the holding thread");
+    exit
+}

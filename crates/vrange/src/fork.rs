@@ -3,14 +3,17 @@
 //! themselves are `crate::lock`'s.
 //!
 //! One `pthread_atfork` registration ([`register`], by the first region, owned range, SIGBUS
-//! mark, refill region or purge, even with the reclaimer off) walks [`HELD_ACROSS_FORK`]:
+//! mark, refill region, purge, headroom question or flush hook, even with the reclaimer off)
+//! walks [`HELD_ACROSS_FORK`]:
 //!
 //! - prepare: takes each lock in rank order (the order every call path takes them in; debug
 //!   builds assert it as they go);
 //! - parent: releases them, highest rank first;
 //! - child: closes the child's copies of vrange's private descriptors (each verified first),
 //!   then, highest rank first, runs the module's child hook (its lock still held: the child has
-//!   one thread) and releases the lock.
+//!   one thread) and releases the lock. Ranked mutexes (`crate::lock::RankedMutex`, around
+//!   state that allocates) are not held across fork: the child takes over any that a thread
+//!   of the parent held, so the public calls that take one register these handlers first.
 //!
 //! A module's hook resets only its own state.
 
@@ -84,6 +87,8 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // Every ranked mutex still held belongs to a thread this child does not have.
+    crate::lock::forked();
     // The child's copies of vrange's private descriptors (the reclaimer's sources, the
     // coordinator link, the userfaultfds) would keep the parent's registrations and triggers
     // alive: closed, each verified first, before any module forgets its own.
@@ -98,6 +103,42 @@ extern "C" fn child() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::{Rank, RankedMutex};
+    use std::time::Duration;
+    use vrange_testkit::fork::fork_while;
+    use vrange_testkit::proc::Exit;
+
+    /// A ranked mutex held by another thread at the fork: the child takes it over (the value
+    /// that thread could have been changing replaced with the default), and the parent's
+    /// thread still holds and releases its own.
+    #[test]
+    fn a_child_takes_over_a_ranked_mutex_a_parent_thread_held() {
+        static VALUE: RankedMutex<Option<u32>> = RankedMutex::new(Rank::Room, None);
+        register();
+        *VALUE.lock() = Some(7);
+        let exit = fork_while(
+            |wait| {
+                let _held = VALUE.lock();
+                wait();
+            },
+            || {
+                let taken = VALUE.try_lock().map(|v| *v);
+                *VALUE.lock() = Some(8);
+                taken == Some(None) && *VALUE.lock() == Some(8)
+            },
+            Duration::from_secs(20),
+        );
+        assert_eq!(
+            exit,
+            Exit::Code(0),
+            "the child took the lock and found the default"
+        );
+        assert_eq!(*VALUE.lock(), Some(7), "the parent's value is its own");
+        assert!(
+            VALUE.try_lock().is_some(),
+            "released by the parent's thread"
+        );
+    }
 
     #[test]
     fn locks_held_across_fork_are_listed_in_rank_order() {

@@ -112,9 +112,64 @@ pub use vrange_sys::mem::page_size;
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
     pub use crate::reclaim::{
-        active_sources, auto_headroom, catch_up, headroom_deficit, is_running, make_room, on_flush,
-        room_left, stop, FlushHook,
+        active_sources, auto_headroom, catch_up, headroom_deficit, is_running, stop, FlushHook,
     };
+
+    // The three below take locks around state that allocates, which a fork never holds: the
+    // fork handlers are registered first, so that a child takes over such a lock that a thread
+    // of its parent held (`crate::lock::RankedMutex`) instead of waiting for it for ever.
+
+    /// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
+    /// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
+    /// volatile memory is purged until twice the threshold is free again, as the thread would do
+    /// at its next tick. Returns the bytes this process purged on its own (counted under
+    /// [`Source::Headroom`](crate::Source::Headroom)).
+    ///
+    /// For clients that fill volatile memory faster than the thread's tick (a cache filling at
+    /// memory speed can pass a container's limit between two ticks, and volatile memory that is
+    /// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
+    /// ([`on_flush`]) first, then costs two `pread`s (the cgroup's usage and its `memory.stat`)
+    /// on verified descriptors; one caller at a time (others return 0 at once, or, coordinated,
+    /// wait for the answer the first is waiting for).
+    ///
+    /// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
+    /// of this process's own: the caller asks the coordinator for the room and waits for the
+    /// round it runs (the oldest volatile data of any process in the container goes first, this
+    /// process's own only in its turn, by the coordinator's request), at most three ping
+    /// intervals. It purges on its own only for what the coordinator could not free (it saw
+    /// nothing volatile, or this process's cgroup is short where others' purges do not help) and
+    /// when the coordinator does not answer or is gone, as without one.
+    /// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
+    /// reclaimer is disabled.
+    pub fn make_room(bytes: usize) -> usize {
+        crate::fork::register();
+        crate::reclaim::make_room(bytes)
+    }
+
+    /// Bytes this process's memory cgroup can still charge before its free memory falls under the
+    /// `VRANGE_HEADROOM` threshold (the limit, less the usage, plus the clean page cache, less the
+    /// threshold; 0 when under it); `None` without a limit (or while its files cannot be read).
+    /// Two `pread`s (the usage, `memory.stat`) on kept descriptors, under a short lock shared with
+    /// [`make_room`].
+    ///
+    /// For a client that can give back memory of its own instead of taking more (a page cache
+    /// recycling its oldest unused page) when memory is short, without purging anyone's.
+    pub fn room_left() -> Option<u64> {
+        crate::fork::register();
+        crate::reclaim::room_left()
+    }
+
+    /// Registers `f`, called by the reclaimer thread at each tick (`VRANGE_POLL_MS`) and by every
+    /// purge ([`crate::purge`], the budget's and headroom's) before it chooses victims: the place
+    /// to mark volatile whatever the client kept pinned only to spare its hot path a state change
+    /// (what another thread's flush is marking at that moment is left to it, and a later purge
+    /// takes it).
+    /// `f` runs on any thread, never twice at once in one thread; it may mark and unmark, and must
+    /// not wait for a thread that could be purging.
+    pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
+        crate::fork::register();
+        crate::reclaim::on_flush(f)
+    }
 }
 
 /// Statistics other processes publish (`vrange stat`, `vrange run --stats`): each process whose

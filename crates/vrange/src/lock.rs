@@ -3,10 +3,13 @@
 //!
 //! Every lock of the core is a [`Lock`] (or, for state that allocates, a [`RankedMutex`]) with a
 //! [`Rank`]; a thread takes locks in increasing rank only, and debug builds assert it on every
-//! acquisition (a per-thread set of the ranks held, as jemalloc's witnesses). Which of them a
-//! fork holds is `crate::fork`'s to say.
+//! acquisition (a per-thread set of the ranks held, as jemalloc's witnesses). Which [`Lock`]s a
+//! fork holds is `crate::fork`'s to say; a [`RankedMutex`] is never held across fork, and a
+//! child takes over one that a thread of its parent held (see [`forked`]).
 
-use vrange_sys::sync::{SpinGuard, SpinLock};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use vrange_sys::sync::{backoff, SpinGuard, SpinLock};
 
 /// The rank of each of the core's locks: a thread holding one takes only higher ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,61 +110,118 @@ impl Lock {
     }
 }
 
-/// A `std::sync::Mutex` with a rank, for state that allocates (a join handle, open files): the
-/// same order is asserted as for [`Lock`]. Never held across fork: a child must not wait for
-/// one (`try_lock`).
+/// A lock with a rank around state that allocates or opens files (a join handle, flush hooks,
+/// the headroom files), which [`Lock`]s held across fork must not guard: a thread holding such a
+/// lock may call `malloc`, whose locks an allocator's fork handlers take before vrange's.
+/// Waiting spins, yields, then sleeps, as a [`Lock`]; the same order is asserted.
+///
+/// Not held across fork, and yet never waited for in vain by a child: the lock word records the
+/// fork generation ([`forked`]) in which it was taken. In a fork child, a lock still held from an
+/// earlier generation was held by a thread of the parent, which the child does not have; the
+/// next `lock` or `try_lock` takes it over and replaces the value, which that thread may have
+/// been changing, with `T::default()` (the old value is leaked, never dropped half-changed).
 pub(crate) struct RankedMutex<T> {
-    inner: std::sync::Mutex<T>,
+    /// Bit 0: held; the bits above: the fork generation in which it was taken.
+    word: AtomicU64,
+    value: UnsafeCell<T>,
     rank: Rank,
 }
 
+// SAFETY: the value is reached only through a guard, which the lock word makes exclusive; a
+// value taken over in a child was left by a thread the child does not have.
+unsafe impl<T: Send> Sync for RankedMutex<T> {}
+
 /// Holds a [`RankedMutex`] (the witness is released after the lock).
 pub(crate) struct MutexGuard<'a, T> {
-    inner: std::sync::MutexGuard<'a, T>,
+    lock: &'a RankedMutex<T>,
     _witness: Witness,
 }
 
-impl<T> RankedMutex<T> {
+/// Fork children so far on this process's line (0 in a process that has not been forked from
+/// one with vrange's handlers): the generation a [`RankedMutex`] records.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// For the fork protocol's child handler (the child's one thread, before anything else of
+/// vrange runs there): every [`RankedMutex`] held now was held by a thread of the parent.
+pub(crate) fn forked() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+impl<T: Default> RankedMutex<T> {
     pub(crate) const fn new(rank: Rank, value: T) -> RankedMutex<T> {
         RankedMutex {
-            inner: std::sync::Mutex::new(value),
+            word: AtomicU64::new(0),
+            value: UnsafeCell::new(value),
             rank,
         }
     }
 
-    /// Takes the lock (a poisoned one too: its state is kept consistent by every holder).
+    /// Takes the lock, waiting as long as it takes (never for a thread of a parent process).
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         let witness = Witness::acquire(self.rank, true);
-        MutexGuard {
-            inner: self.inner.lock().unwrap_or_else(|e| e.into_inner()),
-            _witness: witness,
+        let mut round = 0;
+        loop {
+            if self.take() {
+                return MutexGuard {
+                    lock: self,
+                    _witness: witness,
+                };
+            }
+            backoff(&mut round);
         }
     }
 
-    /// Takes the lock if it is free.
+    /// Takes the lock if it is free (or was left held by a thread of a parent process).
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-        let inner = match self.inner.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        Some(MutexGuard {
-            inner,
+        self.take().then(|| MutexGuard {
+            lock: self,
             _witness: Witness::acquire(self.rank, false),
         })
+    }
+
+    /// One attempt: takes the lock if it is free or held from an earlier fork generation.
+    fn take(&self) -> bool {
+        let generation = GENERATION.load(Ordering::Relaxed);
+        let word = self.word.load(Ordering::Relaxed);
+        let held = word & 1 == 1;
+        if held && word >> 1 == generation {
+            return false;
+        }
+        let ours = generation << 1 | 1;
+        if self
+            .word
+            .compare_exchange(word, ours, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        if held {
+            // SAFETY: the lock is this thread's now; the thread that held it is not in this
+            // process, and the value it may have been changing is forgotten, not dropped.
+            std::mem::forget(unsafe { std::ptr::replace(self.value.get(), T::default()) });
+        }
+        true
+    }
+}
+
+impl<T> Drop for MutexGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.word.fetch_and(!1, Ordering::Release);
     }
 }
 
 impl<T> std::ops::Deref for MutexGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        &self.inner
+        // SAFETY: the guard holds the lock, so no other reference to the value exists.
+        unsafe { &*self.lock.value.get() }
     }
 }
 
 impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        &mut self.inner
+        // SAFETY: as in `deref`; `&mut self` makes this reference the guard's only one.
+        unsafe { &mut *self.lock.value.get() }
     }
 }
 

@@ -21,18 +21,13 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
 thread_local!(static RUNNING: Cell<bool> = const { Cell::new(false) });
 
-/// A registered flush hook ([`on_flush`]); dropping it unregisters the hook.
+/// A registered flush hook ([`on_flush`](crate::reclaimer::on_flush)); dropping it unregisters the hook.
 #[derive(Debug)]
 pub struct FlushHook {
     id: usize,
 }
 
-/// Registers `f`, called by the reclaimer thread at each tick (`VRANGE_POLL_MS`) and by every
-/// purge ([`crate::purge`], the budget's and headroom's) before it chooses victims: the place
-/// to mark volatile whatever the client kept pinned only to spare its hot path a state change
-/// (what another thread's flush is marking at that moment is left to it: see the module).
-/// `f` runs on any thread, never twice at once in one thread; it may mark and unmark, and must
-/// not wait for a thread that could be purging.
+/// What [`crate::reclaimer::on_flush`] does, after it has registered the fork handlers.
 pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
     let id = NEXT_ID.fetch_add(1, Relaxed);
     let mut hooks = HOOKS.lock();

@@ -21,28 +21,7 @@ use vrange_sys::pressure::OwnHeadroom;
 /// The headroom file of [`make_room`]'s callers (the thread keeps its own).
 static ROOM: RankedMutex<OwnHeadroom> = RankedMutex::new(Rank::Room, OwnHeadroom::new());
 
-/// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
-/// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
-/// volatile memory is purged until twice the threshold is free again, as the thread would do
-/// at its next tick. Returns the bytes this process purged on its own (counted under
-/// [`Source::Headroom`]).
-///
-/// For clients that fill volatile memory faster than the thread's tick (a cache filling at
-/// memory speed can pass a container's limit between two ticks, and volatile memory that is
-/// not yet armed is memory the kernel cannot reclaim without swap). Runs the flush hooks
-/// ([`on_flush`](super::on_flush)) first, then costs two `pread`s (the cgroup's usage and its `memory.stat`) on verified
-/// descriptors; one caller at a time (others return 0 at once, or, coordinated, wait for the
-/// answer the first is waiting for).
-///
-/// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
-/// of this process's own: the caller asks the coordinator for the room and waits for the
-/// round it runs (the oldest volatile data of any process in the container goes first, this
-/// process's own only in its turn, by the coordinator's request), at most three ping
-/// intervals. It purges on its own only for what the coordinator could not free (it saw
-/// nothing volatile, or this process's cgroup is short where others' purges do not help) and
-/// when the coordinator does not answer or is gone, as without one.
-/// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
-/// reclaimer is disabled.
+/// What [`crate::reclaimer::make_room`] does, after it has registered the fork handlers.
 pub fn make_room(bytes: usize) -> usize {
     /// Rounds asked of a coordinator for one call before the rest is purged here.
     const ASKS: usize = 3;
@@ -99,14 +78,7 @@ pub fn make_room(bytes: usize) -> usize {
     freed as usize
 }
 
-/// Bytes this process's memory cgroup can still charge before its free memory falls under the
-/// `VRANGE_HEADROOM` threshold (the limit, less the usage, plus the clean page cache, less the
-/// threshold; 0 when under it); `None` without a limit (or while its files cannot be read).
-/// Two `pread`s (the usage, `memory.stat`) on kept descriptors, under a short lock shared with
-/// [`make_room`].
-///
-/// For a client that can give back memory of its own instead of taking more (a page cache
-/// recycling its oldest unused page) when memory is short, without purging anyone's.
+/// What [`crate::reclaimer::room_left`] does, after it has registered the fork handlers.
 pub fn room_left() -> Option<u64> {
     let setting = config::get().headroom.load(Relaxed);
     let mut room = ROOM.lock();
@@ -125,4 +97,33 @@ fn room_deficit(room: &mut OwnHeadroom, bytes: u64, setting: u64, now: u64) -> O
         headroom.saturating_sub(bytes),
         victims::threshold(setting, h.ceiling()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use vrange_testkit::fork::fork_while;
+    use vrange_testkit::proc::Exit;
+
+    /// A fork made while another thread asks for the headroom: the child's own question is
+    /// answered (it does not wait for a thread it does not have).
+    #[test]
+    fn a_fork_child_gets_its_headroom_while_a_parent_thread_asks() {
+        // The public call registers the fork handlers.
+        let _ = crate::reclaimer::room_left();
+        let exit = fork_while(
+            |wait| {
+                let _held = ROOM.lock();
+                wait();
+            },
+            || {
+                let _ = room_left();
+                let _ = make_room(1 << 20);
+                true
+            },
+            Duration::from_secs(20),
+        );
+        assert_eq!(exit, Exit::Code(0), "the child's room_left returned");
+    }
 }

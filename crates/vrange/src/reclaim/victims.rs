@@ -49,7 +49,7 @@ pub(crate) fn system_short(meminfo: Option<(u64, u64)>) -> bool {
 
 /// Bytes to purge so that headroom (limit minus usage) returns to twice the threshold: none
 /// while it is at least the threshold. The one rule for every purger of headroom (each
-/// process's reclaimer, [`make_room`](super::make_room), the coordinator).
+/// process's reclaimer, [`make_room`](crate::reclaimer::make_room), the coordinator).
 pub fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
     if headroom >= threshold {
         0
