@@ -126,6 +126,59 @@ fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
     }
 }
 
+/// What the thrasher and its cgroups were doing (its state, and each cgroup's pressure,
+/// events, usage and reclaim counters), for the report of a source that stayed silent.
+fn thrashing_report(t: &Thrasher, also: Option<&Path>) -> String {
+    let stat = fs::read_to_string(format!("/proc/{}/stat", t.proc.pid()));
+    let state = stat.as_deref().map_or("gone", |s| {
+        s.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .unwrap_or("?")
+    });
+    let mut out = format!(
+        "thrasher state {state}, running for {:?}\n",
+        t.started.elapsed()
+    );
+    let dirs = std::iter::once(t.cgroup.cgroup().path()).chain(also);
+    for dir in dirs {
+        out.push_str(&format!("  {}:\n", dir.display()));
+        for name in [
+            "memory.pressure",
+            "memory.events",
+            "memory.current",
+            "memory.max",
+            "memory.usage_in_bytes",
+            "memory.limit_in_bytes",
+            "memory.failcnt",
+        ] {
+            if let Ok(text) = fs::read_to_string(dir.join(name)) {
+                out.push_str(&format!(
+                    "    {name}: {}\n",
+                    text.trim().replace('\n', "; ")
+                ));
+            }
+        }
+        let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let counters: Vec<&str> = stat
+            .lines()
+            .filter(|l| {
+                [
+                    "pgscan",
+                    "pgsteal",
+                    "workingset_refault",
+                    "pgmajfault",
+                    "file ",
+                    "anon ",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .collect();
+        out.push_str(&format!("    memory.stat: {}\n", counters.join("; ")));
+    }
+    out
+}
+
 /// What a wait loop saw: each signal once, with when it was first seen and whether it came as
 /// broken rather than fired.
 type Seen = Vec<(Signal, Duration, bool)>;
@@ -637,15 +690,22 @@ fn psi_triggers_fire_under_pressure() {
         before.lines().next().unwrap_or(""),
         after.lines().next().unwrap_or("")
     );
+    let fired = saw(&seen, Signal::PsiSystem, false)
+        && (!want_cgroup || saw(&seen, Signal::PsiCgroup, false));
+    let story = if fired {
+        String::new()
+    } else {
+        thrashing_report(&thrasher, v2.as_ref().map(|c| c.dir.as_path()))
+    };
     assert!(
         saw(&seen, Signal::PsiSystem, false),
-        "system trigger silent: {}",
+        "system trigger silent: {}\n{story}",
         describe(&seen)
     );
     if want_cgroup {
         assert!(
             saw(&seen, Signal::PsiCgroup, false),
-            "cgroup trigger silent: {}",
+            "cgroup trigger silent: {}\n{story}",
             describe(&seen)
         );
     }
