@@ -753,15 +753,29 @@ fn hybrid(label: &str, test: &'static str, sources_off: bool) -> Option<(String,
         (VOLATILE_BYTES as u64, 1),
         "every volatile region is armed before the pressure\n{report}"
     );
-    // MADV_FREE parks up to 31 small folios per CPU in a batch before they become lazy-free.
+    // MADV_FREE parks up to 31 small folios per CPU in a batch before they become lazy-free,
+    // and passes over a folio that is off the LRU or locked at that moment (compaction or
+    // reclaim has it): the kernel may leave some armed memory out of its lazy-free lists, which
+    // the reclaimer still purges whole. Enough must be lazy-free for the kernel alone to free
+    // what the hog needs; never more than was armed. A shortfall is printed with the VMAs.
     let cpus = std::thread::available_parallelism().map_or(64, |n| n.get()) as u64;
     let slack_kb = 31 * cpus * page_size() as u64 / 1024;
     let lazy_kb = (VOLATILE_BYTES / 1024) as u64;
+    let lazy = out.lazy_free_vmas_kb;
+    let vmas = format!("holder's VMAs when ready: {}\n", out.vma_list);
     assert!(
-        out.lazy_free_vmas_kb + slack_kb >= lazy_kb && out.lazy_free_vmas_kb <= lazy_kb,
-        "the armed regions are lazy-free in the kernel's eyes\n{report}holder's VMAs: {}\n",
-        out.vma_list
+        lazy + slack_kb >= (MUST_FREE / 1024) as u64 && lazy <= lazy_kb,
+        "the armed regions are lazy-free in the kernel's eyes\n{report}{vmas}"
     );
+    let short = if lazy + slack_kb < lazy_kb {
+        format!(
+            "{label}: the kernel left {} kB of the {lazy_kb} kB armed out of its lazy-free \
+             lists\n{vmas}",
+            lazy_kb - lazy
+        )
+    } else {
+        String::new()
+    };
     let (purged_pages, reclaimer_bytes) = check_survived(&out, label);
     let reported = purged_pages * page_size() as u64;
     let fired: Vec<&str> = out
@@ -771,7 +785,7 @@ fn hybrid(label: &str, test: &'static str, sources_off: bool) -> Option<(String,
         .map(|s| s.name.as_str())
         .collect();
     let summary = format!(
-        "{report}{label}: unmark reported {} lost ({} pages): {} in ranges the reclaimer purged \
+        "{report}{short}{label}: unmark reported {} lost ({} pages): {} in ranges the reclaimer purged \
          whole (MADV_DONTNEED), {} dropped page by page by the kernel's direct reclaim in the \
          others; sources that purged: {}\n",
         mib(Some(reported)),
