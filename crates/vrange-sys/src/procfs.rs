@@ -63,6 +63,17 @@ pub fn smaps_range(start: usize, len: usize) -> io::Result<Smaps> {
     Ok(sum)
 }
 
+/// Each VMA of process `pid` (this process if `None`): its start, end and counters, from
+/// /proc/PID/smaps. Each VMA is read under the kernel's lock for it; `smaps_rollup` sums in
+/// one pass that drops that lock when a writer waits, and some kernels then miss a VMA.
+pub fn smaps_vmas(pid: Option<i32>) -> io::Result<Vec<(usize, usize, Smaps)>> {
+    let text = crate::fd::read_file(proc_path(pid, "smaps"))?;
+    Ok(vma_blocks(&text)
+        .into_iter()
+        .map(|b| (b.start, b.end, parse_smaps_block(b.text)))
+        .collect())
+}
+
 /// The counters of the whole address space of process `pid` (this process if `None`), from
 /// smaps_rollup; `size_kb` is zero there.
 pub fn smaps_rollup(pid: Option<i32>) -> io::Result<Smaps> {
@@ -353,6 +364,12 @@ VmFlags: rd wr mr mw me ac
         let before = smaps_of(addr).unwrap().expect("VMA of the mapping");
         assert!(before.rss_kb >= 4096, "{before:?}");
         assert!(smaps_range(addr, LEN).unwrap().rss_kb >= 4096);
+        let by_pid = smaps_vmas(Some(std::process::id() as i32)).unwrap();
+        let (_, _, vma) = by_pid
+            .iter()
+            .find(|(start, end, _)| *start <= addr && addr < *end)
+            .expect("the mapping among this process's VMAs");
+        assert!(vma.rss_kb >= 4096, "{vma:?}");
 
         // MADV_FREE queues the pages on the per-CPU batch of the CPU the thread runs on: a
         // thread that migrates in the middle (a busy machine) leaves two partial batches

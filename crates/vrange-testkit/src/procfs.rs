@@ -45,46 +45,6 @@ pub fn lazy_free_kb(ptr: *const u8) -> u64 {
         .lazy_free_kb
 }
 
-/// One VMA of a process as `/proc/PID/smaps` reports it: its range and counters.
-#[derive(Debug, Clone)]
-pub struct Vma {
-    pub start: usize,
-    pub end: usize,
-    pub smaps: procfs::Smaps,
-}
-
-/// Every VMA of process `pid` from `/proc/PID/smaps` (empty once it is gone). Summing these
-/// reads each VMA under the kernel's lock for it; `smaps_rollup` sums in one pass that drops
-/// the lock when a writer waits, and some kernels then miss a VMA.
-pub fn vmas(pid: i32) -> Vec<Vma> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
-    let mut out: Vec<(usize, usize, String)> = Vec::new();
-    for line in text.lines() {
-        let range = line.split_whitespace().next().and_then(|r| {
-            let (a, b) = r.split_once('-')?;
-            Some((
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            ))
-        });
-        match (range, out.last_mut()) {
-            (Some((start, end)), _) => out.push((start, end, String::new())),
-            (None, Some((_, _, block))) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    out.into_iter()
-        .map(|(start, end, block)| Vma {
-            start,
-            end,
-            smaps: procfs::parse_smaps_block(&block),
-        })
-        .collect()
-}
-
 /// The running kernel's version, major and minor (`/proc/sys/kernel/osrelease`), for tests of a
 /// rule that changed in a known release; `(0, 0)` if unreadable.
 pub fn kernel_version() -> (u32, u32) {
