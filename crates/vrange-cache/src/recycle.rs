@@ -5,9 +5,9 @@
 //! pages go back to the kernel) and then fault a new slab in: every page zeroed, charged to
 //! the memory cgroup and mapped again, for memory that was resident a moment before. Short
 //! means a new slab would pass the cache's budget, or leave the memory cgroup less free than
-//! the `VRANGE_HEADROOM` threshold ([`vrange::reclaimer::room_left`]). Then the victim is the
-//! one a budget purge would choose (lowest class first, probation a class below its own,
-//! least recently used first); it dies as if purged (its entries' lookups say `Purged`), and
+//! the `VRANGE_HEADROOM` threshold ([`vrange::short::Room::short_for`]). Then the victim is the
+//! one a budget purge would choose: first in the one victim order ([`vrange::order`]), a
+//! probation slab counted a class below its own; it dies as if purged (its entries' lookups say `Purged`), and
 //! its region, pinned again, becomes the new slab. Memory goes back to the system only when
 //! someone else needs it: the reclaimer still purges the cache's volatile slabs on pressure,
 //! in one order with all other vrange memory of the process.
@@ -16,12 +16,12 @@
 //! the recycles that follow; a candidate pinned, used or purged since is skipped (a slab read
 //! since the scan is young again, and taking it would break the least-recently-used order).
 
-use crate::counters::class;
 use crate::slab::Slab;
 use crate::Cache;
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use vrange::order::Place;
 use vrange::Priority;
 
 /// Candidates one scan keeps.
@@ -35,7 +35,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// A new slab (pinned once) for class `priority`, on the pages of this cache's least
     /// recently used unpinned slab, if memory is short and there is one.
     pub(crate) fn recycled_slab(&self, priority: Priority, probation: bool) -> Option<Arc<Slab>> {
-        let short = vrange::reclaimer::room_left().is_some_and(|r| r < self.opts.slab_bytes as u64);
+        let short =
+            vrange::reclaimer::room().is_some_and(|r| r.short_for(self.opts.slab_bytes as u64));
         if short {
             self.recycle_oldest(priority, probation)
         } else {
@@ -78,18 +79,22 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             .iter()
             .filter_map(|s| s.value().upgrade())
             .filter(|s| s.len() == len && s.unpinned() && !s.is_dead() && !s.has_holds())
-            .filter_map(|s| Some((class(s.purge_class()), std::cmp::Reverse(s.idle()?), s)))
+            .filter_map(|s| {
+                let idle = s.idle()?;
+                let place = Place::new(s.purge_class() as u8, idle.as_nanos() as u64);
+                Some((place, idle, s))
+            })
             .collect();
         let n = slabs.len().min(BATCH);
         if n > 0 {
-            slabs.select_nth_unstable_by_key(n - 1, |v| (v.0, v.1));
+            slabs.select_nth_unstable_by_key(n - 1, |v| v.0);
         }
         slabs.truncate(n);
-        // Popped from the end: the oldest goes first.
-        slabs.sort_unstable_by_key(|v| std::cmp::Reverse((v.0, v.1)));
+        // Popped from the end: the first in the order goes first.
+        slabs.sort_unstable_by_key(|v| std::cmp::Reverse(v.0));
         slabs
             .iter()
-            .map(|(_, idle, s)| (Arc::downgrade(s), idle.0))
+            .map(|(_, idle, s)| (Arc::downgrade(s), *idle))
             .collect()
     }
 }

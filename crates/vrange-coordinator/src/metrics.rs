@@ -272,7 +272,7 @@ pub(crate) fn render(s: &Snapshot) -> String {
         "The youngest age purged in the last round's class (where the global order was cut).",
         &[(
             String::new(),
-            s.last_cut.map_or(0.0, |c| c.min_age_ms as f64 / 1000.0),
+            s.last_cut.map_or(0.0, |c| c.at.min_idle as f64 / 1000.0),
         )],
     );
     if let Some(n) = s.oom_kills {

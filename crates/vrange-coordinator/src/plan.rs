@@ -1,14 +1,17 @@
 //! Where to cut the one global order: pure functions of the participants' inventories (tested
-//! with made-up ones).
+//! with made-up ones). The order itself is the core's (`vrange::order`): each inventory cell
+//! (class, age bucket) stands at the [`Place`] of its bucket's floor.
 
 use vrange::coordination::{bucket_floor_ms, Inventory, BUCKETS, CLASSES};
+use vrange::order::{self, Place};
 
-/// A point in the global order (lowest class first, then oldest): everything of a class below
-/// `class`, and of `class` what has been volatile for at least `min_age_ms`, comes before it.
+/// A cut of the global order (`vrange::order::Cut`, idle times in milliseconds) and the bytes
+/// before it by the inventories.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cut {
-    pub class: u8,
-    pub min_age_ms: u64,
+    /// The point in the order: every class below `at.class`, and of `at.class` what has been
+    /// volatile for at least `at.min_idle` ms, comes before it.
+    pub at: order::Cut,
     /// Bytes before the cut, by the inventories.
     pub bytes: u64,
 }
@@ -16,9 +19,18 @@ pub struct Cut {
 impl Cut {
     /// Whether everything before `other` is before `self` too (`self` reaches as far).
     pub fn covers(&self, other: &Cut) -> bool {
-        self.class > other.class
-            || (self.class == other.class && self.min_age_ms <= other.min_age_ms)
+        self.at.covers(&other.at)
     }
+
+    /// Whether memory of `class` volatile for `idle_ms` comes before the cut.
+    pub fn admits(&self, class: u8, idle_ms: u64) -> bool {
+        self.at.admits(Place::new(class, idle_ms))
+    }
+}
+
+/// Where the bytes of cell (`class`, `bucket`) stand in the order.
+fn place(class: usize, bucket: usize) -> Place {
+    Place::new(class as u8, bucket_floor_ms(bucket))
 }
 
 /// The bytes of every inventory, summed by class and bucket.
@@ -53,26 +65,25 @@ pub fn aged(inv: &Inventory, elapsed: std::time::Duration) -> Inventory {
     out
 }
 
-/// The latest cut whose bytes reach `target`, walking whole buckets: classes from the lowest,
-/// within a class from the oldest bucket. `None` if nothing is volatile; everything if the
-/// target is more than all.
+/// The latest cut whose bytes reach `target`, walking whole buckets in the victim order.
+/// `None` if nothing is volatile; everything if the target is more than all.
 pub fn cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64) -> Option<Cut> {
+    let mut cells: Vec<(Place, u64)> = (0..CLASSES)
+        .flat_map(|c| (0..BUCKETS).map(move |b| (c, b)))
+        .filter(|&(c, b)| merged[c][b] != 0)
+        .map(|(c, b)| (place(c, b), merged[c][b]))
+        .collect();
+    cells.sort_unstable_by_key(|&(p, _)| p);
     let mut bytes = 0u64;
     let mut last = None;
-    for (class, row) in merged.iter().enumerate() {
-        for bucket in (0..BUCKETS).rev() {
-            if row[bucket] == 0 {
-                continue;
-            }
-            bytes = bytes.saturating_add(row[bucket]);
-            last = Some(Cut {
-                class: class as u8,
-                min_age_ms: bucket_floor_ms(bucket),
-                bytes,
-            });
-            if bytes >= target {
-                return last;
-            }
+    for (p, v) in cells {
+        bytes = bytes.saturating_add(v);
+        last = Some(Cut {
+            at: order::Cut::after(p),
+            bytes,
+        });
+        if bytes >= target {
+            break;
         }
     }
     last
@@ -80,20 +91,15 @@ pub fn cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64) -> Option<Cut> {
 
 /// Bytes before `cut` in one inventory (whether a participant is asked at all).
 pub fn before(inv: &Inventory, cut: &Cut) -> u64 {
-    inv.volatile
-        .iter()
-        .enumerate()
-        .map(|(class, row)| {
-            row.iter()
-                .enumerate()
-                .filter(|(b, _)| {
-                    class < cut.class as usize
-                        || (class == cut.class as usize && bucket_floor_ms(*b) >= cut.min_age_ms)
-                })
-                .map(|(_, v)| *v)
-                .sum::<u64>()
-        })
-        .sum()
+    let mut bytes = 0u64;
+    for (class, row) in inv.volatile.iter().enumerate() {
+        for (bucket, v) in row.iter().enumerate() {
+            if cut.at.admits(place(class, bucket)) {
+                bytes = bytes.saturating_add(*v);
+            }
+        }
+    }
+    bytes
 }
 
 #[cfg(test)]
@@ -116,19 +122,19 @@ mod tests {
         let m = merge([&a, &b]);
         // The low class goes first, however young.
         let c = cut(&m, 5).unwrap();
-        assert_eq!((c.class, c.bytes), (0, 5));
+        assert_eq!((c.at.class, c.bytes), (0, 5));
         assert_eq!(before(&a, &c), 0);
         assert_eq!(before(&b, &c), 5);
         // Then A's oldest, then B's, before A's young data.
         let c = cut(&m, 15).unwrap();
-        assert_eq!((c.class, c.bytes), (2, 15));
+        assert_eq!((c.at.class, c.bytes), (2, 15));
         assert_eq!(before(&a, &c), 10);
         assert_eq!(before(&b, &c), 5);
         let c = cut(&m, 25).unwrap();
         assert_eq!(c.bytes, 25);
         assert_eq!(before(&b, &c), 15);
         assert_eq!(before(&a, &c), 10);
-        assert!(c.min_age_ms <= 30_000 && c.min_age_ms > 1_000);
+        assert!(c.at.min_idle <= 30_000 && c.at.min_idle > 1_000);
         // A later cut reaches as far as an earlier one, not the other way round.
         let (early, late) = (cut(&m, 5).unwrap(), cut(&m, 25).unwrap());
         assert!(late.covers(&early) && late.covers(&late));

@@ -87,8 +87,8 @@ impl Conn {
     fn ask(&mut self, r: Request) -> bool {
         let m = Message::Purge {
             id: r.id,
-            class: r.cut.class,
-            min_age_ms: r.cut.min_age_ms,
+            class: r.cut.at.class,
+            min_age_ms: r.cut.at.min_idle,
         };
         let told = matches!(self.send(&m), Ok(true));
         if told {
@@ -490,11 +490,11 @@ impl<'a> Server<'a> {
         let threshold = self
             .opts
             .headroom
-            .unwrap_or_else(|| vrange::reclaimer::auto_headroom(ceiling));
+            .unwrap_or_else(|| vrange::short::auto_threshold(ceiling));
         let mut target = if ceiling == 0 {
             0
         } else {
-            vrange::reclaimer::headroom_deficit(headroom, threshold)
+            vrange::short::deficit(headroom, threshold)
         };
         // Room asked by participants about to map memory (each computed from the same usage:
         // the largest, not the sum; one still short asks again).
@@ -584,10 +584,9 @@ impl<'a> Server<'a> {
         self.status.rounds += 1;
         for c in self.conns.iter_mut().filter(|c| !c.responsive) {
             for (h, class) in &c.shared {
-                let due = h.idle().is_some_and(|idle| {
-                    *class < cut.class
-                        || (*class == cut.class && idle.as_millis() as u64 >= cut.min_age_ms)
-                });
+                let due = h
+                    .idle()
+                    .is_some_and(|idle| cut.admits(*class, idle.as_millis() as u64));
                 if let Some(n) = due.then(|| h.purge()).flatten() {
                     c.freed_directly += n as u64;
                     self.status.freed += n as u64;
@@ -677,7 +676,7 @@ impl<'a> Server<'a> {
             }
             let m = Message::Roomed {
                 id: r.id,
-                cut: cut.map(|k| (k.class, k.min_age_ms)),
+                cut: cut.map(|k| (k.at.class, k.at.min_idle)),
             };
             c.room = None;
             if !matches!(c.send(&m), Ok(true)) {

@@ -15,10 +15,11 @@
 //! - Only clean pages are unpinned by SQLite; pages of a cache that is not purgeable
 //!   (`:memory:` and temporary databases, `bPurgeable == 0`) are never marked volatile: they
 //!   hold the only copy of their data.
-//! - Keeping the pages: while the memory cgroup's free memory is within 4 MiB of the headroom
-//!   threshold (`vrange::reclaimer::room_left`, two `pread`s, every 16 new pages or at each
-//!   while short), a new page takes the slot of the cache's oldest unpinned page, memory
-//!   already charged, instead of charging more (see `Inner::alloc`).
+//! - Keeping the pages: while memory is short for the next 16 pages (`vrange::short`: they
+//!   would leave the memory cgroup's free memory under the headroom threshold; two `pread`s,
+//!   every 16 new pages or at each while short), a new page takes the slot of the cache's
+//!   oldest unpinned page, memory already charged, instead of charging more (see
+//!   `Inner::alloc`).
 //! - `cache_size` is honoured as SQLite's own cache honours it (unpinned pages beyond it are
 //!   discarded oldest first); set it large and let memory pressure bound the cache.
 //! - Each cache has its own lock; SQLite calls one cache from one thread at a time, several
@@ -129,8 +130,6 @@ struct Inner {
     was_short: bool,
 }
 
-/// Room left (over the headroom threshold) under which a new page recycles an old one.
-const SHORT_BYTES: u64 = 4 << 20;
 /// Allocations between two looks at the room left while it is not short.
 const CHECK_EVERY: u32 = 16;
 
@@ -241,13 +240,15 @@ impl Inner {
         }
     }
 
-    /// Whether memory is short: the cgroup's room left (see `reclaimer::room_left`) under
-    /// [`SHORT_BYTES`]. Read at every allocation while short, else every [`CHECK_EVERY`].
+    /// Whether memory is short for the pages this cache may take before it looks again
+    /// ([`CHECK_EVERY`] of them; `vrange::short::Room::short_for`). Read at every allocation
+    /// while short, else every [`CHECK_EVERY`].
     fn short(&mut self) -> bool {
         self.allocs = self.allocs.wrapping_add(1);
         if self.was_short || self.allocs % CHECK_EVERY == 0 {
+            let next = (self.stride as u64).saturating_mul(u64::from(CHECK_EVERY));
             self.was_short =
-                vrange_core::reclaimer::room_left().is_some_and(|left| left < SHORT_BYTES);
+                vrange_core::reclaimer::room().is_some_and(|room| room.short_for(next));
         }
         self.was_short
     }

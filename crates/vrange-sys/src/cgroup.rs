@@ -129,7 +129,7 @@ impl MemCgroup {
         };
         let cache = crate::fd::read_file(self.file("memory.stat"))
             .map_or(0, |stat| reclaimable_file(stat.as_bytes(), self.version));
-        Some(ceiling.saturating_sub(self.usage().ok()?.saturating_sub(cache)))
+        Some(headroom(ceiling, self.usage().ok()?, cache))
     }
 
     /// Bytes currently charged to the cgroup.
@@ -594,6 +594,14 @@ fn unescape(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The one headroom formula, for [`MemCgroup::headroom`] and
+/// [`Headroom::bytes`](crate::pressure::Headroom::bytes): what the cgroup can still charge
+/// before anything but cheap page cache must go, `ceiling - (usage - reclaimable)`, 0 when
+/// over.
+pub(crate) fn headroom(ceiling: u64, usage: u64, reclaimable: u64) -> u64 {
+    ceiling.saturating_sub(usage.saturating_sub(reclaimable))
 }
 
 /// The page cache a cgroup's `memory.stat` (its text, or the start of it) shows the kernel can

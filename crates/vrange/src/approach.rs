@@ -7,12 +7,12 @@
 //! runs at least every [`TIGHT_POLL`]. Away from the limit nothing changes: a mark is one
 //! compare-and-swap and hybrid ranges wait for the arm delay.
 //!
-//! "Near" is what a neighbour can fault in before the reclaimer next looks: [`watermark`]
-//! bytes of headroom. The reclaimer measures headroom when it starts (before any tick, with
-//! short-lived reads: no descriptor is kept yet) and at every tick; until its first measure
-//! (and in a process whose reclaimer is off) memory counts as tight. A pressure event of the
-//! process's own cgroup (vmpressure, v2 `memory.pressure`) or of a short machine counts as
-//! tight too, for at least [`HOLD`].
+//! "Near" is what a neighbour can fault in before the reclaimer next looks: the tight watermark
+//! of headroom (`crate::short::watermark`). The reclaimer measures headroom when it starts
+//! (before any tick, with short-lived reads: no descriptor is kept yet) and at every tick;
+//! until its first measure (and in a process whose reclaimer is off) memory counts as tight.
+//! A pressure event of the process's own cgroup (vmpressure, v2 `memory.pressure`) or of a
+//! short machine counts as tight too, for at least [`HOLD`].
 //!
 //! Except a *hot* range: one marked again within [`HOT`] of its previous mark (a cache's slab,
 //! pinned by a hit and marked again by the next tick's flush; a buffer reused in a loop).
@@ -47,11 +47,6 @@ static EVENT_AT: AtomicU64 = AtomicU64::new(0);
 pub(crate) const HOLD: Duration = Duration::from_secs(2);
 /// The reclaimer's longest tick while memory is tight.
 pub(crate) const TIGHT_POLL: Duration = Duration::from_millis(10);
-/// The rate at which a neighbour is assumed to fault memory in: one thread touching fresh
-/// 4 KiB pages on the machines vrange is tested on manages 2-4 GiB/s.
-const FAULT_RATE: u64 = 4 << 30;
-/// The smallest watermark.
-const MIN_WATERMARK: u64 = 64 << 20;
 /// A range marked again within this of its previous mark is hot: armed only once idle this
 /// long. Five tight ticks.
 pub(crate) const HOT: Duration = Duration::from_millis(5 * TIGHT_POLL.as_millis() as u64);
@@ -81,13 +76,6 @@ pub(crate) fn is_tight() -> bool {
     STATE.load(Relaxed) != RELAXED
 }
 
-/// Headroom under which memory is tight: what a neighbour faulting at [`FAULT_RATE`] takes
-/// within one tick of `poll`, and at least [`MIN_WATERMARK`].
-pub(crate) fn watermark(poll: Duration) -> u64 {
-    let per_tick = (FAULT_RATE as u128 * poll.as_nanos() / 1_000_000_000) as u64;
-    per_tick.max(MIN_WATERMARK)
-}
-
 /// The next state given headroom now (`None`: not known) and the current state: tight below
 /// the watermark, relaxed above twice it (between, unchanged), held tight for [`HOLD`] after a
 /// pressure event at `event_at`.
@@ -108,7 +96,7 @@ pub(crate) fn update(headroom: Option<u64>, poll: Duration, now: u64) -> bool {
     let tight = next(
         STATE.load(Relaxed) == TIGHT,
         headroom,
-        watermark(poll),
+        crate::short::watermark(poll),
         now,
         EVENT_AT.load(Relaxed),
     );
@@ -144,13 +132,6 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn the_watermark_is_what_a_tick_of_faulting_takes() {
-        assert_eq!(watermark(Duration::from_millis(100)), 4096 * MIB / 10);
-        assert_eq!(watermark(Duration::from_millis(1)), MIN_WATERMARK);
-        assert_eq!(watermark(Duration::from_secs(1)), 4096 * MIB);
-    }
 
     #[test]
     fn tight_below_the_mark_relaxed_above_twice_it() {

@@ -70,6 +70,7 @@ mod huge_proof;
 mod lazy;
 mod lock;
 mod managed;
+pub mod order;
 mod owned;
 mod page_index;
 mod publish;
@@ -82,6 +83,7 @@ mod registry;
 mod scratch;
 mod shadow;
 mod shared;
+pub mod short;
 mod sigbus;
 mod span;
 mod state;
@@ -111,9 +113,7 @@ pub use vrange_sys::mem::page_size;
 /// The reclaimer thread: whether it runs, what it listens to, and stopping it. It starts by
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
-    pub use crate::reclaim::{
-        active_sources, auto_headroom, catch_up, headroom_deficit, is_running, stop, FlushHook,
-    };
+    pub use crate::reclaim::{active_sources, catch_up, is_running, stop, FlushHook};
 
     // The three below take locks around state that allocates, which a fork never holds: the
     // fork handlers are registered first, so that a child takes over such a lock that a thread
@@ -146,17 +146,17 @@ pub mod reclaimer {
         crate::reclaim::make_room(bytes)
     }
 
-    /// Bytes this process's memory cgroup can still charge before its free memory falls under the
-    /// `VRANGE_HEADROOM` threshold (the limit, less the usage, plus the clean page cache, less the
-    /// threshold; 0 when under it); `None` without a limit (or while its files cannot be read).
-    /// Two `pread`s (the usage, `memory.stat`) on kept descriptors, under a short lock shared with
-    /// [`make_room`].
+    /// How this process's memory stands: its memory cgroup's headroom (the limit, less the
+    /// usage, plus the clean page cache) and the `VRANGE_HEADROOM` threshold it must keep;
+    /// `None` without a limit (or while its files cannot be read). Two `pread`s (the usage,
+    /// `memory.stat`) on kept descriptors, under a short lock shared with [`make_room`].
     ///
     /// For a client that can give back memory of its own instead of taking more (a page cache
-    /// recycling its oldest unused page) when memory is short, without purging anyone's.
-    pub fn room_left() -> Option<u64> {
+    /// recycling its oldest unused page): [`Room::short_for`](crate::short::Room::short_for)
+    /// says whether to, by the one rule every purger follows (`vrange::short`).
+    pub fn room() -> Option<crate::short::Room> {
         crate::fork::register();
-        crate::reclaim::room_left()
+        crate::reclaim::room()
     }
 
     /// Registers `f`, called by the reclaimer thread at each tick (`VRANGE_POLL_MS`) and by every

@@ -11,10 +11,11 @@
 //!   present meanwhile are kept) and hands it back to the kernel with MADV_FREE: clean lazy
 //!   pages, the first the kernel drops under pressure, so a region may be far larger than its
 //!   memory cgroup's limit. The faulting thread then simply continues.
-//! - Keeping the pages: when the process's memory cgroup is within 4 MiB (plus the block) of
-//!   its limit, a fill first gives back the pages of the region's oldest blocks that the
-//!   kernel has not taken (MADV_DONTNEED; made again when touched), so that the new block is
-//!   charged without reclaim. The region recycles the memory it has, oldest block first,
+//! - Keeping the pages: when memory is short for the block (`crate::short`: filling it would
+//!   leave the memory cgroup's free memory under the headroom threshold), a fill first gives
+//!   back the pages of the region's oldest blocks that the kernel has not taken
+//!   (MADV_DONTNEED; made again when touched), so that the new block is charged without
+//!   reclaim. The region recycles the memory it has, oldest block first,
 //!   instead of the cgroup reclaiming at every fill whatever its scan finds (`recycle`).
 //! - A page never purged costs nothing on access; a purged one costs one fault and the fill.
 //! - A fill that fails (returns false or panics) makes the access raise SIGBUS in the faulting
@@ -45,7 +46,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use vrange_sys::clock::now_ns;
-use vrange_sys::pressure::OwnHeadroom;
 use vrange_sys::{mem, uffd};
 
 /// The process's handled userfaultfd (faults wait for the refill thread).
@@ -277,7 +277,6 @@ fn run() {
     // When the last fill ended, and until when to poll without sleeping.
     let mut served_at = 0u64;
     let mut awake_until = 0u64;
-    let mut room = OwnHeadroom::new();
     loop {
         // Read before the descriptor: a replacement in between is seen at the next turn.
         let generation = UFFD.generation();
@@ -301,7 +300,7 @@ fn run() {
             Ok(n) => {
                 let read_at = now_ns();
                 for f in &faults[..n] {
-                    serve(fd, *f, &mut room);
+                    serve(fd, *f);
                 }
                 let t = now_ns();
                 if read_at.saturating_sub(served_at) < CLOSE_NS {
@@ -338,24 +337,19 @@ fn no_regions_left() -> bool {
     })
 }
 
-/// Below this headroom of the process's memory cgroup, plus the block about to be filled, a
-/// fill recycles (see [`recycle`]).
-const RECYCLE_BELOW: u64 = 4 << 20;
 /// Blocks looked at per fill for one the kernel has not taken.
 const RECYCLE_LOOK: usize = 8;
 
-/// Keeps the pages: when the process's memory cgroup could not take the block about to be
-/// filled (at `current`, `need` bytes) without reclaim, gives back the pages of the region's
+/// Keeps the pages: when memory is short for the block about to be filled (at `current`,
+/// `need` bytes; `crate::short`: it would leave the memory cgroup's free memory under the
+/// headroom threshold), gives back the pages of the region's
 /// oldest blocks that the kernel has not taken (MADV_DONTNEED: they are made again when
 /// touched, as if the kernel had taken them) until a block's worth is free. The fill's pages
 /// are then charged without reclaim, in place of the cgroup reclaiming at every fill whatever
 /// its scan finds first (this region's newest blocks, the program's file pages). Returns the
 /// bytes given back.
-fn recycle(e: &mut Entry, current: usize, need: usize, room: &mut OwnHeadroom) -> usize {
-    let Some(headroom) = room.get(now_ns()).and_then(|h| h.bytes().ok()) else {
-        return 0;
-    };
-    if headroom >= RECYCLE_BELOW.saturating_add(need as u64) {
+fn recycle(e: &mut Entry, current: usize, need: usize) -> usize {
+    if !crate::reclaim::room().is_some_and(|room| room.short_for(need as u64)) {
         return 0;
     }
     let page = mem::page_size();
@@ -385,7 +379,7 @@ fn recycle(e: &mut Entry, current: usize, need: usize, room: &mut OwnHeadroom) -
     freed
 }
 
-fn serve(fd: i32, f: uffd::Fault, room: &mut OwnHeadroom) {
+fn serve(fd: i32, f: uffd::Fault) {
     let page = mem::page_size();
     let at = f.addr & !(page - 1);
     // A fault already served (several threads waited on one block): let it go on.
@@ -399,7 +393,7 @@ fn serve(fd: i32, f: uffd::Fault, room: &mut OwnHeadroom) {
             .find(|e| e.start <= f.addr && f.addr < e.start + e.len)?;
         let offset = (f.addr - e.start) / e.block * e.block;
         let len = e.block.min(e.len - offset);
-        recycle(e, offset, len, room);
+        recycle(e, offset, len);
         let buf = &mut e.buf[..len];
         let fill = &mut e.fill;
         let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, buf))).unwrap_or(false);

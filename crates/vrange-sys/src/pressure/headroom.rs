@@ -127,8 +127,12 @@ impl Headroom {
     /// # Errors
     /// As [`Headroom::usage`].
     pub fn bytes(&self) -> io::Result<u64> {
-        let used = self.usage()?.saturating_sub(self.reclaimable_cache());
-        Ok(self.ceiling.saturating_sub(used))
+        let usage = self.usage()?;
+        Ok(crate::cgroup::headroom(
+            self.ceiling,
+            usage,
+            self.reclaimable_cache(),
+        ))
     }
 }
 

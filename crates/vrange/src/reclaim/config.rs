@@ -37,7 +37,7 @@ use vrange_sys::pressure::PSI_WINDOW_MAX_US;
 use vrange_sys::settings::{self, parse_number, parse_size, parse_switch, Size};
 
 /// `VRANGE_HEADROOM=auto`.
-pub(crate) const HEADROOM_AUTO: u64 = u64::MAX;
+pub(crate) const HEADROOM_AUTO: u64 = crate::short::AUTO;
 
 /// The settings in force, as atomics the mark path and the thread read without locking.
 pub(crate) struct Atomics {

@@ -56,8 +56,7 @@ pub use budget::catch_up;
 pub(crate) use budget::noticed_mark;
 pub use purge::purge;
 pub(crate) use purge::purge_region;
-pub use room::{make_room, room_left};
-pub use victims::{auto_headroom, headroom_deficit};
+pub use room::{make_room, room};
 
 use waker::wake;
 

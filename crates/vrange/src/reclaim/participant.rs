@@ -38,6 +38,7 @@ use crate::coordination::{
     self, bucket_of, Inventory, Message, CLASSES, MAX_MESSAGE, MAX_SHARED, NAME_LEN,
 };
 use crate::managed;
+use crate::order::{Cut, Place};
 use crate::registry;
 use crate::registry::pause;
 use crate::stats;
@@ -490,18 +491,16 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
     Message::Inventory(inv)
 }
 
-/// Purges everything before the point (`class`, `min_age_ms`) of the global order: every
-/// volatile range of a lower class, and those of `class` volatile for at least `min_age_ms`.
-/// Returns (ranges, bytes, age in ms of the youngest range purged).
+/// Purges everything before the coordinator's cut (`class`, `min_age_ms`) of the global order
+/// (`crate::order::Cut`): every volatile range of a lower class, and those of `class` volatile
+/// for at least `min_age_ms`. Returns (ranges, bytes, age in ms of the youngest range purged).
 fn obey(class: u8, min_age_ms: u64) -> (u64, u64, u64) {
+    let cut = Cut::after(Place::new(class, min_age_ms)).scaled(1_000_000);
     let victims = super::purge::candidates(u64::MAX);
     let now = now_ns();
-    let cutoff = now.saturating_sub(min_age_ms.saturating_mul(1_000_000));
     let chosen: Vec<victims::Candidate> = victims
         .into_iter()
-        .filter(|c| {
-            (c.priority as u8) < class || (c.priority as u8 == class && c.last_used <= cutoff)
-        })
+        .filter(|c| cut.admits(c.place(now)))
         .collect();
     let youngest = chosen.iter().map(|c| c.last_used).max();
     let p = pause();

@@ -1,5 +1,6 @@
 //! [`make_room`]: room made in the caller's thread before it maps memory, from the global
-//! order when a coordinator is live.
+//! order when a coordinator is live; [`room`]: how memory stands for a client deciding whether
+//! to take more (the rule is `crate::short`'s).
 
 use super::config;
 use super::flush;
@@ -12,6 +13,7 @@ use super::STATE;
 use crate::lock::Rank;
 use crate::lock::RankedMutex;
 use crate::registry::pause;
+use crate::short::{self, Room};
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::Relaxed;
@@ -78,25 +80,25 @@ pub fn make_room(bytes: usize) -> usize {
     freed as usize
 }
 
-/// What [`crate::reclaimer::room_left`] does, after it has registered the fork handlers.
-pub fn room_left() -> Option<u64> {
+/// What [`crate::reclaimer::room`] does, after it has registered the fork handlers.
+pub fn room() -> Option<Room> {
     let setting = config::get().headroom.load(Relaxed);
-    let mut room = ROOM.lock();
-    let h = room.get(now_ns())?;
-    let headroom = h.bytes().ok()?;
-    Some(headroom.saturating_sub(victims::threshold(setting, h.ceiling())))
+    measure(&mut ROOM.lock(), setting, now_ns())
 }
 
-/// Bytes [`make_room`] must free before `bytes` more are allocated: twice the threshold less
-/// the headroom that would be left. `None` where there is no limit to keep under (or its file
-/// cannot be read).
-fn room_deficit(room: &mut OwnHeadroom, bytes: u64, setting: u64, now: u64) -> Option<u64> {
-    let h = room.get(now)?;
-    let headroom = h.bytes().ok()?;
-    Some(victims::headroom_deficit(
-        headroom.saturating_sub(bytes),
-        victims::threshold(setting, h.ceiling()),
-    ))
+/// The cgroup's headroom and threshold, read from `headroom`. `None` where there is no limit
+/// to keep under (or its files cannot be read).
+fn measure(headroom: &mut OwnHeadroom, setting: u64, now: u64) -> Option<Room> {
+    let h = headroom.get(now)?;
+    Some(Room {
+        headroom: h.bytes().ok()?,
+        threshold: short::threshold(setting, h.ceiling()),
+    })
+}
+
+/// Bytes [`make_room`] must free before `bytes` more are allocated (`crate::short`).
+fn room_deficit(headroom: &mut OwnHeadroom, bytes: u64, setting: u64, now: u64) -> Option<u64> {
+    measure(headroom, setting, now).map(|r| r.deficit_after(bytes))
 }
 
 #[cfg(test)]
@@ -111,19 +113,19 @@ mod tests {
     #[test]
     fn a_fork_child_gets_its_headroom_while_a_parent_thread_asks() {
         // The public call registers the fork handlers.
-        let _ = crate::reclaimer::room_left();
+        let _ = crate::reclaimer::room();
         let exit = fork_while(
             |wait| {
                 let _held = ROOM.lock();
                 wait();
             },
             || {
-                let _ = room_left();
+                let _ = room();
                 let _ = make_room(1 << 20);
                 true
             },
             Duration::from_secs(20),
         );
-        assert_eq!(exit, Exit::Code(0), "the child's room_left returned");
+        assert_eq!(exit, Exit::Code(0), "the child's room returned");
     }
 }

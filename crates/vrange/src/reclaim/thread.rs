@@ -19,6 +19,7 @@ use super::WAKE_CONFIG;
 use super::WAKE_REASONS;
 use crate::approach;
 use crate::registry::pause;
+use crate::short;
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::AcqRel;
@@ -197,7 +198,7 @@ pub(super) fn run() {
 }
 
 /// Whether a stall on the system's PSI file comes with the machine short of memory (see
-/// [`victims::system_short`]). Reads /proc/meminfo only where the thread may open files
+/// `crate::short::machine_short`). Reads /proc/meminfo only where the thread may open files
 /// (`waker::files_ok`); otherwise it cannot tell, and takes the stall at its word.
 fn machine_short() -> bool {
     let meminfo = if waker::files_ok() {
@@ -205,7 +206,7 @@ fn machine_short() -> bool {
     } else {
         None
     };
-    victims::system_short(meminfo)
+    short::machine_short(meminfo)
 }
 
 /// Measures headroom (the watch's open source; else short-lived reads of the cgroup's files,
@@ -243,7 +244,11 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
     let Ok(headroom) = h.bytes() else {
         return;
     };
-    let deficit = victims::headroom_deficit(headroom, victims::threshold(setting, h.ceiling()));
+    let room = short::Room {
+        headroom,
+        threshold: short::threshold(setting, h.ceiling()),
+    };
+    let deficit = room.deficit_after(0);
     if deficit > 0 && coordinated {
         stats::count_deferred();
     } else if deficit > 0 {

@@ -1,10 +1,13 @@
-//! Victim choice and how much to purge: pure functions of a snapshot (tested with made-up
-//! candidates), and the two loops that apply them to the registry.
+//! Victims: the ranges the reclaimer may purge, collected from the registry and sorted by the
+//! one victim order (`crate::order`), and the two loops that purge and arm them.
 
 use crate::managed;
+use crate::order::Place;
 use crate::registry::{self, Priority};
+use crate::short::{pressure_share, Event};
 use crate::stats::Source;
 use std::sync::atomic::Ordering::Relaxed;
+use vrange_sys::clock::now_ns;
 
 /// A range the reclaimer may purge, as seen in one pass over the registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,61 +19,29 @@ pub(crate) struct Candidate {
     pub len: usize,
 }
 
-/// Orders victims: lowest class first, then least recently used.
+impl Candidate {
+    /// Its place in the victim order at `now` (`crate::order`).
+    pub(crate) fn place(&self, now: u64) -> Place {
+        Place::new(self.priority as u8, now.saturating_sub(self.last_used))
+    }
+}
+
+/// Orders victims by the one victim order (`crate::order`); ties by slot, so the order is
+/// total.
 pub(crate) fn order(c: &mut [Candidate]) {
-    c.sort_unstable_by_key(|c| (c.priority, c.last_used, c.idx));
+    let now = now_ns();
+    c.sort_unstable_by_key(|c| (c.place(now), c.idx));
 }
 
-/// How many bytes a signal asks to purge, given the resident volatile bytes now.
+/// How many bytes a pressure signal asks to purge, given the resident volatile bytes now
+/// (`crate::short`); 0 for the sources whose callers compute it (deficit, excess, request).
 pub(crate) fn amount(source: Source, volatile: u64, share_percent: u64) -> u64 {
-    const MIN_PURGE: u64 = 2 << 20;
-    match source {
-        Source::VmpressureCritical => volatile,
-        Source::Psi | Source::PsiCgroup | Source::VmpressureMedium => {
-            (volatile * share_percent / 100).max(MIN_PURGE)
-        }
-        // The callers of these compute the amount themselves (deficit, excess, request).
-        Source::Headroom | Source::Budget | Source::Explicit => 0,
-    }
-}
-
-/// Whether the machine as a whole is short of memory, so that a stall on the system's PSI file
-/// should purge: MemAvailable below a tenth of MemTotal (earlyoom's default line). The system
-/// file counts stalls of every cgroup, one thrashing at its own limit too; purging here does
-/// not relieve that cgroup, and while the machine has memory available it is not this
-/// process's to give back (its own cgroup's pressure comes from vmpressure, headroom and v2's
-/// `memory.pressure`). Unknown (no MemAvailable, or /proc unreadable): short, as before.
-pub(crate) fn system_short(meminfo: Option<(u64, u64)>) -> bool {
-    match meminfo {
-        Some((total_kb, avail_kb)) => avail_kb < total_kb / 10,
-        None => true,
-    }
-}
-
-/// Bytes to purge so that headroom (limit minus usage) returns to twice the threshold: none
-/// while it is at least the threshold. The one rule for every purger of headroom (each
-/// process's reclaimer, [`make_room`](crate::reclaimer::make_room), the coordinator).
-pub fn headroom_deficit(headroom: u64, threshold: u64) -> u64 {
-    if headroom >= threshold {
-        0
-    } else {
-        threshold.saturating_mul(2) - headroom
-    }
-}
-
-/// The headroom threshold for a limit (the cgroup's `memory.max`, or `memory.high` where
-/// lower) under `VRANGE_HEADROOM=auto`: a sixteenth of it, between 4 and 256 MiB.
-pub fn auto_headroom(limit: u64) -> u64 {
-    (limit / 16).clamp(4 << 20, 256 << 20)
-}
-
-/// The threshold a `VRANGE_HEADROOM` setting (bytes, or `auto`) gives for a limit.
-pub(super) fn threshold(setting: u64, limit: u64) -> u64 {
-    if setting == super::config::HEADROOM_AUTO {
-        auto_headroom(limit)
-    } else {
-        setting
-    }
+    let event = match source {
+        Source::VmpressureCritical => Event::Critical,
+        Source::Psi | Source::PsiCgroup | Source::VmpressureMedium => Event::Stall,
+        Source::Headroom | Source::Budget | Source::Explicit => return 0,
+    };
+    pressure_share(event, volatile, share_percent)
 }
 
 fn collect(out: &mut Vec<Candidate>) {
@@ -144,20 +115,6 @@ pub(crate) fn arm_due(now: u64, delay_ns: u64) -> u64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn deficits_and_thresholds() {
-        assert_eq!(headroom_deficit(10, 8), 0);
-        assert_eq!(headroom_deficit(3, 8), 13);
-        assert_eq!(auto_headroom(128 << 20), 8 << 20);
-        assert_eq!(auto_headroom(1 << 20), 4 << 20);
-        assert_eq!(auto_headroom(64 << 30), 256 << 20);
-        assert_eq!(
-            threshold(super::super::config::HEADROOM_AUTO, 128 << 20),
-            8 << 20
-        );
-        assert_eq!(threshold(5 << 20, 128 << 20), 5 << 20);
-    }
-
     fn c(priority: Priority, last_used: u64, idx: u32) -> Candidate {
         Candidate {
             priority,
@@ -188,20 +145,6 @@ mod tests {
         assert_eq!(amount(Source::VmpressureCritical, v, 25), v);
         assert_eq!(amount(Source::VmpressureMedium, v, 25), 25 << 20);
         assert_eq!(amount(Source::Psi, 1 << 20, 25), 2 << 20);
-        assert_eq!(headroom_deficit(10, 8), 0);
-        assert_eq!(headroom_deficit(3, 8), 13);
-        assert_eq!(auto_headroom(128 << 20), 8 << 20);
-        assert_eq!(auto_headroom(16 << 20), 4 << 20);
-        assert_eq!(auto_headroom(1 << 40), 256 << 20);
-    }
-
-    #[test]
-    fn system_psi_purges_only_when_the_machine_is_short() {
-        let total = 24 << 20; // KiB
-        assert!(!system_short(Some((total, total / 2))));
-        assert!(!system_short(Some((total, total / 10))));
-        assert!(system_short(Some((total, total / 10 - 1))));
-        assert!(system_short(Some((total, 0))));
-        assert!(system_short(None));
+        assert_eq!(amount(Source::Headroom, v, 25), 0);
     }
 }

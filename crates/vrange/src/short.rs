@@ -1,0 +1,197 @@
+//! When memory counts as short, and by how much: the one rule, with every threshold it uses,
+//! for every purger and for every client that gives back memory of its own instead of taking
+//! more. Callers pass their own numbers in (the bytes they are about to take, the headroom
+//! they read); the comparisons are this file's.
+//!
+//! *Headroom* is what the process's memory cgroup can still charge before anything but clean
+//! page cache must go: the ceiling (the hard limit, or v2's `memory.high` where lower) less the
+//! usage, with clean page cache counted as free (`vrange_sys::pressure::Headroom::bytes`, one
+//! formula for every reader).
+//!
+//! | question | rule | asked by |
+//! |---|---|---|
+//! | the threshold | `VRANGE_HEADROOM` bytes, or `auto`: the ceiling / 16, between 4 and 256 MiB ([`auto_threshold`]) | everything below |
+//! | is memory short for one about to take `bytes`? | headroom − `bytes` < twice the threshold, the level every purge restores ([`Room::short_for`]) | vrange-cache before a new slab (it recycles its oldest instead), the SQLite page cache before new pages (it reuses its oldest), a refill region before a fill (it gives back its oldest blocks) |
+//! | by how much? | back to twice the threshold: 2 × threshold − (headroom − `bytes`), nothing while headroom − `bytes` ≥ threshold ([`deficit`]) | the reclaimer at each tick (`bytes` 0), [`make_room`](crate::reclaimer::make_room) before a client maps memory, the coordinator for its container |
+//! | how much a pressure event asks | vmpressure critical: every volatile byte; medium and PSI: `VRANGE_PRESSURE_SHARE` % of them, at least 2 MiB | the reclaimer |
+//! | is the machine short? (a stall on the system's PSI file purges only then) | MemAvailable < MemTotal / 10 (earlyoom's line) | the reclaimer |
+//! | is memory tight? (hybrid ranges armed at once) | headroom under what a neighbour faults in within one tick (4 GiB/s × tick), at least 64 MiB; relaxed again above twice that ([`watermark`]) | `crate::approach` |
+//!
+//! A leaf: it names no other module of the crate.
+
+use std::time::Duration;
+
+/// The headroom threshold for a ceiling under `VRANGE_HEADROOM=auto`: a sixteenth of it,
+/// between 4 and 256 MiB.
+pub fn auto_threshold(ceiling: u64) -> u64 {
+    (ceiling / 16).clamp(4 << 20, 256 << 20)
+}
+
+/// `VRANGE_HEADROOM`'s value meaning `auto` (the setting is otherwise bytes; 0 is `off`).
+pub(crate) const AUTO: u64 = u64::MAX;
+
+/// The threshold a `VRANGE_HEADROOM` setting (bytes, or [`AUTO`]) gives for a ceiling.
+pub(crate) fn threshold(setting: u64, ceiling: u64) -> u64 {
+    if setting == AUTO {
+        auto_threshold(ceiling)
+    } else {
+        setting
+    }
+}
+
+/// Bytes to purge so that `headroom` returns to twice `threshold`: none while it is at least
+/// the threshold.
+pub fn deficit(headroom: u64, threshold: u64) -> u64 {
+    if headroom >= threshold {
+        0
+    } else {
+        threshold.saturating_mul(2) - headroom
+    }
+}
+
+/// How the process's memory stands: its cgroup's headroom and the threshold it must keep
+/// (see the module documentation). From [`crate::reclaimer::room`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// Bytes the memory cgroup can still charge before anything but clean page cache must go.
+    pub headroom: u64,
+    /// The headroom to keep (`VRANGE_HEADROOM`).
+    pub threshold: u64,
+}
+
+impl Room {
+    /// Bytes that can still be charged before the headroom falls under twice the threshold,
+    /// the level every purge restores.
+    pub fn left(&self) -> u64 {
+        self.headroom
+            .saturating_sub(self.threshold.saturating_mul(2))
+    }
+
+    /// Whether memory is short for one about to take `bytes` more: the headroom would fall
+    /// under twice the threshold. A client that can give back memory of its own (recycle its
+    /// oldest slab, page or block) does so instead of taking more. Not the threshold itself:
+    /// the reclaimer purges only once that is crossed, and memory charged faster than its
+    /// tick (a cache or SQLite reading at memory speed, from several threads) would pass the
+    /// limit before it acts; the band between one and two thresholds is the margin for that,
+    /// which a client able to recycle must leave alone.
+    pub fn short_for(&self, bytes: u64) -> bool {
+        self.left() < bytes
+    }
+
+    /// Bytes to purge before `bytes` more are taken (see [`deficit`]).
+    pub fn deficit_after(&self, bytes: u64) -> u64 {
+        deficit(self.headroom.saturating_sub(bytes), self.threshold)
+    }
+}
+
+/// Which pressure event asks for a share of the volatile bytes (see [`pressure_share`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// vmpressure's critical level: the cgroup is about to OOM.
+    Critical,
+    /// vmpressure's medium level, or a PSI trigger.
+    Stall,
+}
+
+/// Bytes a pressure event asks to purge, given the resident volatile bytes now and
+/// `VRANGE_PRESSURE_SHARE`.
+pub(crate) fn pressure_share(event: Event, volatile: u64, share_percent: u64) -> u64 {
+    const MIN_PURGE: u64 = 2 << 20;
+    match event {
+        Event::Critical => volatile,
+        Event::Stall => (volatile.saturating_mul(share_percent) / 100).max(MIN_PURGE),
+    }
+}
+
+/// Whether the machine as a whole is short of memory, so that a stall on the system's PSI file
+/// should purge: MemAvailable below a tenth of MemTotal (earlyoom's default line). The system
+/// file counts stalls of every cgroup, one thrashing at its own limit too; purging here does
+/// not relieve that cgroup, and while the machine has memory available it is not this
+/// process's to give back (its own cgroup's pressure comes from vmpressure, headroom and v2's
+/// `memory.pressure`). Unknown (`None`: no MemAvailable, or /proc unreadable): short.
+pub(crate) fn machine_short(meminfo_kb: Option<(u64, u64)>) -> bool {
+    match meminfo_kb {
+        Some((total_kb, avail_kb)) => avail_kb < total_kb / 10,
+        None => true,
+    }
+}
+
+/// The rate at which a neighbour is assumed to fault memory in: one thread touching fresh
+/// 4 KiB pages on the machines vrange is tested on manages 2-4 GiB/s.
+pub(crate) const FAULT_RATE: u64 = 4 << 30;
+/// The smallest tight watermark.
+const MIN_WATERMARK: u64 = 64 << 20;
+
+/// Headroom under which memory is tight: what a neighbour faulting at [`FAULT_RATE`] takes
+/// within one tick of `poll`, and at least 64 MiB. Relaxed again above twice it.
+pub(crate) fn watermark(poll: Duration) -> u64 {
+    let per_tick = (FAULT_RATE as u128 * poll.as_nanos() / 1_000_000_000) as u64;
+    per_tick.max(MIN_WATERMARK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn thresholds_and_deficits() {
+        assert_eq!(auto_threshold(128 * MIB), 8 * MIB);
+        assert_eq!(auto_threshold(MIB), 4 * MIB);
+        assert_eq!(auto_threshold(16 * MIB), 4 * MIB);
+        assert_eq!(auto_threshold(64 << 30), 256 * MIB);
+        assert_eq!(threshold(AUTO, 128 * MIB), 8 * MIB);
+        assert_eq!(threshold(5 * MIB, 128 * MIB), 5 * MIB);
+        assert_eq!(deficit(10, 8), 0);
+        assert_eq!(deficit(3, 8), 13);
+    }
+
+    #[test]
+    fn short_for_a_taker_and_by_how_much() {
+        let room = Room {
+            headroom: 20 * MIB,
+            threshold: 8 * MIB,
+        };
+        assert_eq!(room.left(), 4 * MIB);
+        assert!(!room.short_for(4 * MIB));
+        assert!(room.short_for(4 * MIB + 1));
+        assert_eq!(room.deficit_after(0), 0);
+        assert_eq!(room.deficit_after(12 * MIB), 0);
+        // 16 MiB taken would leave 4: purge back to twice the threshold.
+        assert_eq!(room.deficit_after(16 * MIB), 12 * MIB);
+        // Over the limit already.
+        let over = Room {
+            headroom: 0,
+            threshold: 8 * MIB,
+        };
+        assert!(over.short_for(1));
+        assert_eq!(over.deficit_after(u64::MAX), 16 * MIB);
+    }
+
+    #[test]
+    fn pressure_events_ask_for_a_share() {
+        let v = 100 * MIB;
+        assert_eq!(pressure_share(Event::Critical, v, 25), v);
+        assert_eq!(pressure_share(Event::Stall, v, 25), 25 * MIB);
+        assert_eq!(pressure_share(Event::Stall, MIB, 25), 2 * MIB);
+        assert_eq!(pressure_share(Event::Stall, u64::MAX, 100), u64::MAX / 100);
+    }
+
+    #[test]
+    fn the_machine_is_short_under_a_tenth_available() {
+        let total = 24 << 20; // KiB
+        assert!(!machine_short(Some((total, total / 2))));
+        assert!(!machine_short(Some((total, total / 10))));
+        assert!(machine_short(Some((total, total / 10 - 1))));
+        assert!(machine_short(Some((total, 0))));
+        assert!(machine_short(None));
+    }
+
+    #[test]
+    fn the_watermark_is_what_a_tick_of_faulting_takes() {
+        assert_eq!(watermark(Duration::from_millis(100)), 4096 * MIB / 10);
+        assert_eq!(watermark(Duration::from_millis(1)), MIN_WATERMARK);
+        assert_eq!(watermark(Duration::from_secs(1)), 4096 * MIB);
+    }
+}
