@@ -52,7 +52,7 @@ struct Class {
 /// statistics, and the list of slabs whose last pin was dropped since the last flush.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    idle: parking_lot::Mutex<Vec<std::sync::Weak<crate::slab::Slab>>>,
+    idle: crate::lock::Mutex<Vec<std::sync::Weak<crate::slab::Slab>>>,
     hot: Box<[CachePadded<Hot>]>,
     flush: std::sync::OnceLock<vrange::reclaimer::FlushHook>,
     classes: [Class; CLASSES],
@@ -107,7 +107,7 @@ impl Shared {
     /// may outlive the cache in a reader's hands), so idle slabs are always released.
     pub fn new() -> std::sync::Arc<Shared> {
         let shared = std::sync::Arc::new(Shared {
-            idle: Default::default(),
+            idle: crate::lock::Mutex::new(vrange_sys::lock::Rank::CacheIdle, Vec::new()),
             hot: (0..=OWN_LINES).map(|_| CachePadded::default()).collect(),
             flush: std::sync::OnceLock::new(),
             classes: Default::default(),

@@ -100,6 +100,7 @@
 
 mod counters;
 mod entry;
+mod lock;
 mod probation;
 mod recycle;
 mod slab;
@@ -108,16 +109,18 @@ pub use counters::{ClassStats, Stats};
 pub use entry::{Entry, Held};
 pub use vrange::{Error, Policy, Priority, Result};
 
+use crate::lock::Mutex;
 use counters::{class, Shared, CLASSES};
 use crossbeam_utils::CachePadded;
 use dashmap::DashMap;
-use parking_lot::Mutex;
 use slab::Slab;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
+use vrange::order::Place;
+use vrange_sys::lock::Rank;
 
 /// Open slabs per class: inserting threads are spread over this many (see [`shard`]).
 const SHARDS: usize = 4;
@@ -340,7 +343,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         Ok(Cache {
             map: Map::default(),
             open: (0..2 * CLASSES * SHARDS)
-                .map(|_| CachePadded::default())
+                .map(|_| CachePadded::new(Mutex::new(Rank::CacheOpen, None)))
                 .collect(),
             ghosts: probation::Ghosts::default(),
             slabs: DashMap::default(),
@@ -349,7 +352,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             opts,
             opened: AtomicUsize::new(0),
             colours: AtomicUsize::new(0),
-            budget_lock: Mutex::new(()),
+            budget_lock: Mutex::new(Rank::CacheBudget, ()),
         })
     }
 
@@ -758,20 +761,41 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         if self.shared.resident() <= target {
             return;
         }
-        let mut victims: Vec<(Priority, std::cmp::Reverse<std::time::Duration>, Arc<Slab>)> = self
-            .slabs
-            .iter()
-            .filter_map(|s| s.value().upgrade())
-            .filter(|s| !s.is_dead() && s.unpinned())
-            .filter_map(|s| Some((s.purge_class(), std::cmp::Reverse(s.idle()?), s)))
-            .collect();
-        victims.sort_unstable_by_key(|v| (v.0, v.1));
-        for (_, _, slab) in victims {
+        let victims = self.in_victim_order(|s| s.unpinned(), usize::MAX);
+        for (_, slab) in victims {
             if self.shared.resident() <= target {
                 break;
             }
             slab.purge_now();
         }
+    }
+
+    /// This cache's live slabs that `keep` accepts, first in the one victim order
+    /// ([`vrange::order`]; a probation slab counted a class below its own) first, at most
+    /// `most` of them, each with how long it had been idle.
+    pub(crate) fn in_victim_order(
+        &self,
+        keep: impl Fn(&Slab) -> bool,
+        most: usize,
+    ) -> Vec<(std::time::Duration, Arc<Slab>)> {
+        let mut slabs: Vec<_> = self
+            .slabs
+            .iter()
+            .filter_map(|s| s.value().upgrade())
+            .filter(|s| !s.is_dead() && keep(s))
+            .filter_map(|s| {
+                let idle = s.idle()?;
+                let place = Place::new(s.purge_class() as u8, idle.as_nanos() as u64);
+                Some((place, idle, s))
+            })
+            .collect();
+        let n = slabs.len().min(most);
+        if n > 0 && n < slabs.len() {
+            slabs.select_nth_unstable_by_key(n - 1, |v| v.0);
+        }
+        slabs.truncate(n);
+        slabs.sort_unstable_by_key(|v| v.0);
+        slabs.into_iter().map(|(_, idle, s)| (idle, s)).collect()
     }
 
     /// Releases a value handed out by [`Entry::into_raw`] (the C ABI's

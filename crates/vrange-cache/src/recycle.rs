@@ -21,15 +21,23 @@ use crate::Cache;
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use vrange::order::Place;
 use vrange::Priority;
 
 /// Candidates one scan keeps.
 const BATCH: usize = 32;
 
 /// The candidates of the last scan with how long each had been idle then, the oldest last.
-#[derive(Debug, Default)]
-pub(crate) struct Candidates(parking_lot::Mutex<Vec<(Weak<Slab>, Duration)>>);
+#[derive(Debug)]
+pub(crate) struct Candidates(crate::lock::Mutex<Vec<(Weak<Slab>, Duration)>>);
+
+impl Default for Candidates {
+    fn default() -> Candidates {
+        Candidates(crate::lock::Mutex::new(
+            vrange_sys::lock::Rank::CacheCandidates,
+            Vec::new(),
+        ))
+    }
+}
 
 impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// A new slab (pinned once) for class `priority`, on the pages of this cache's least
@@ -70,31 +78,16 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
     }
 
-    /// The [`BATCH`] slabs a budget purge would take first (oldest last): unpinned, without
+    /// The [`BATCH`] slabs a budget purge would take first (the first last): unpinned, without
     /// holds, the size of a slab (values with a region of their own are not recycled).
     fn oldest_slabs(&self) -> Vec<(Weak<Slab>, Duration)> {
         let len = self.opts.slab_bytes;
-        let mut slabs: Vec<_> = self
-            .slabs
-            .iter()
-            .filter_map(|s| s.value().upgrade())
-            .filter(|s| s.len() == len && s.unpinned() && !s.is_dead() && !s.has_holds())
-            .filter_map(|s| {
-                let idle = s.idle()?;
-                let place = Place::new(s.purge_class() as u8, idle.as_nanos() as u64);
-                Some((place, idle, s))
-            })
-            .collect();
-        let n = slabs.len().min(BATCH);
-        if n > 0 {
-            slabs.select_nth_unstable_by_key(n - 1, |v| v.0);
-        }
-        slabs.truncate(n);
+        let keep = |s: &Slab| s.len() == len && s.unpinned() && !s.has_holds();
         // Popped from the end: the first in the order goes first.
-        slabs.sort_unstable_by_key(|v| std::cmp::Reverse(v.0));
-        slabs
-            .iter()
-            .map(|(_, idle, s)| (Arc::downgrade(s), *idle))
+        self.in_victim_order(keep, BATCH)
+            .into_iter()
+            .rev()
+            .map(|(idle, s)| (Arc::downgrade(&s), idle))
             .collect()
     }
 }

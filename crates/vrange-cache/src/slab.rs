@@ -35,7 +35,7 @@
 //! stays mapped, the held pages intact, until its last hold goes.
 
 use crate::counters::Shared;
-use parking_lot::Mutex;
+use crate::lock::Mutex;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::{Arc, Weak};
@@ -197,11 +197,14 @@ impl Slab {
             len: region.len(),
             state: AtomicU32::new(HELD | 1),
             touched: AtomicUsize::new(touched),
-            inner: Mutex::new(Inner {
-                region: Some(region),
-                me: None,
-                holds: Vec::new(),
-            }),
+            inner: Mutex::new(
+                vrange_sys::lock::Rank::CacheSlab,
+                Inner {
+                    region: Some(region),
+                    me: None,
+                    holds: Vec::new(),
+                },
+            ),
             dead: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),

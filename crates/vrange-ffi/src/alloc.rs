@@ -3,7 +3,7 @@
 
 use crate::{flags, guard, regions};
 use libc::{c_int, c_void, size_t};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::ptr::null_mut;
 use vrange_core::{Error, RefillRegion, ScratchRegion, VolatileRegion};
 
@@ -121,10 +121,7 @@ pub unsafe extern "C" fn vrange_set_priority(
 ) -> c_int {
     guard(-1, || {
         let priority = flags::set_priority_value(priority)?;
-        let addr = addr as usize;
-        regions::with_region(addr, |r| {
-            r.set_priority_range(addr - r.as_ptr() as usize, length, priority)
-        })?;
+        vrange_core::set_priority(addr.cast(), length, priority)?;
         Ok(0)
     })
 }
@@ -137,11 +134,7 @@ pub unsafe extern "C" fn vrange_set_priority(
 #[no_mangle]
 pub unsafe extern "C" fn vrange_shared_fd(addr: *mut c_void) -> c_int {
     guard(-1, || {
-        regions::with_region(addr as usize, |r| {
-            r.shared_fd()
-                .map(|fd| fd.as_raw_fd())
-                .ok_or(Error::NotRegion)
-        })
+        vrange_core::shared_fd_at(addr.cast()).ok_or(Error::NotRegion)
     })
 }
 

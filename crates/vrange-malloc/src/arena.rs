@@ -14,8 +14,8 @@ use std::ptr::null_mut;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use vrange::Taken;
+use vrange_sys::lock::{Guard, Lock, Rank};
 use vrange_sys::mem;
-use vrange_sys::sync::{SpinGuard, SpinLock};
 
 /// Most arenas (more CPUs share them).
 pub const MAX_ARENAS: usize = 256;
@@ -37,7 +37,7 @@ struct Lists {
 /// One arena.
 #[repr(align(128))]
 pub struct Arena {
-    lock: SpinLock,
+    lock: Lock,
     lists: UnsafeCell<Lists>,
     pub counters: Counters,
 }
@@ -47,7 +47,7 @@ unsafe impl Sync for Arena {}
 
 #[allow(clippy::declare_interior_mutable_const)] // a template for the static array below
 const ARENA: Arena = Arena {
-    lock: SpinLock::new(),
+    lock: Lock::new(Rank::MallocArena),
     lists: UnsafeCell::new(Lists {
         heads: [null_mut(); CLASSES],
         empty: 0,
@@ -69,7 +69,7 @@ struct Pool {
 }
 
 struct Shared {
-    lock: SpinLock,
+    lock: Lock,
     pool: UnsafeCell<Pool>,
 }
 
@@ -77,7 +77,7 @@ struct Shared {
 unsafe impl Sync for Shared {}
 
 static SHARED: Shared = Shared {
-    lock: SpinLock::new(),
+    lock: Lock::new(Rank::MallocPool),
     pool: UnsafeCell::new(Pool {
         empty: null_mut(),
         segment: 0,
@@ -108,7 +108,7 @@ fn class(pages: u32) -> usize {
 }
 
 /// Locks the arena of the current CPU, or another free one. Returns its index and the guard.
-fn lock_some() -> (usize, SpinGuard<'static>) {
+fn lock_some() -> (usize, Guard<'static>) {
     let n = count();
     // Unsupported maps to arena 0.
     let home = vrange_sys::process::current_cpu().map_or(0, |cpu| cpu % n);
@@ -393,26 +393,4 @@ fn new_chunk(pool: &mut Pool, me: u32, ranges: &mut Volatile) -> Option<*mut Chu
     pool.segment += CHUNK;
     pool.segment_left -= 1;
     Some(c)
-}
-
-/// Takes every arena's lock and the pool's (before `fork`).
-pub fn lock_all() {
-    for a in &ARENAS[..count()] {
-        a.lock.lock_for_fork();
-    }
-    SHARED.lock.lock_for_fork();
-}
-
-/// Releases what [`lock_all`] took (after `fork`, in parent and child).
-///
-/// # Safety
-/// Only in a fork handler after [`lock_all`].
-pub unsafe fn unlock_all() {
-    // SAFETY: every lock was taken by lock_all, with no live guard.
-    unsafe {
-        SHARED.lock.force_unlock();
-        for a in ARENAS[..count()].iter().rev() {
-            a.lock.force_unlock();
-        }
-    }
 }

@@ -28,7 +28,8 @@ const LARGE_BIT: usize = 1;
 
 static TOP_TABLE: [AtomicPtr<AtomicUsize>; TOP] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; TOP];
-static GROW: vrange_sys::sync::SpinLock = vrange_sys::sync::SpinLock::new();
+static GROW: vrange_sys::lock::Lock =
+    vrange_sys::lock::Lock::new(vrange_sys::lock::Rank::MallocChunkMap);
 
 #[inline]
 fn key(addr: usize) -> Option<(usize, usize)> {
@@ -116,18 +117,4 @@ pub fn clear(start: usize, len: usize) {
         }
         addr += CHUNK;
     }
-}
-
-/// Takes the lock that guards growing the table (before `fork`).
-pub fn lock() {
-    GROW.lock_for_fork();
-}
-
-/// Releases it (after `fork`).
-///
-/// # Safety
-/// Only in a fork handler after [`lock`].
-pub unsafe fn unlock() {
-    // SAFETY: taken by lock(), with no live guard.
-    unsafe { GROW.force_unlock() };
 }

@@ -23,7 +23,7 @@ pub struct Block {
 /// 0: not set up, 1: setting up, 2: ready.
 static READY: AtomicU8 = AtomicU8::new(0);
 
-/// Reads the settings and installs the fork handlers, once. Called by every allocation at or
+/// Reads the settings, once. Called by every allocation at or
 /// above the default threshold (and by the shim at load); one load after the first.
 #[inline]
 pub fn init() {
@@ -44,32 +44,11 @@ fn set_up() {
         cache::register();
     }
     large::register();
-    // vrange's handlers first: fork runs prepare handlers in reverse order of registration, so
-    // ours (the arenas, taken on paths that then call into vrange) are taken before vrange's.
-    vrange::register_fork_handlers();
-    // Without room for the handlers, a fork child could inherit an arena locked: nothing to
-    // do about it but what glibc does (it aborts); ENOMEM here means the process is dying.
-    let _ = process::at_fork(before_fork, after_fork, after_fork);
     if config::stats_at_exit() {
         stats::keep_stderr();
         let _ = process::at_exit(at_exit);
     }
     READY.store(2, Release);
-}
-
-extern "C" fn before_fork() {
-    arena::lock_all();
-    large::lock();
-    chunkmap::lock();
-}
-
-extern "C" fn after_fork() {
-    // SAFETY: a fork handler after before_fork took every one of these.
-    unsafe {
-        chunkmap::unlock();
-        large::unlock();
-        arena::unlock_all();
-    }
 }
 
 extern "C" fn at_exit() {

@@ -20,8 +20,8 @@ use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use vrange::{Content, OwnedRange, Policy, Priority, Taken};
+use vrange_sys::lock::{Lock, Rank};
 use vrange_sys::mem;
-use vrange_sys::sync::SpinLock;
 
 /// Freed large blocks kept for reuse.
 const CACHE_MAX: usize = 16;
@@ -102,7 +102,7 @@ struct Cache {
 }
 
 struct Guarded {
-    lock: SpinLock,
+    lock: Lock,
     cache: std::cell::UnsafeCell<Cache>,
 }
 
@@ -110,7 +110,7 @@ struct Guarded {
 unsafe impl Sync for Guarded {}
 
 static CACHE: Guarded = Guarded {
-    lock: SpinLock::new(),
+    lock: Lock::new(Rank::MallocLarge),
     cache: std::cell::UnsafeCell::new(Cache {
         newest: null_mut(),
         oldest: null_mut(),
@@ -486,18 +486,4 @@ impl Cache {
         }
         self.spare_meta = m;
     }
-}
-
-/// Takes the cache lock (before `fork`).
-pub fn lock() {
-    CACHE.lock.lock_for_fork();
-}
-
-/// Releases it (after `fork`).
-///
-/// # Safety
-/// Only in a fork handler after [`lock`].
-pub unsafe fn unlock() {
-    // SAFETY: taken by lock(), with no live guard.
-    unsafe { CACHE.lock.force_unlock() };
 }

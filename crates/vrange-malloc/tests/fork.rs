@@ -92,3 +92,85 @@ fn fork_with_threads_churning() {
         s.purged_total_bytes >> 20
     );
 }
+
+/// A fork while the refill thread's fill function allocates under vrange-malloc: the fork must
+/// complete. Each lock a fork holds is taken in one rank order, the allocator's with vrange's,
+/// and no lock held across fork is held while a program's fill function runs; otherwise the
+/// fork (holding the allocator's locks) would wait for the fill, and the fill, allocating, for
+/// the fork. The scenario runs in a child process, so that a hang is a timed-out child, not a
+/// hung test.
+#[test]
+fn fork_while_a_refill_fill_allocates() {
+    let (mut scenario, _link) = vrange_testkit::fork::fork_linked(|_| fill_races_fork());
+    match scenario.wait_or_describe(CHILD_LIMIT) {
+        Ok(Exit::Code(0)) => {}
+        Ok(Exit::Code(SKIPPED)) => {
+            vrange_testkit::skip("userfaultfd is not available to this process")
+        }
+        Ok(exit) => panic!("the scenario ended with {exit}"),
+        Err(states) => panic!(
+            "a fork made while a fill allocates did not complete within {CHILD_LIMIT:?}:\n{states}"
+        ),
+    }
+}
+
+/// The scenario's exit status without userfaultfd.
+const SKIPPED: i32 = 77;
+
+/// In a process of its own: a thread reads a refill region whose fill allocates blocks the
+/// allocator serves under its locks (large blocks, then blocks from its arenas) for half a
+/// second; once the fill has started, this thread forks. 0 when the fork completed and the
+/// bytes read are the fill's.
+fn fill_races_fork() -> i32 {
+    use std::sync::mpsc;
+    const LEN: usize = 1 << 20;
+    let (inside, fill_started) = mpsc::channel::<()>();
+    let inside = std::sync::Mutex::new(inside);
+    let region = match vrange::RefillRegion::new(LEN, LEN, move |_, buf| {
+        let _ = inside.lock().map(|s| s.send(()));
+        let t0 = std::time::Instant::now();
+        let mut i = 0usize;
+        while t0.elapsed() < Duration::from_millis(500) {
+            // 3 MiB: the large-block path; 68-120 KiB: an arena's (sizes the per-CPU cache of
+            // freed blocks does not hold yet).
+            let len = if i % 2 == 0 {
+                3 << 20
+            } else {
+                (68 + i % 53) << 10
+            };
+            let v = vec![i as u8; len];
+            std::hint::black_box(&v);
+            i += 1;
+        }
+        buf.fill(0x5a);
+        true
+    }) {
+        Ok(r) => r,
+        Err(vrange::Error::Os(libc::ENOTSUP)) => return SKIPPED,
+        Err(_) => return 2,
+    };
+    let at = region.as_ptr() as usize;
+    let reader = std::thread::spawn(move || {
+        // SAFETY: the region lives until this thread is joined; a read waits for its fill.
+        unsafe { (at as *const u8).read_volatile() }
+    });
+    if fill_started.recv_timeout(Duration::from_secs(20)).is_err() {
+        return 3;
+    }
+    // SAFETY: the child only leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    if pid < 0 {
+        return 4;
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    match reader.join() {
+        Ok(0x5a) => 0,
+        _ => 5,
+    }
+}

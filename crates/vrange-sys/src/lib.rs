@@ -40,6 +40,7 @@ pub mod cgroup;
 pub mod clock;
 pub mod fd;
 pub mod futex;
+pub mod lock;
 pub mod mem;
 pub mod own_table;
 pub mod pagemap;

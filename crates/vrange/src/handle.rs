@@ -45,7 +45,6 @@ impl VolatileRegion {
     /// [`Error::NotRegion`] for `len == 0`, [`Error::Overflow`] for absurd sizes,
     /// [`Error::Os`] when mapping (or, for shared regions, memfd creation) fails.
     pub fn new(len: usize, opts: Options) -> Result<VolatileRegion, Error> {
-        crate::fork::register();
         let (start, len) = managed::create(len, opts)?;
         if opts.policy != Policy::Lazy {
             crate::reclaim::ensure_running();
@@ -80,13 +79,12 @@ impl VolatileRegion {
     /// As [`VolatileRegion::open_shared`]; `Error::Os(ENOTSUP)` for SIGBUS mode without
     /// userfaultfd.
     pub fn open_shared_with(fd: BorrowedFd<'_>, opts: Options) -> Result<VolatileRegion, Error> {
-        crate::fork::register();
         let (start, len) = managed::open_shared(fd, opts.priority, opts.sigbus)?;
         crate::reclaim::ensure_running();
         Ok(VolatileRegion::at(start, len))
     }
 
-    fn at(start: usize, len: usize) -> VolatileRegion {
+    pub(crate) fn at(start: usize, len: usize) -> VolatileRegion {
         VolatileRegion {
             start: NonNull::new(start as *mut u8).expect("regions are never at address 0"),
             len,

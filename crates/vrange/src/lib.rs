@@ -63,12 +63,11 @@ macro_rules! mapping_accessors {
 mod approach;
 pub mod coordination;
 mod error;
+mod extents;
 mod features;
-mod fork;
 mod handle;
 mod huge_proof;
 mod lazy;
-mod lock;
 mod managed;
 pub mod order;
 mod owned;
@@ -85,6 +84,7 @@ mod shadow;
 mod shared;
 pub mod short;
 mod sigbus;
+mod slots;
 mod span;
 mod state;
 mod stats;
@@ -94,7 +94,6 @@ mod witness;
 
 pub use error::{Error, OptionError, Result};
 pub use features::{features, CgroupVersion, Features, ThpMode, Unavailable};
-pub use fork::register as register_fork_handlers;
 pub use handle::{region_containing, Pinned, VolatileRegion};
 pub use lazy::{forget, volatile_pages};
 pub use managed::Options;
@@ -103,8 +102,9 @@ pub use reclaim::{set_option, OPTIONS};
 pub use reclaim::{Config, Headroom, Psi};
 pub use refill::RefillRegion;
 pub use region::{Huge, Region};
+pub use regions::{MAX_FILLED_HERE_REGIONS, MAX_SCRATCH_REGIONS};
 pub use registry::{Policy, Priority};
-pub use scratch::{ScratchRegion, MAX_SCRATCH_REGIONS};
+pub use scratch::ScratchRegion;
 pub use stats::{
     register_allocator, stats, AllocatorStats, CoordinatorStats, Source, SourceStats, Stats,
 };
@@ -114,10 +114,6 @@ pub use vrange_sys::mem::page_size;
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
     pub use crate::reclaim::{active_sources, catch_up, is_running, stop, FlushHook};
-
-    // The three below take locks around state that allocates, which a fork never holds: the
-    // fork handlers are registered first, so that a child takes over such a lock that a thread
-    // of its parent held (`crate::lock::RankedMutex`) instead of waiting for it for ever.
 
     /// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
     /// cgroup's headroom (limit minus usage) less `bytes` is under the `VRANGE_HEADROOM` threshold,
@@ -142,7 +138,6 @@ pub mod reclaimer {
     /// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the
     /// reclaimer is disabled.
     pub fn make_room(bytes: usize) -> usize {
-        crate::fork::register();
         crate::reclaim::make_room(bytes)
     }
 
@@ -155,7 +150,6 @@ pub mod reclaimer {
     /// recycling its oldest unused page): [`Room::short_for`](crate::short::Room::short_for)
     /// says whether to, by the one rule every purger follows (`vrange::short`).
     pub fn room() -> Option<crate::short::Room> {
-        crate::fork::register();
         crate::reclaim::room()
     }
 
@@ -167,7 +161,6 @@ pub mod reclaimer {
     /// `f` runs on any thread, never twice at once in one thread; it may mark and unmark, and must
     /// not wait for a thread that could be purging.
     pub fn on_flush(f: impl Fn() + Send + Sync + 'static) -> FlushHook {
-        crate::fork::register();
         crate::reclaim::on_flush(f)
     }
 }
@@ -214,7 +207,7 @@ enum Target {
     /// Memory no region of the library holds: the kernel path.
     Arbitrary(span::Span),
     /// A region of ranges (managed, lazy, hybrid, shared); the range holding the first page.
-    Ranges(span::Span, &'static registry::Slot),
+    Ranges(span::Span, managed::First),
 }
 
 fn target(ptr: *mut u8, len: usize) -> Result<Target> {
@@ -224,10 +217,10 @@ fn target(ptr: *mut u8, len: usize) -> Result<Target> {
     }
     Ok(match regions::find(span)? {
         None => Target::Arbitrary(span),
-        Some(regions::Owner::Ranges(first)) => Target::Ranges(span, first),
+        Some(regions::Owner::Ranges(idx, slot)) => Target::Ranges(span, (idx, slot)),
         // Scratch memory is always volatile and refill memory is its fill function's: neither
         // can be pinned.
-        Some(regions::Owner::Extent(_)) => return Err(Error::Unsupported),
+        Some(regions::Owner::Extent(..)) => return Err(Error::Unsupported),
     })
 }
 
@@ -268,7 +261,7 @@ pub unsafe fn mark_volatile(ptr: *mut u8, len: usize) -> Result<usize> {
 /// # Safety
 /// As [`mark_volatile`]; the span lies in one library-owned region, `first` the range holding
 /// its first page.
-unsafe fn mark_ranges(span: span::Span, first: &registry::Slot) -> Result<usize> {
+unsafe fn mark_ranges(span: span::Span, first: managed::First) -> Result<usize> {
     // SAFETY: forwarded contract.
     unsafe { managed::mark_in(first, span)? };
     reclaim::noticed_mark();
@@ -330,11 +323,10 @@ pub unsafe fn mark_volatile_sigbus(ptr: *mut u8, len: usize) -> Result<usize> {
     match target(ptr, len)? {
         Target::Empty => Ok(0),
         Target::Arbitrary(span) => {
-            fork::register();
             // SAFETY: forwarded contract.
             unsafe { lazy::mark_volatile_sigbus(span) }
         }
-        Target::Ranges(_, first) if !first.sigbus() => Err(Error::BadFlags),
+        Target::Ranges(_, (_, first)) if !first.sigbus() => Err(Error::BadFlags),
         // SAFETY: forwarded contract.
         Target::Ranges(span, first) => unsafe { mark_ranges(span, first) },
     }
@@ -376,8 +368,6 @@ impl RefillRegion {
         block: usize,
         fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
     ) -> Result<RefillRegion> {
-        // The refill thread's table is held across fork, before vrange's other locks.
-        fork::register();
         RefillRegion::create(len, block, fill)
     }
 
@@ -398,13 +388,12 @@ impl RefillRegion {
     ///
     /// # Errors
     /// As [`RefillRegion::new`] (ENOTSUP without userfaultfd's SIGBUS feature);
-    /// `Error::Os(ENOMEM)` when 64 such regions live already.
+    /// `Error::Os(ENOMEM)` when [`MAX_FILLED_HERE_REGIONS`] such regions live already.
     pub fn filled_here(
         len: usize,
         block: usize,
         fill: impl Fn(usize, &mut [u8]) -> bool + Send + Sync + 'static,
     ) -> Result<RefillRegion> {
-        fork::register();
         RefillRegion::create_here(len, block, Box::new(fill))
     }
 }
@@ -413,7 +402,6 @@ impl RefillRegion {
 /// used first, whole ranges at a time (so it may free more than asked). Returns the bytes
 /// freed: the lengths of the ranges purged. Runs in the caller's thread.
 pub fn purge(bytes: usize) -> usize {
-    fork::register();
     reclaim::purge(bytes)
 }
 
@@ -429,23 +417,57 @@ pub fn purge(bytes: usize) -> usize {
 /// The caller owns the region and gives it up: nothing may use it afterwards.
 pub unsafe fn free_region(ptr: *mut u8, len: usize) -> Result<()> {
     let span = span::Span::new(ptr as usize, len)?;
-    // `from_raw` checks the extent exactly; the caller owns the region and gives it up.
+    let exact = |extent: (usize, usize)| extent == (span.start, span.len());
+    // The handle of the region found is made from the lookup (which checked its kind) and
+    // dropped: the caller owns the region and gives it up.
     match regions::find(span).ok().flatten() {
-        Some(regions::Owner::Ranges(_)) => {
-            // SAFETY: as above.
-            drop(unsafe { VolatileRegion::from_raw(ptr, len)? })
+        Some(regions::Owner::Ranges(_, first)) if exact(first.region()) => {
+            drop(VolatileRegion::at(span.start, span.len()))
         }
-        Some(regions::Owner::Extent(regions::Extent::Scratch)) => {
-            // SAFETY: as above.
-            drop(unsafe { ScratchRegion::from_raw(ptr, len)? })
+        Some(regions::Owner::Extent(entry, kind)) if entry.extent().is_some_and(exact) => {
+            match kind {
+                extents::Kind::Scratch => drop(ScratchRegion::adopt(span.start, span.len())),
+                extents::Kind::Refill | extents::Kind::RefillHere => drop(RefillRegion::adopt(
+                    span.start,
+                    span.len(),
+                    kind == extents::Kind::RefillHere,
+                )),
+            }
         }
-        Some(regions::Owner::Extent(regions::Extent::Refill)) => {
-            // SAFETY: as above.
-            drop(unsafe { RefillRegion::from_raw(ptr, len)? })
-        }
-        None => return Err(Error::NotRegion),
+        _ => return Err(Error::NotRegion),
     }
     Ok(())
+}
+
+/// Sets the reclaim class of `[ptr, ptr + len)`, inside one library-owned region of ranges
+/// (a [`VolatileRegion`] or `vrange_alloc` memory; ranges are split at the span's ends as
+/// marking splits them): what the C `vrange_set_priority` does. One lookup in the region table.
+///
+/// # Errors
+/// [`Error::NotRegion`] for memory no region of ranges holds (scratch and refill regions have
+/// no class); [`Error::NotMapped`] for a range past the end of its region;
+/// [`Error::Partial`] for part of a shared region; [`Error::Unaligned`] and the like for bad
+/// input.
+pub fn set_priority(ptr: *mut u8, len: usize, priority: Priority) -> Result<()> {
+    match target(ptr, len) {
+        Ok(Target::Empty) => Ok(()),
+        Ok(Target::Ranges(span, first)) => managed::set_priority_in(first, span, priority),
+        Ok(Target::Arbitrary(_)) | Err(Error::Unsupported) => Err(Error::NotRegion),
+        // Starting inside a region: past its end, as for a region's own offsets.
+        Err(Error::Straddles) if regions::containing(ptr as usize).is_some() => {
+            Err(Error::NotMapped)
+        }
+        Err(Error::Straddles) => Err(Error::NotRegion),
+        Err(e) => Err(e),
+    }
+}
+
+/// The memfd of the shared region holding `addr` (see [`VolatileRegion::shared_fd`]), valid
+/// until the region is freed: what the C `vrange_shared_fd` returns. One lookup in the region
+/// table.
+pub fn shared_fd_at(addr: *const u8) -> Option<std::os::fd::RawFd> {
+    use std::os::fd::AsRawFd;
+    managed::shared_fd(addr as usize).map(|fd| fd.as_raw_fd())
 }
 
 /// The classic call: marks or unmarks, returning the bytes processed and, for

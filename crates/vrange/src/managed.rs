@@ -185,13 +185,28 @@ unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
 
 /// Calls `f` on every range of the region covering `span`, splitting ranges at the span's ends
 /// first so that each range `f` sees lies inside the span.
+/// The range holding a span's first page, found by the region table (`crate::regions`).
+pub(crate) type First = (u32, &'static Slot);
+
+/// The range holding the first page of `span`, which must lie in one region of ranges.
+fn first_of(span: Span) -> Result<First, Error> {
+    crate::regions::ranges_of(span)?.ok_or(Error::NotRegion)
+}
+
+/// Calls `f` on every range of `span` in turn, from `first` (the range holding its first page),
+/// splitting the ranges at the span's ends first.
 fn for_each_range(
+    first: First,
     span: Span,
     mut f: impl FnMut(u32, &'static Slot) -> Result<(), Error>,
 ) -> Result<(), Error> {
+    let mut known = Some(first);
     let mut addr = span.start;
     while addr < span.end {
-        let (idx, slot) = registry::owner_of(addr).ok_or(Error::NotMapped)?;
+        let (idx, slot) = match known.take() {
+            Some(range) => range,
+            None => registry::owner_of(addr).ok_or(Error::NotMapped)?,
+        };
         let (start, len) = slot.extent();
         if start < addr {
             split(idx, slot, addr)?;
@@ -252,22 +267,19 @@ fn counts_as_volatile(word: u64) -> bool {
 /// # Safety
 /// As [`crate::mark_volatile`]: no reference into the span may assume stable content.
 pub(crate) unsafe fn mark(span: Span) -> Result<(), Error> {
-    let Some((_, first)) = crate::regions::ranges_of(span)? else {
-        return Err(Error::NotRegion);
-    };
     // SAFETY: forwarded contract.
-    unsafe { mark_in(first, span) }
+    unsafe { mark_in(first_of(span)?, span) }
 }
 
-/// [`mark`] with the range holding the span's first page already found (`region_of`).
+/// [`mark`] with the range holding the span's first page already found.
 ///
 /// # Safety
 /// As [`mark`].
-pub(crate) unsafe fn mark_in(first: &Slot, span: Span) -> Result<(), Error> {
-    if first.policy() == Policy::Lazy {
+pub(crate) unsafe fn mark_in(first: First, span: Span) -> Result<(), Error> {
+    if first.1.policy() == Policy::Lazy {
         // SAFETY: the span lies inside a private anonymous region this library mapped.
         return unsafe {
-            if first.sigbus() {
+            if first.1.sigbus() {
                 lazy::mark_span_sigbus(span)
             } else {
                 lazy::mark_span(span)
@@ -275,7 +287,7 @@ pub(crate) unsafe fn mark_in(first: &Slot, span: Span) -> Result<(), Error> {
         };
     }
     let now = clock::now_ns();
-    for_each_range(span, |idx, slot| {
+    for_each_range(first, span, |idx, slot| {
         mark_range(idx, slot, now);
         Ok(())
     })
@@ -307,7 +319,7 @@ fn arm_now(slot: &Slot, now: u64) {
     if !due_for_arming(slot, word, now, 0) {
         return;
     }
-    // Held so that a fork never copies a range half armed (`crate::fork`).
+    // Held so that a fork never copies a range half armed (`vrange_sys::lock`).
     if let Some(_p) = PURGES.try_lock() {
         stats::count_armed(arm(slot, word));
     }
@@ -315,16 +327,13 @@ fn arm_now(slot: &Slot, now: u64) {
 
 /// Pins `span` (inside one region) again and reports what was purged.
 pub(crate) fn unmark(span: Span) -> Result<Unmarked, Error> {
-    let Some((_, first)) = crate::regions::ranges_of(span)? else {
-        return Err(Error::NotRegion);
-    };
-    unmark_in(first, span)
+    unmark_in(first_of(span)?, span)
 }
 
-/// [`unmark`] with the range holding the span's first page already found (`region_of`).
-pub(crate) fn unmark_in(first: &Slot, span: Span) -> Result<Unmarked, Error> {
-    if first.policy() == Policy::Lazy {
-        if first.sigbus() {
+/// [`unmark`] with the range holding the span's first page already found.
+pub(crate) fn unmark_in(first: First, span: Span) -> Result<Unmarked, Error> {
+    if first.1.policy() == Policy::Lazy {
+        if first.1.sigbus() {
             // Stops signalling first: the proof reads every page.
             crate::sigbus::disarm(span);
         }
@@ -332,7 +341,7 @@ pub(crate) fn unmark_in(first: &Slot, span: Span) -> Result<Unmarked, Error> {
         return Ok(unsafe { lazy::unmark_span(span) });
     }
     let mut total = Unmarked::default();
-    for_each_range(span, |idx, slot| {
+    for_each_range(first, span, |idx, slot| {
         let u = unmark_range(idx, slot);
         total.pages += u.pages;
         total.volatile += u.volatile;
@@ -426,11 +435,8 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
 /// Whether the reclaimer purged any range of `span` (a word in `PURGING` or `PURGED`). Reads
 /// only: no range changes state, so a volatile range keeps its age.
 pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
-    if crate::regions::ranges_of(span)?.is_none() {
-        return Err(Error::NotRegion);
-    }
     let mut purged = false;
-    for_each_range(span, |_, slot| {
+    for_each_range(first_of(span)?, span, |_, slot| {
         purged |= matches!(
             state::tag(slot.state().load()),
             state::PURGING | state::PURGED
@@ -443,14 +449,12 @@ pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
 /// Purges every volatile range of `span` now, as the reclaimer would. Returns (ranges, bytes).
 /// The caller holds the purge lock ([`pause`]).
 pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {
-    let Some((_, first)) = crate::regions::ranges_of(span)? else {
-        return Err(Error::NotRegion);
-    };
-    if first.policy() == Policy::Lazy {
+    let first = first_of(span)?;
+    if first.1.policy() == Policy::Lazy {
         return Err(Error::Unsupported);
     }
     let (mut ranges, mut bytes) = (0, 0);
-    for_each_range(span, |idx, slot| {
+    for_each_range(first, span, |idx, slot| {
         let word = slot.state().load();
         if purgeable(slot, word) {
             if let Some(n) = purge(idx, slot, word) {
@@ -465,10 +469,12 @@ pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {
 
 /// Sets the reclaim class of every range of `span`.
 pub(crate) fn set_priority(span: Span, priority: Priority) -> Result<(), Error> {
-    if crate::regions::ranges_of(span)?.is_none() {
-        return Err(Error::NotRegion);
-    }
-    for_each_range(span, |_, slot| {
+    set_priority_in(first_of(span)?, span, priority)
+}
+
+/// [`set_priority`] with the range holding the span's first page already found.
+pub(crate) fn set_priority_in(first: First, span: Span, priority: Priority) -> Result<(), Error> {
+    for_each_range(first, span, |_, slot| {
         slot.set_priority(priority);
         Ok(())
     })

@@ -72,7 +72,6 @@ impl OwnedRange {
             return Err(Error::NotRegion);
         }
         // One atomic load once installed.
-        crate::fork::register();
         let new = registry::alloc_slot()?;
         let (idx, slot) = (new.idx(), new.slot());
         slot.init(policy, priority, span.start, span.len());

@@ -35,30 +35,35 @@
 //! must not touch a refill region itself (it would wait for its own fill) nor free the region
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
 
-use crate::lock::{Lock, Rank};
-use crate::regions::{self, Extent};
+use crate::extents::Kind;
+use crate::regions;
 use crate::userfault::Held;
 use crate::Error;
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use vrange_sys::clock::now_ns;
+use vrange_sys::lock::{Lock, Rank};
 use vrange_sys::{mem, uffd};
 
 /// The process's handled userfaultfd (faults wait for the refill thread).
-pub(crate) static UFFD: Held = Held::new(Rank::RefillOpen);
+pub(crate) static UFFD: Held = Held::new(Rank::RefillOpen, uffd_after_fork_child);
 
 /// Fills the block at `offset` (bytes from the region's start) into `buf` (the whole block);
 /// returns whether it succeeded.
 type FillFn = Box<dyn FnMut(usize, &mut [u8]) -> bool + Send>;
 
-struct Entry {
-    start: usize,
-    len: usize,
+/// What a refill region filled by the refill thread keeps, in its region table entry.
+struct Filler {
     block: usize,
+    /// The fields below are the refill thread's alone (see the `Sync` impl).
+    work: UnsafeCell<Work>,
+}
+
+struct Work {
     fill: FillFn,
     buf: Vec<u8>,
     /// Indices of the blocks filled, oldest first (a block made again is listed again), at
@@ -66,32 +71,18 @@ struct Entry {
     filled: VecDeque<u32>,
 }
 
-/// The live refill regions, with their fill functions. A spin lock (with guards) rather than a
-/// mutex so that fork can hold it (`crate::fork`): the refill thread holds it
-/// while a fill runs, and a fork child must not inherit it held.
-pub(crate) struct Table {
-    pub lock: Lock,
-    entries: UnsafeCell<Vec<Entry>>,
-}
+// SAFETY: `work` is touched by the refill thread only (one per process, serving one fault at a
+// time), inside the region (`regions::enter`), and by the dropping handle after the region was
+// removed and drained; the fill function is `Send`.
+unsafe impl Sync for Filler {}
 
-// SAFETY: `entries` is only reached through `Table::with`, under `lock`.
-unsafe impl Sync for Table {}
-
-impl Table {
-    fn with<R>(&self, f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
-        let _held = self.lock.lock();
-        // SAFETY: the lock is held for the whole borrow, and `with` is not reentered while
-        // held (fill functions must not create or free refill regions: documented).
-        f(unsafe { &mut *self.entries.get() })
-    }
-}
-
-pub(crate) static TABLE: Table = Table {
-    lock: Lock::new(Rank::RefillTable),
-    entries: UnsafeCell::new(Vec::new()),
-};
-/// Whether this process has a refill thread (not a fork child's inheritance).
-/// Changed under the table's lock only (see `RefillRegion::create` and `run`).
+/// The refill thread's life: regions it serves and whether it runs, changed together under
+/// [`LIFE`], so that a region is never left without a thread. A short lock (no fill runs under
+/// it), held across fork: a fork child has no refill thread.
+static LIFE: Lock = Lock::with_child_hook(Rank::RefillThread, Some(after_fork_child));
+/// Refill regions served by the thread (changed under [`LIFE`]).
+static SERVED: AtomicUsize = AtomicUsize::new(0);
+/// Whether this process has a refill thread (changed under [`LIFE`]).
 static THREAD: AtomicBool = AtomicBool::new(false);
 
 /// A refill region: volatile for as long as it lives, its content made block by block by a
@@ -116,7 +107,7 @@ unsafe impl Sync for RefillRegion {}
 mapping_accessors!(RefillRegion);
 
 impl RefillRegion {
-    /// [`RefillRegion::new`] once the fork handlers are in place.
+    /// What [`RefillRegion::new`] does.
     pub(crate) fn create(
         len: usize,
         block: usize,
@@ -129,34 +120,38 @@ impl RefillRegion {
         let start = mem::map_anon(len, mem::page_size())?;
         // A huge page would be filled (and dropped) whole, not by block.
         let _ = mem::advise_huge(start.as_ptr(), len, false);
-        if let Err(e) = uffd::register_missing(fd, start.as_ptr() as usize, len) {
+        let at = start.as_ptr() as usize;
+        if let Err(e) = uffd::register_missing(fd, at, len) {
             // SAFETY: just mapped, never handed out.
             unsafe { mem::unmap(start, len) };
             return Err(e.into());
         }
-        let entry = Entry {
-            start: start.as_ptr() as usize,
-            len,
+        let filler = Box::into_raw(Box::new(Filler {
             block,
-            fill: Box::new(fill),
-            buf: vec![0; block],
-            filled: VecDeque::new(),
-        };
-        // The entry and the thread's flag change under the table's lock, where the thread
-        // decides to exit: a region is never left without a thread.
-        let spawn = TABLE.with(|t| {
-            t.push(entry);
-            !THREAD.swap(true, Relaxed)
-        });
+            work: UnsafeCell::new(Work {
+                fill: Box::new(fill),
+                buf: vec![0; block],
+                filled: VecDeque::new(),
+            }),
+        }));
+        if let Err(e) = regions::record(Kind::Refill, at, len, filler.cast()) {
+            // SAFETY: never published; the mapping was never handed out.
+            unsafe {
+                drop(Box::from_raw(filler));
+                mem::unmap(start, len);
+            }
+            return Err(e);
+        }
         let region = RefillRegion {
             start,
             len,
             here: false,
         };
-        if let Err(e) = regions::record(Extent::Refill, start.as_ptr() as usize, len) {
-            drop(region);
-            return Err(e);
-        }
+        // Counted, and the thread's flag set, under the lock the thread decides to exit under.
+        let spawn = LIFE.with(|| {
+            SERVED.fetch_add(1, Relaxed);
+            !THREAD.swap(true, Relaxed)
+        });
         if spawn {
             if let Err(e) = vrange_sys::process::spawn_without_signals("vrange-refill", run) {
                 THREAD.store(false, Relaxed);
@@ -167,8 +162,8 @@ impl RefillRegion {
         Ok(region)
     }
 
-    /// [`RefillRegion::filled_here`] once the fork handlers are in place: the region is
-    /// registered on the SIGBUS-mode descriptor, published in `crate::refill_here`'s table,
+    /// What [`RefillRegion::filled_here`] does: the region is registered on the SIGBUS-mode
+    /// descriptor, recorded with its fill function in the region table (`crate::refill_here`),
     /// and vrange's SIGBUS handler is installed (once per process).
     pub(crate) fn create_here(
         len: usize,
@@ -189,13 +184,11 @@ impl RefillRegion {
             unsafe { mem::unmap(start, len) };
             return Err(e);
         }
-        let region = RefillRegion {
+        Ok(RefillRegion {
             start,
             len,
             here: true,
-        };
-        regions::record(Extent::Refill, at, len)?;
-        Ok(region)
+        })
     }
 
     /// Takes back a region given up with [`RefillRegion::into_raw`] (`len` rounded up to a
@@ -209,18 +202,30 @@ impl RefillRegion {
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<RefillRegion, Error> {
         let len = crate::span::region_len(len).map_err(|_| Error::NotRegion)?;
         let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
-        if !regions::is_exactly(Extent::Refill, ptr as usize, len) {
-            return Err(Error::NotRegion);
-        }
-        let here = crate::refill_here::is_exactly(ptr as usize, len);
+        let here = match [Kind::Refill, Kind::RefillHere]
+            .into_iter()
+            .find(|k| regions::exactly(*k, ptr as usize, len).is_some())
+        {
+            Some(kind) => kind == Kind::RefillHere,
+            None => return Err(Error::NotRegion),
+        };
         Ok(RefillRegion { start, len, here })
+    }
+
+    /// The handle of the live refill region the region table found exactly at `start`, `len`
+    /// (`here`: filled on the faulting thread).
+    pub(crate) fn adopt(start: usize, len: usize, here: bool) -> RefillRegion {
+        RefillRegion {
+            start: NonNull::new(start as *mut u8).expect("a region starts above 0"),
+            len,
+            here,
+        }
     }
 }
 
 impl Drop for RefillRegion {
     fn drop(&mut self) {
         let start = self.start.as_ptr() as usize;
-        regions::unrecord(Extent::Refill, start, self.len);
         if self.here {
             let fill = crate::refill_here::remove(start, self.len);
             // SAFETY: this handle owned the mapping; no handler fills it any more.
@@ -228,18 +233,17 @@ impl Drop for RefillRegion {
             drop(fill);
             return;
         }
-        // Under the table's lock: the refill thread is not filling this region meanwhile.
-        let entry = TABLE.with(|t| {
-            let i = t
-                .iter()
-                .position(|e| e.start == start && e.len == self.len)?;
-            let entry = t.swap_remove(i);
-            // SAFETY: this handle owned the mapping; the unmap drops its registration.
-            unsafe { mem::unmap(self.start, self.len) };
-            Some(entry)
-        });
-        // The fill function is dropped outside the lock (its destructor may take others).
-        drop(entry);
+        // Waits for a fill in progress (the refill thread is inside the region meanwhile).
+        let filler = regions::remove(Kind::Refill, start, self.len);
+        // SAFETY: this handle owned the mapping; the unmap drops its registration.
+        unsafe { mem::unmap(self.start, self.len) };
+        if let Some(f) = filler {
+            LIFE.with(|| SERVED.fetch_sub(1, Relaxed));
+            // SAFETY: recorded by `create` from `Box::into_raw`, removed and drained: the refill
+            // thread is not inside it and never will be. Dropped outside any lock (the fill
+            // function's destructor may take others).
+            drop(unsafe { Box::from_raw(f.cast::<Filler>()) });
+        }
     }
 }
 
@@ -318,18 +322,16 @@ fn run() {
 /// dropped every region's registration, and until now their missing pages read zero (counted
 /// in `descriptors_lost`). Registers the live regions on the new descriptor.
 fn reregister(fd: i32) {
-    TABLE.with(|t| {
-        for e in t.iter() {
-            let _ = uffd::register_missing(fd, e.start, e.len);
-        }
+    regions::each(Kind::Refill, |start, len| {
+        let _ = uffd::register_missing(fd, start, len);
     });
 }
 
 /// Whether the thread may leave: no region is left (decided, and the flag cleared, under the
-/// table's lock, where a new region sets it).
+/// lock a new region counts itself under).
 fn no_regions_left() -> bool {
-    TABLE.with(|t| {
-        let empty = t.is_empty();
+    LIFE.with(|| {
+        let empty = SERVED.load(Relaxed) == 0;
         if empty {
             THREAD.store(false, Relaxed);
         }
@@ -348,7 +350,7 @@ const RECYCLE_LOOK: usize = 8;
 /// are then charged without reclaim, in place of the cgroup reclaiming at every fill whatever
 /// its scan finds first (this region's newest blocks, the program's file pages). Returns the
 /// bytes given back.
-fn recycle(e: &mut Entry, current: usize, need: usize) -> usize {
+fn recycle(w: &mut Work, at: Extent, current: usize, need: usize) -> usize {
     if !crate::reclaim::room().is_some_and(|room| room.short_for(need as u64)) {
         return 0;
     }
@@ -358,25 +360,33 @@ fn recycle(e: &mut Entry, current: usize, need: usize) -> usize {
         if freed >= need {
             break;
         }
-        let Some(b) = e.filled.pop_front() else {
+        let Some(b) = w.filled.pop_front() else {
             break;
         };
-        let offset = b as usize * e.block;
-        if offset == current || offset >= e.len {
+        let offset = b as usize * at.block;
+        if offset == current || offset >= at.len {
             continue;
         }
-        let len = e.block.min(e.len - offset);
-        let at = (e.start + offset) as *mut u8;
-        let resident = mem::resident_pages(at, len).unwrap_or(0);
-        // SAFETY: a block of this live region (the table's lock is held: it is not freed
-        // meanwhile), whose content is the fill's, made again when a thread touches it; a page
+        let len = at.block.min(at.len - offset);
+        let addr = (at.start + offset) as *mut u8;
+        let resident = mem::resident_pages(addr, len).unwrap_or(0);
+        // SAFETY: a block of this live region (the refill thread is inside it: it is not
+        // freed meanwhile), whose content is the fill's, made again when a thread touches it; a page
         // the program wrote goes with it (documented: refill regions are meant to be read).
-        if resident > 0 && unsafe { mem::purge_forced(at, len) }.is_ok() {
+        if resident > 0 && unsafe { mem::purge_forced(addr, len) }.is_ok() {
             freed += resident * page;
         }
     }
     crate::stats::count_refill_recycled(freed);
     freed
+}
+
+/// Where a region lies and its block.
+#[derive(Debug, Clone, Copy)]
+struct Extent {
+    start: usize,
+    len: usize,
+    block: usize,
 }
 
 fn serve(fd: i32, f: uffd::Fault) {
@@ -387,35 +397,21 @@ fn serve(fd: i32, f: uffd::Fault) {
         let _ = uffd::wake(fd, at, page);
         return;
     }
-    let served = TABLE.with(|t| {
-        let e = t
-            .iter_mut()
-            .find(|e| e.start <= f.addr && f.addr < e.start + e.len)?;
-        let offset = (f.addr - e.start) / e.block * e.block;
-        let len = e.block.min(e.len - offset);
-        recycle(e, offset, len);
-        let buf = &mut e.buf[..len];
-        let fill = &mut e.fill;
-        let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, buf))).unwrap_or(false);
-        if ok {
-            // Counted before the install, which lets the faulting thread go on.
-            crate::stats::count_refill(len);
-        }
-        let dst = e.start + offset;
-        // SAFETY: buf holds len bytes; dst..dst+len lies in the region, registered on fd.
-        let installed = ok && unsafe { uffd::copy(fd, dst, e.buf.as_ptr(), len) }.is_ok();
-        if installed {
-            if e.filled.len() >= (e.len / e.block).max(1) {
-                e.filled.pop_front();
-            }
-            // Blocks past index u32::MAX (a region of more than 2^32 blocks) are not listed:
-            // never recycled, only taken by the kernel.
-            if let Ok(b) = u32::try_from(offset / e.block) {
-                e.filled.push_back(b);
-            }
-        }
-        Some((installed, dst, len))
-    });
+    let served = regions::enter(f.addr)
+        .filter(|inside| inside.entry.kind() == Some(Kind::Refill))
+        .map(|inside| {
+            // SAFETY: recorded by `create` as a `Filler`, alive while this thread is inside the
+            // region (removal drains it first).
+            let filler = unsafe { &*inside.entry.state().cast::<Filler>() };
+            // SAFETY: the refill thread alone reaches `work` while the region is published.
+            let w = unsafe { &mut *filler.work.get() };
+            let region = Extent {
+                start: inside.start,
+                len: inside.len,
+                block: filler.block,
+            };
+            fill_block(fd, f.addr, region, w)
+        });
     match served {
         None => {
             // Not a live region (freed meanwhile): let the thread go on.
@@ -435,19 +431,48 @@ fn serve(fd: i32, f: uffd::Fault) {
     }
 }
 
+/// Fills the block of `region` holding `addr` and installs it. Returns (installed, its
+/// address, its length). Runs the program's fill function with no lock held.
+fn fill_block(fd: i32, addr: usize, region: Extent, w: &mut Work) -> (bool, usize, usize) {
+    let offset = (addr - region.start) / region.block * region.block;
+    let len = region.block.min(region.len - offset);
+    recycle(w, region, offset, len);
+    let buf = &mut w.buf[..len];
+    let fill = &mut w.fill;
+    let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, buf))).unwrap_or(false);
+    if ok {
+        // Counted before the install, which lets the faulting thread go on.
+        crate::stats::count_refill(len);
+    }
+    let dst = region.start + offset;
+    // SAFETY: buf holds len bytes; dst..dst+len lies in the region, registered on fd.
+    let installed = ok && unsafe { uffd::copy(fd, dst, w.buf.as_ptr(), len) }.is_ok();
+    if installed {
+        if w.filled.len() >= (region.len / region.block).max(1) {
+            w.filled.pop_front();
+        }
+        // Blocks past index u32::MAX (a region of more than 2^32 blocks) are not listed:
+        // never recycled, only taken by the kernel.
+        if let Ok(b) = u32::try_from(offset / region.block) {
+            w.filled.push_back(b);
+        }
+    }
+    (installed, dst, len)
+}
+
 /// Tries the refill descriptor for [`crate::fill`] (a SIGBUS handler patching a block whose
 /// fill failed). Async-signal-safe.
 pub(crate) fn current() -> Option<i32> {
     UFFD.current()
 }
 
-/// In a fork child (under the table's lock): no refill thread.
-pub(crate) fn after_fork_child() {
+/// In a fork child (under [`LIFE`]): no refill thread.
+fn after_fork_child() {
     THREAD.store(false, Relaxed);
 }
 
 /// In a fork child (under the descriptor's lock): no registration; the descriptor goes as the
 /// SIGBUS one.
-pub(crate) fn uffd_after_fork_child() {
+fn uffd_after_fork_child() {
     UFFD.after_fork_child();
 }

@@ -9,13 +9,12 @@
 //! fill and the install. A SIGBUS at any other address, and one whose fill fails, goes to the
 //! program's own action (its handler may place the page with [`crate::fill`] and return).
 //!
-//! The table is fixed, of atomics, and read without a lock by the handler: a region's entry is
-//! published (`len` last) after its fill and block are, and removed by clearing `len`, then
-//! waiting until no handler is inside it (`users`), before its fill function is dropped.
-//! Creating and removing entries take the table's lock, which fork holds (a child drops the
-//! parent's handlers in flight). Each region keeps up to [`BUFFERS`] fill buffers, mapped at
-//! first need (mmap is async-signal-safe) and claimed by swapping them out of their cell;
-//! when all are in use a fault maps one of its own and unmaps it after.
+//! Each region's entry in the region table (`crate::regions`) keeps a [`Here`]: its block, fill
+//! function and fill buffers. The handler finds the region by one lock-free lookup there and is
+//! counted inside it while it fills; removing a region unpublishes it and waits until no
+//! handler is inside before its fill function is dropped. Each region keeps up to [`BUFFERS`]
+//! fill buffers, mapped at first need (mmap is async-signal-safe) and claimed by swapping them
+//! out of their cell; when all are in use a fault maps one of its own and unmaps it after.
 //!
 //! Differences from the refill thread's regions: the fill function runs on the touching thread,
 //! inside its SIGBUS handler, several at once (it must be `Sync`, must not touch a refill
@@ -24,166 +23,97 @@
 //! cgroup's limit (that needs the headroom read and a list of blocks: the kernel's reclaim
 //! takes the lazy-free blocks instead).
 
-use crate::lock::{Lock, Rank};
+use crate::extents::Kind;
+use crate::regions;
 use crate::Error;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicPtr, AtomicUsize};
+use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use vrange_sys::{mem, uffd};
 
 /// A fill function called on faulting threads, several at once.
 pub(crate) type SharedFill = Box<dyn Fn(usize, &mut [u8]) -> bool + Send + Sync>;
 
-/// Regions filled on the faulting thread that may live at once.
-const ENTRIES: usize = 64;
 /// Fill buffers a region keeps (faults filled at once beyond this map their own).
 const BUFFERS: usize = 4;
 
-struct Entry {
-    /// The region's start; 0 when the entry is free.
-    start: AtomicUsize,
-    /// Its length; 0 while the entry is not (or no longer) published.
-    len: AtomicUsize,
-    block: AtomicUsize,
-    /// `Box::into_raw` of the region's `SharedFill`.
-    fill: AtomicPtr<SharedFill>,
-    /// Handlers inside this entry.
-    users: AtomicUsize,
+/// What a region filled on the faulting thread keeps, in its region table entry.
+struct Here {
+    block: usize,
+    fill: SharedFill,
     /// Kept fill buffers of `block` bytes (null: none kept there, or claimed).
     buffers: [AtomicPtr<u8>; BUFFERS],
 }
 
-#[allow(clippy::declare_interior_mutable_const)] // only to initialise the table below
-const NO_BUFFER: AtomicPtr<u8> = AtomicPtr::new(null_mut());
-#[allow(clippy::declare_interior_mutable_const)] // only to initialise the table below
-const EMPTY: Entry = Entry {
-    start: AtomicUsize::new(0),
-    len: AtomicUsize::new(0),
-    block: AtomicUsize::new(0),
-    fill: AtomicPtr::new(null_mut()),
-    users: AtomicUsize::new(0),
-    buffers: [NO_BUFFER; BUFFERS],
-};
-static TABLE: [Entry; ENTRIES] = [EMPTY; ENTRIES];
-/// Taken to add and remove entries; held across fork (`crate::fork`).
-pub(crate) static LOCK: Lock = Lock::new(Rank::RefillHere);
-
 /// Publishes a region (mapped and registered by the caller) with its fill function.
-/// `Error::Os(ENOMEM)` when [`ENTRIES`] regions live already.
+/// `Error::Os(ENOMEM)` when the region table is full.
 pub(crate) fn add(start: usize, len: usize, block: usize, fill: SharedFill) -> Result<(), Error> {
-    let _held = LOCK.lock();
-    let e = TABLE
-        .iter()
-        .find(|e| e.start.load(Relaxed) == 0)
-        .ok_or(Error::Os(libc::ENOMEM))?;
-    e.start.store(start, Relaxed);
-    e.block.store(block, Relaxed);
-    e.fill.store(Box::into_raw(Box::new(fill)), Relaxed);
-    e.len.store(len, Release);
-    Ok(())
+    let here = Box::into_raw(Box::new(Here {
+        block,
+        fill,
+        buffers: [const { AtomicPtr::new(null_mut()) }; BUFFERS],
+    }));
+    regions::record(Kind::RefillHere, start, len, here.cast()).inspect_err(|_| {
+        // SAFETY: from `Box::into_raw` just above, never published.
+        drop(unsafe { Box::from_raw(here) });
+    })
 }
 
 /// Unpublishes the region at `start..start + len`, waits for the handlers inside it, unmaps its
 /// buffers, and returns its fill function (to be dropped outside any lock). None if no such
 /// region is published.
 pub(crate) fn remove(start: usize, len: usize) -> Option<SharedFill> {
-    let _held = LOCK.lock();
-    let e = TABLE
-        .iter()
-        .find(|e| e.start.load(Relaxed) == start && e.len.load(Relaxed) == len)?;
-    // SeqCst with the handlers' increment and check (`enter`): either a handler sees the
-    // cleared length and leaves, or this sees its increment and waits.
-    e.len.store(0, SeqCst);
-    while e.users.load(SeqCst) != 0 {
-        std::thread::yield_now();
-    }
-    let block = e.block.load(Relaxed);
-    for b in &e.buffers {
+    let here = regions::remove(Kind::RefillHere, start, len)?.cast::<Here>();
+    // SAFETY: recorded by `add` from `Box::into_raw`; no handler is inside the region any more.
+    let here = unsafe { Box::from_raw(here) };
+    for b in &here.buffers {
         if let Some(p) = NonNull::new(b.swap(null_mut(), Relaxed)) {
-            // SAFETY: a buffer this entry mapped, claimed by no handler (none is inside).
-            unsafe { mem::unmap(p, block) };
+            // SAFETY: a buffer this region mapped, claimed by no handler (none is inside).
+            unsafe { mem::unmap(p, here.block) };
         }
     }
-    let fill = e.fill.swap(null_mut(), Relaxed);
-    e.start.store(0, Release);
-    // SAFETY: from `Box::into_raw` in `add`; no handler uses it any more.
-    Some(unsafe { *Box::from_raw(fill) })
-}
-
-/// Whether `start..start + len` is exactly a published region.
-pub(crate) fn is_exactly(start: usize, len: usize) -> bool {
-    TABLE
-        .iter()
-        .any(|e| e.start.load(Acquire) == start && e.len.load(Acquire) == len)
+    Some(here.fill)
 }
 
 /// Calls `f(start, len)` for every published region (a new SIGBUS descriptor registers them).
-pub(crate) fn for_each(mut f: impl FnMut(usize, usize)) {
-    for e in &TABLE {
-        let (start, len) = (e.start.load(Acquire), e.len.load(Acquire));
-        if start != 0 && len != 0 {
-            f(start, len);
-        }
-    }
-}
-
-/// In a fork child (under the table's lock): the parent's handlers in flight are not here.
-pub(crate) fn after_fork_child() {
-    for e in &TABLE {
-        e.users.store(0, Relaxed);
-    }
+pub(crate) fn for_each(f: impl FnMut(usize, usize)) {
+    regions::each(Kind::RefillHere, f);
 }
 
 /// For the SIGBUS hook (`crate::refill`'s, which passes the SIGBUS-mode descriptor `fd`):
-/// fills the block holding `addr` if a published region holds it. Async-signal-safe but for
-/// the fill function itself.
+/// fills the block holding `addr` if a region filled on the faulting thread holds it.
+/// Async-signal-safe but for the fill function itself.
 pub(crate) fn resolve(fd: i32, addr: usize) -> bool {
-    for e in &TABLE {
-        if let Some((start, len)) = enter(e, addr) {
-            let done = serve(e, fd, start, len, addr);
-            e.users.fetch_sub(1, SeqCst);
-            return done;
-        }
+    let Some(inside) = regions::enter(addr) else {
+        return false;
+    };
+    if inside.entry.kind() != Some(Kind::RefillHere) {
+        return false;
     }
-    false
+    // SAFETY: recorded by `add` as a `Here`, which lives until `remove` has waited for every
+    // handler inside the region (this one is, until `inside` drops).
+    let here = unsafe { &*inside.entry.state().cast::<Here>() };
+    serve(here, fd, inside.start, inside.len, addr)
 }
 
-/// Enters `e` if it is published and holds `addr`: (start, len), with `users` counted.
-fn enter(e: &Entry, addr: usize) -> Option<(usize, usize)> {
-    let start = e.start.load(Acquire);
-    let len = e.len.load(Acquire);
-    if start == 0 || len == 0 || addr < start || addr - start >= len {
-        return None;
-    }
-    e.users.fetch_add(1, SeqCst);
-    if e.len.load(SeqCst) != len || e.start.load(SeqCst) != start {
-        e.users.fetch_sub(1, SeqCst);
-        return None;
-    }
-    Some((start, len))
-}
-
-/// Fills and installs the block of `e` holding `addr` (registered on `fd`); whether it is in
-/// place now.
-fn serve(e: &Entry, fd: i32, start: usize, len: usize, addr: usize) -> bool {
-    let block = e.block.load(Relaxed);
+/// Fills and installs the block of the region holding `addr` (registered on `fd`); whether it
+/// is in place now.
+fn serve(here: &Here, fd: i32, start: usize, len: usize, addr: usize) -> bool {
+    let block = here.block;
     let offset = (addr - start) / block * block;
     let n = block.min(len - offset);
-    let Some(buf) = claim(e, block) else {
+    let Some(buf) = claim(here) else {
         crate::stats::count_refill_failure();
         return false;
     };
     // SAFETY: `buf` is a mapping of `block` >= `n` bytes that this handler alone holds.
     let out = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), n) };
-    // SAFETY: published with the entry (Release on `len`, read with Acquire in `enter`), and
-    // not dropped while this handler is counted in `users`.
-    let fill = unsafe { &*e.fill.load(Relaxed) };
-    let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, out))).unwrap_or(false);
+    let ok = catch_unwind(AssertUnwindSafe(|| (here.fill)(offset, out))).unwrap_or(false);
     let dst = start + offset;
     // SAFETY: `buf` holds `n` bytes; `dst..dst + n` lies in the region, registered on `fd`.
     let installed = ok && unsafe { uffd::copy(fd, dst, buf.as_ptr(), n) }.is_ok();
-    release(e, buf, block);
+    release(here, buf);
     if installed {
         crate::stats::count_refill(n);
         // Clean lazy pages: the first the kernel drops when memory is short.
@@ -197,19 +127,19 @@ fn serve(e: &Entry, fd: i32, start: usize, len: usize, addr: usize) -> bool {
     installed
 }
 
-/// A fill buffer of `block` bytes: one kept by `e`, or a new mapping.
-fn claim(e: &Entry, block: usize) -> Option<NonNull<u8>> {
-    for b in &e.buffers {
+/// A fill buffer of the region's block: one it keeps, or a new mapping.
+fn claim(here: &Here) -> Option<NonNull<u8>> {
+    for b in &here.buffers {
         if let Some(p) = NonNull::new(b.swap(null_mut(), Acquire)) {
             return Some(p);
         }
     }
-    mem::map_anon(block, mem::page_size()).ok()
+    mem::map_anon(here.block, mem::page_size()).ok()
 }
 
-/// Gives `buf` back to `e`'s kept buffers, or unmaps it when they are all kept.
-fn release(e: &Entry, buf: NonNull<u8>, block: usize) {
-    for b in &e.buffers {
+/// Gives `buf` back to the region's kept buffers, or unmaps it when they are all kept.
+fn release(here: &Here, buf: NonNull<u8>) {
+    for b in &here.buffers {
         if b.compare_exchange(null_mut(), buf.as_ptr(), Release, Relaxed)
             .is_ok()
         {
@@ -217,5 +147,5 @@ fn release(e: &Entry, buf: NonNull<u8>, block: usize) {
         }
     }
     // SAFETY: a buffer mapped by `claim`, held by this handler alone.
-    unsafe { mem::unmap(buf, block) };
+    unsafe { mem::unmap(buf, here.block) };
 }

@@ -1,131 +1,141 @@
-//! The one table of library-owned regions: which kind of region holds an address, by one
-//! lookup, for the classic call, `region_containing` and freeing by address.
+//! The one table of library-owned regions: which region holds an address, of which kind, and
+//! what that kind keeps about it, by one lookup, for every call that takes an address (the
+//! classic call, `region_containing`, freeing by address, priorities) and for the fault paths.
 //!
-//! | kind | found by | per-kind state |
+//! | kind | found by | what the kind keeps, reached from the lookup |
 //! |---|---|---|
-//! | managed, lazy, hybrid, shared (`VolatileRegion`, `vrange_alloc`) | the page → range owner map (`registry`): each range's slot knows its region's extent | the range slots |
-//! | scratch (`ScratchRegion`) | the extent table below | none |
-//! | refill (`RefillRegion`) | the extent table below | `refill`'s entry (fill function, block) |
+//! | managed, lazy, hybrid, shared (`VolatileRegion`, `vrange_alloc`) | the page → range owner map (`registry`) | the range's slot: state, policy, class, the region's extent; shared regions' header and descriptor |
+//! | scratch (`ScratchRegion`) | the extent table | nothing |
+//! | refill (`RefillRegion`), filled by the refill thread | the extent table | the entry's state: `refill::Filler` (fill function, buffer, blocks filled) |
+//! | refill, filled on the faulting thread | the extent table | the entry's state: `refill_here::Here` (fill function, fill buffers) |
 //!
 //! The owner map has an entry per page, which suits regions made of ranges that split and
-//! merge; scratch regions may reserve a TiB, so they (and refill regions, never split) are
-//! extents in a table of atomics instead: lock-free, nothing allocated, async-signal-safe, one
-//! relaxed load when empty.
+//! merge; scratch regions may reserve a TiB, so they and refill regions (never split) are
+//! extents in a fixed table of atomics instead (`crate::extents`: its protocol, model-checked):
+//! lock-free and async-signal-safe to read, one relaxed load when empty. Recording and
+//! removing take this module's lock (held across fork; a fork child forgets the readers its
+//! parent's threads had inside a region).
 
+use crate::extents::{Entered, Entry, Kind, Table};
 use crate::registry::{self, Slot};
 use crate::span::Span;
+use crate::sync::atomic::Ordering::Relaxed;
+use crate::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize};
 use crate::Error;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU8, AtomicUsize};
+use vrange_sys::lock::{Lock, Rank};
 
 /// Regions the extent table holds at most (scratch and refill together).
 const EXTENTS: usize = 256;
 
-/// Kinds of region in the extent table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Extent {
-    Scratch = 1,
-    Refill = 2,
+/// How many scratch regions a process may hold at once: they are meant to be few, large and
+/// long-lived (reserve a TiB once rather than many small ones).
+pub const MAX_SCRATCH_REGIONS: usize = 64;
+/// How many refill regions filled on the faulting thread may live at once (each has fill
+/// buffers of its own; a SIGBUS handler walks the table).
+pub const MAX_FILLED_HERE_REGIONS: usize = 64;
+
+/// How many regions of `kind` may live at once (refill regions filled by the refill thread: as
+/// many as the table has room for).
+fn most(kind: Kind) -> usize {
+    match kind {
+        Kind::Scratch => MAX_SCRATCH_REGIONS,
+        Kind::RefillHere => MAX_FILLED_HERE_REGIONS,
+        Kind::Refill => EXTENTS,
+    }
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only to initialise the table below
+const FREE: Entry = Entry {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    kind: AtomicU8::new(0),
+    state: AtomicPtr::new(std::ptr::null_mut()),
+    users: AtomicUsize::new(0),
+};
+static ENTRIES: [Entry; EXTENTS] = [FREE; EXTENTS];
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Serialises recording and removing (never held while waiting for readers).
+static LOCK: Lock = Lock::with_child_hook(Rank::Regions, Some(after_fork_child));
+
+fn table() -> Table<'static> {
+    Table {
+        entries: &ENTRIES,
+        live: &LIVE,
+        high: &HIGH,
+    }
 }
 
 /// What holds a span.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Owner {
     /// A region of ranges; the slot of the range holding the span's first page.
-    Ranges(&'static Slot),
-    /// A scratch or refill region.
-    Extent(Extent),
+    Ranges(u32, &'static Slot),
+    /// A scratch or refill region: its entry and kind.
+    Extent(&'static Entry, Kind),
 }
 
-struct Entry {
-    /// Start of the region; 0 when the entry is free. Claimed by a compare-exchange.
-    start: AtomicUsize,
-    /// Its length; 0 until the region is fully recorded (readers skip it until then).
-    len: AtomicUsize,
-    kind: AtomicU8,
-}
-
-#[allow(clippy::declare_interior_mutable_const)] // only to initialise the table below
-const EMPTY: Entry = Entry {
-    start: AtomicUsize::new(0),
-    len: AtomicUsize::new(0),
-    kind: AtomicU8::new(0),
-};
-static TABLE: [Entry; EXTENTS] = [EMPTY; EXTENTS];
-/// Live entries: lets a lookup skip the table with one load when there are none.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// One past the highest entry ever claimed: lookups read no further.
-static HIGH: AtomicUsize = AtomicUsize::new(0);
-
-/// Records a new region of `kind`. `Error::Os(ENOMEM)` when the table is full.
-pub(crate) fn record(kind: Extent, start: usize, len: usize) -> Result<(), Error> {
-    for (i, e) in TABLE.iter().enumerate() {
-        if e.start.compare_exchange(0, start, AcqRel, Relaxed).is_ok() {
-            e.kind.store(kind as u8, Relaxed);
-            HIGH.fetch_max(i + 1, AcqRel);
-            e.len.store(len, Release);
-            LIVE.fetch_add(1, Relaxed);
-            return Ok(());
-        }
+/// Records a new region of `kind` keeping `state` (see [`Entry::state`]).
+/// `Error::Os(ENOMEM)` when the table is full or the process holds the most regions of `kind`
+/// it may (`state` stays the caller's).
+pub(crate) fn record(kind: Kind, start: usize, len: usize, state: *mut ()) -> Result<(), Error> {
+    let _held = LOCK.lock();
+    if totals(kind).0 >= most(kind) as u64 {
+        return Err(Error::Os(libc::ENOMEM));
     }
-    Err(Error::Os(libc::ENOMEM))
+    table()
+        .record(kind, start, len, state)
+        .map(drop)
+        .ok_or(Error::Os(libc::ENOMEM))
 }
 
-/// Removes the region of `kind` that is exactly `[start, start + len)`; whether there was one
-/// (a second caller for the same region finds none).
-pub(crate) fn unrecord(kind: Extent, start: usize, len: usize) -> bool {
-    for e in &TABLE[..HIGH.load(Acquire)] {
-        if e.start.load(Acquire) == start
-            && e.kind.load(Relaxed) == kind as u8
-            && e.len.load(Acquire) == len
-        {
-            if e.len.compare_exchange(len, 0, AcqRel, Relaxed).is_err() {
-                return false; // freed by another thread meanwhile: the caller's race
-            }
-            e.start.store(0, Release);
-            LIVE.fetch_sub(1, Relaxed);
-            return true;
-        }
-    }
-    false
-}
-
-/// The live regions of the extent table: (kind, start, len).
-fn extents() -> impl Iterator<Item = (Extent, usize, usize)> {
-    let high = if LIVE.load(Relaxed) == 0 {
-        0
-    } else {
-        HIGH.load(Acquire)
+/// Removes the region of `kind` that is exactly `[start, start + len)`, once no thread is
+/// inside it (a fill running there is waited for, with no lock held). Returns what its kind
+/// kept; `None` if there was no such region (a second caller for the same region finds none).
+pub(crate) fn remove(kind: Kind, start: usize, len: usize) -> Option<*mut ()> {
+    let t = table();
+    let entry = {
+        let _held = LOCK.lock();
+        let e = t.exactly(kind, start, len)?;
+        t.unpublish(e, len).then_some(e)?
     };
-    TABLE[..high].iter().filter_map(|e| {
-        let start = e.start.load(Acquire);
-        let len = e.len.load(Acquire);
-        let kind = match e.kind.load(Relaxed) {
-            1 => Extent::Scratch,
-            2 => Extent::Refill,
-            _ => return None,
-        };
-        (start != 0 && len != 0).then_some((kind, start, len))
-    })
+    t.drain(entry);
+    let _held = LOCK.lock();
+    Some(t.free(entry))
 }
 
-/// Whether `[start, start + len)` is exactly a live region of `kind`.
-pub(crate) fn is_exactly(kind: Extent, start: usize, len: usize) -> bool {
-    extents().any(|(k, s, l)| k == kind && s == start && l == len)
+/// The live region of `kind` that is exactly `[start, start + len)`.
+pub(crate) fn exactly(kind: Kind, start: usize, len: usize) -> Option<&'static Entry> {
+    table().exactly(kind, start, len)
+}
+
+/// Enters the extent-table region holding `addr` (see `crate::extents::Table::enter`): it
+/// stays recorded, and what its kind keeps stays alive, until the guard drops.
+/// Async-signal-safe.
+pub(crate) fn enter(addr: usize) -> Option<Entered<'static>> {
+    table().enter(addr)
+}
+
+/// Calls `f(start, len)` for every live region of `kind`.
+pub(crate) fn each(kind: Kind, mut f: impl FnMut(usize, usize)) {
+    for (e, start, len) in table().published() {
+        if e.kind() == Some(kind) {
+            f(start, len);
+        }
+    }
 }
 
 /// Regions of `kind` and their bytes, for `stats()`.
-pub(crate) fn totals(kind: Extent) -> (u64, u64) {
-    extents()
-        .filter(|(k, _, _)| *k == kind)
-        .fold((0, 0), |(n, bytes), (_, _, len)| {
-            (n + 1, bytes + len as u64)
-        })
+pub(crate) fn totals(kind: Kind) -> (u64, u64) {
+    let mut totals = (0, 0);
+    each(kind, |_, len| {
+        totals = (totals.0 + 1, totals.1 + len as u64)
+    });
+    totals
 }
 
-/// The region containing `span`, as the slot of its first range. Checks that the span stays
-/// inside one region.
+/// The region of ranges containing `span`, as the slot of its first range. Checks that the
+/// span stays inside one region.
 pub(crate) fn ranges_of(span: Span) -> Result<Option<(u32, &'static Slot)>, Error> {
     let Some((idx, slot)) = registry::owner_of(span.start) else {
         if registry::any_owned(span.start, span.end) {
@@ -133,11 +143,11 @@ pub(crate) fn ranges_of(span: Span) -> Result<Option<(u32, &'static Slot)>, Erro
         }
         return Ok(None);
     };
-    let rs = slot.region_start.load(Relaxed);
-    if span.end > rs + slot.region_len.load(Relaxed) {
+    let (rs, rl) = slot.region();
+    if span.end > rs + rl {
         return Err(Error::Straddles);
     }
-    if !slot.header.load(Relaxed).is_null() && span.len() != slot.len.load(Relaxed) {
+    if slot.header().is_some() && span.len() != slot.len.load(Relaxed) {
         return Err(Error::Partial);
     }
     Ok(Some((idx, slot)))
@@ -149,16 +159,16 @@ pub(crate) fn ranges_of(span: Span) -> Result<Option<(u32, &'static Slot)>, Erro
 /// [`Error::Straddles`] for a span crossing a region's boundary; [`Error::Partial`] for part
 /// of a shared region.
 pub(crate) fn find(span: Span) -> Result<Option<Owner>, Error> {
-    if let Some((_, slot)) = ranges_of(span)? {
-        return Ok(Some(Owner::Ranges(slot)));
+    if let Some((idx, slot)) = ranges_of(span)? {
+        return Ok(Some(Owner::Ranges(idx, slot)));
     }
-    for (kind, start, len) in extents() {
+    for (entry, start, len) in table().published() {
         let end = start + len;
         if span.start < end && start < span.end {
             if span.start < start || span.end > end {
                 return Err(Error::Straddles);
             }
-            return Ok(Some(Owner::Extent(kind)));
+            return Ok(entry.kind().map(|k| Owner::Extent(entry, k)));
         }
     }
     Ok(None)
@@ -171,7 +181,15 @@ pub(crate) fn containing(addr: usize) -> Option<(usize, usize)> {
     if let Some((_, slot)) = registry::owner_of(addr & !(page - 1)) {
         return Some(slot.region());
     }
-    extents()
+    table()
+        .published()
         .find(|(_, start, len)| (*start..start + len).contains(&addr))
         .map(|(_, start, len)| (start, len))
+}
+
+/// In a fork child (under the lock): the readers inside regions were the parent's threads.
+fn after_fork_child() {
+    for e in &ENTRIES {
+        e.users.store(0, Relaxed);
+    }
 }

@@ -6,15 +6,16 @@
 //! are recycled but never unmapped, so a reclaimer holding a stale index reads a valid slot; the
 //! state word's generation keeps it from acting on a recycled one.
 
-use crate::lock::{Lock, Rank};
 use crate::page_index::PageIndex;
 use crate::shared::Header;
+use crate::slots::{Arena, Linked, NONE};
 use crate::state::RangeState;
 use crate::Error;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use vrange_sys::fd::GuestFd;
+use vrange_sys::lock::{Lock, Rank};
 use vrange_sys::mem;
 
 /// How a region's volatile ranges are purged.
@@ -252,33 +253,53 @@ impl Slot {
     }
 }
 
+impl Linked for Slot {
+    fn next_free(&self) -> &AtomicU32 {
+        &self.next_free
+    }
+}
+
 const CHUNK_SHIFT: u32 = 12;
-const CHUNK_SLOTS: usize = 1 << CHUNK_SHIFT;
 const MAX_CHUNKS: usize = 1024;
-/// No slot: ends the free list, and marks an unowned page in the owner map.
-const NONE: u32 = 0;
 
 static CHUNKS: [AtomicPtr<Slot>; MAX_CHUNKS] = [const { AtomicPtr::new(null_mut()) }; MAX_CHUNKS];
 /// Slot indices start at 1 so that 0 can mean "none"; `HIGH` is one past the highest used.
 static HIGH: AtomicU32 = AtomicU32::new(1);
 static FREE_HEAD: AtomicU32 = AtomicU32::new(NONE);
-pub(crate) static LOCK: Lock = Lock::new(Rank::Registry);
+pub(crate) static LOCK: Lock = Lock::with_child_hook(Rank::Registry, Some(after_fork_child));
 /// Page → slot index of the range holding it (0: not a managed page).
 static OWNERS: PageIndex<AtomicU32> = PageIndex::new();
 
+/// The slot arena (`crate::slots`): chunks are fresh zeroed mappings, and zero-filled memory
+/// is a valid `Slot` (atomics and null pointers).
+fn arena() -> Arena<'static, Slot> {
+    Arena {
+        chunks: &CHUNKS,
+        chunk_shift: CHUNK_SHIFT,
+        high: &HIGH,
+        free_head: &FREE_HEAD,
+        new_chunk: |slots| {
+            let bytes = slots * std::mem::size_of::<Slot>();
+            let page = mem::page_size();
+            let fresh = mem::map_anon(bytes.div_ceil(page) * page, page).ok()?;
+            Some(fresh.as_ptr().cast())
+        },
+    }
+}
+
 /// The slot with index `idx` (which must have been returned by [`alloc_slot`]).
+#[inline]
 pub(crate) fn slot(idx: u32) -> &'static Slot {
-    let chunk = CHUNKS[(idx >> CHUNK_SHIFT) as usize].load(Acquire);
-    debug_assert!(!chunk.is_null());
-    // SAFETY: idx came from alloc_slot, which published its chunk before returning; chunks are
-    // never unmapped and zero-filled memory is a valid Slot (atomics and null pointers).
-    unsafe { &*chunk.add(idx as usize & (CHUNK_SLOTS - 1)) }
+    arena().get(idx)
 }
 
 /// Takes a free slot, not yet live: fill it, then [`NewSlot::publish`]. Dropped unpublished
 /// (an error on the way), it goes back to the free list.
 pub(crate) fn alloc_slot() -> Result<NewSlot, Error> {
-    LOCK.with(alloc_locked).map(|idx| NewSlot {
+    let idx = LOCK
+        .with(|| arena().alloc_locked())
+        .map_err(|_| Error::Os(libc::ENOMEM))?;
+    Ok(NewSlot {
         idx,
         slot: slot(idx),
     })
@@ -314,34 +335,13 @@ impl Drop for NewSlot {
     }
 }
 
-fn alloc_locked() -> Result<u32, Error> {
-    let head = FREE_HEAD.load(Relaxed);
-    if head != NONE {
-        FREE_HEAD.store(slot(head).next_free.load(Relaxed), Relaxed);
-        return Ok(head);
-    }
-    let idx = HIGH.load(Relaxed);
-    let chunk = (idx >> CHUNK_SHIFT) as usize;
-    if chunk >= MAX_CHUNKS {
-        return Err(Error::Os(libc::ENOMEM));
-    }
-    if CHUNKS[chunk].load(Relaxed).is_null() {
-        let bytes = CHUNK_SLOTS * std::mem::size_of::<Slot>();
-        let page = mem::page_size();
-        let fresh = mem::map_anon(bytes.div_ceil(page) * page, page).map_err(Error::from)?;
-        CHUNKS[chunk].store(fresh.as_ptr().cast(), Release);
-    }
-    HIGH.store(idx + 1, Release);
-    Ok(idx)
-}
-
 /// Held while purging, so that purges do not overlap, and while scanning shared ranges' state
 /// (see [`Slot::header`]): freeing a shared region takes it before unmapping the header. Held
-/// across fork (`crate::fork`).
+/// across fork (`vrange_sys::lock`).
 pub(crate) static PURGES: Lock = Lock::new(Rank::Purges);
 
 /// Holds off purging (by the reclaimer or an explicit purge) while alive.
-pub(crate) type Paused = crate::lock::Guard<'static>;
+pub(crate) type Paused = vrange_sys::lock::Guard<'static>;
 
 /// Holds off purging, and the freeing of shared regions, until the guard drops.
 pub(crate) fn pause() -> Paused {
@@ -350,22 +350,18 @@ pub(crate) fn pause() -> Paused {
 
 /// How many slots have ever been handed out (live or free): a bound on a scan's results.
 pub(crate) fn slots() -> usize {
-    HIGH.load(Acquire) as usize
+    arena().high() as usize
 }
 
-/// Returns a retired slot to the free list.
+/// Returns a slot to the free list, retiring it first (a scan skips it from then on).
 pub(crate) fn free_slot(idx: u32) {
-    let s = slot(idx);
-    s.retire();
-    LOCK.with(|| {
-        s.next_free.store(FREE_HEAD.load(Relaxed), Relaxed);
-        FREE_HEAD.store(idx, Relaxed);
-    });
+    slot(idx).retire();
+    LOCK.with(|| arena().free_locked(idx));
 }
 
 /// In a fork child (under the lock): the parent's pins on shared regions are the parent's; the
 /// child's inherited mappings hold none, like fresh mappings, until the child unmarks them.
-pub(crate) fn after_fork_child() {
+fn after_fork_child() {
     for_each_live(|_, slot| {
         if slot.header().is_some() {
             slot.holding.store(false, Relaxed);
@@ -376,13 +372,11 @@ pub(crate) fn after_fork_child() {
 /// Calls `f` for every live slot. The slots may change under `f`: it must re-check state. A
 /// scan that reads shared ranges' state ([`Slot::header`]) holds the purge lock.
 pub(crate) fn for_each_live(mut f: impl FnMut(u32, &'static Slot)) {
-    let high = HIGH.load(Acquire);
-    for idx in 1..high {
-        let s = slot(idx);
+    arena().for_each(|idx, s| {
         if s.is_live() {
             f(idx, s);
         }
-    }
+    });
 }
 
 /// The range holding the page at `addr`, if it belongs to a library-owned region.

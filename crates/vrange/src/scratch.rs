@@ -16,14 +16,11 @@
 //! promise content the kernel may still drop), `vrange_free` can recognise them and `stats()`
 //! can count them.
 
-use crate::regions::{self, Extent};
+use crate::extents::Kind;
+use crate::regions;
 use crate::Error;
 use std::ptr::NonNull;
 use vrange_sys::mem;
-
-/// How many scratch regions a process may hold at once: they are meant to be few, large and
-/// long-lived (reserve a TiB once rather than many small ones).
-pub const MAX_SCRATCH_REGIONS: usize = 64;
 
 /// A scratch region: always volatile memory, whose pages the kernel may drop at any time,
 /// written or not; a dropped page reads zero. There is nothing to mark or unmark, and nothing
@@ -55,7 +52,7 @@ impl ScratchRegion {
     /// [`Error::NotRegion`] for a zero length, [`Error::Overflow`] beyond `isize::MAX`;
     /// `Error::Os(ENOTSUP)` where the kernel has no MAP_DROPPABLE (before Linux 6.11; see the
     /// module documentation); `Error::Os(ENOMEM)` when the address space is exhausted or the
-    /// process already holds [`MAX_SCRATCH_REGIONS`].
+    /// process already holds [`MAX_SCRATCH_REGIONS`](crate::MAX_SCRATCH_REGIONS).
     ///
     /// # References
     /// mmap(2) MAP_DROPPABLE.
@@ -68,12 +65,12 @@ impl ScratchRegion {
                 Some(errno) => Error::Os(errno),
                 None => Error::Os(libc::ENOMEM),
             })?;
-        let full = regions::totals(Extent::Scratch).0 >= MAX_SCRATCH_REGIONS as u64;
-        let recorded = if full {
-            Err(Error::Os(libc::ENOMEM))
-        } else {
-            regions::record(Extent::Scratch, start.as_ptr() as usize, len)
-        };
+        let recorded = regions::record(
+            Kind::Scratch,
+            start.as_ptr() as usize,
+            len,
+            std::ptr::null_mut(),
+        );
         if let Err(e) = recorded {
             // SAFETY: just mapped above, never handed out.
             unsafe { mem::unmap(start, len) };
@@ -104,16 +101,24 @@ impl ScratchRegion {
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<ScratchRegion, Error> {
         let len = crate::span::region_len(len).map_err(|_| Error::NotRegion)?;
         let start = NonNull::new(ptr).ok_or(Error::NotRegion)?;
-        if !regions::is_exactly(Extent::Scratch, ptr as usize, len) {
+        if regions::exactly(Kind::Scratch, ptr as usize, len).is_none() {
             return Err(Error::NotRegion);
         }
         Ok(ScratchRegion { start, len })
+    }
+
+    /// The handle of the live scratch region the region table found exactly at `start`, `len`.
+    pub(crate) fn adopt(start: usize, len: usize) -> ScratchRegion {
+        ScratchRegion {
+            start: NonNull::new(start as *mut u8).expect("a region starts above 0"),
+            len,
+        }
     }
 }
 
 impl Drop for ScratchRegion {
     fn drop(&mut self) {
-        if regions::unrecord(Extent::Scratch, self.start.as_ptr() as usize, self.len) {
+        if regions::remove(Kind::Scratch, self.start.as_ptr() as usize, self.len).is_some() {
             // SAFETY: this handle owned the mapping (it was recorded, and only one handle
             // unrecords it); no reference into it outlives the handle.
             unsafe { mem::unmap(self.start, self.len) };

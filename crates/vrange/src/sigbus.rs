@@ -41,10 +41,10 @@ use std::os::fd::RawFd;
 use vrange_sys::{mem, uffd};
 
 /// The process's SIGBUS-mode userfaultfd.
-pub(crate) static UFFD: Held = Held::new(crate::lock::Rank::SigbusOpen);
+pub(crate) static UFFD: Held = Held::new(vrange_sys::lock::Rank::SigbusOpen, after_fork_child);
 
 /// In a fork child (under the descriptor's lock): no registration came along.
-pub(crate) fn after_fork_child() {
+fn after_fork_child() {
     UFFD.after_fork_child();
 }
 

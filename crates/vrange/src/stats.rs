@@ -390,7 +390,7 @@ pub fn stats() -> Stats {
     s.descriptors_lost = fds.lost;
     s.descriptors_no_room = fds.no_room;
     s.reclaimer_running = RECLAIMER_RUNNING.load(Relaxed);
-    (s.scratch_regions, s.scratch_bytes) = crate::regions::totals(crate::regions::Extent::Scratch);
+    (s.scratch_regions, s.scratch_bytes) = crate::regions::totals(crate::extents::Kind::Scratch);
     s.refill_fills = REFILLS.load(Relaxed);
     s.refill_bytes = REFILL_BYTES.load(Relaxed);
     s.refill_failures = REFILL_FAILURES.load(Relaxed);

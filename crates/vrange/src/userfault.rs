@@ -3,13 +3,13 @@
 //! copied into atomics so that async-signal-safe code (`vrange::fill` in a SIGBUS handler) can
 //! verify and use it without a lock. SIGBUS mode and refill regions each hold one.
 
-use crate::lock::{Lock, Rank, RankedMutex};
 use crate::Error;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicI32, AtomicU64};
 use vrange_sys::fd::{GuestFd, Ident, Inherit};
+use vrange_sys::lock::{Lock, Rank, RankedMutex};
 use vrange_sys::uffd::Reach;
 
 pub(crate) struct Held {
@@ -33,14 +33,15 @@ pub(crate) struct Opened {
 }
 
 impl Held {
-    /// `open` is the rank of its opening lock.
-    pub const fn new(open: Rank) -> Held {
+    /// `open` is the rank of its opening lock, `child` its module's hook in a fork child
+    /// (run with that lock held).
+    pub const fn new(open: Rank, child: fn()) -> Held {
         Held {
             generation: AtomicU64::new(0),
             fd: AtomicI32::new(-1),
             dev: AtomicU64::new(0),
             ino: AtomicU64::new(0),
-            open: Lock::new(open),
+            open: Lock::with_child_hook(open, Some(child)),
             owner: RankedMutex::new(Rank::UffdOwner, None),
         }
     }
@@ -71,7 +72,10 @@ impl Held {
     /// # Errors
     /// `Error::Os(ENOTSUP)` where userfaultfd is unavailable or not allowed; `Error::Os(EAGAIN)`
     /// while the program has 0, 1 or 2 closed; the errno of placing the descriptor (EMFILE).
-    pub fn ensure(&self, open: fn() -> io::Result<(OwnedFd, Reach)>) -> Result<Opened, Error> {
+    pub fn ensure(
+        &'static self,
+        open: fn() -> io::Result<(OwnedFd, Reach)>,
+    ) -> Result<Opened, Error> {
         if let Some(fd) = self.current() {
             return Ok(Opened {
                 fd,

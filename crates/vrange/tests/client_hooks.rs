@@ -111,21 +111,22 @@ fn make_room_role() {
     // SAFETY: no reference into the region while it is volatile.
     unsafe { r.mark().unwrap() };
     let plenty = vrange::reclaimer::make_room(0);
-    let left_before = vrange::reclaimer::room_left();
+    let room_before = vrange::reclaimer::room();
     let ordinary = vec![1u8; 16 * MIB];
-    let left_short = vrange::reclaimer::room_left();
+    let room_short = vrange::reclaimer::room();
     let freed = vrange::reclaimer::make_room(MIB);
-    let left_after = vrange::reclaimer::room_left();
+    let room_after = vrange::reclaimer::room();
     drop(starved);
     let purged = r.unmark().unwrap().was_purged();
-    let mib = |left: Option<u64>| left.map_or(-1, |b| (b >> 20) as i64);
+    let mib = |room: Option<vrange::short::Room>| room.map_or(-1, |r| (r.headroom >> 20) as i64);
+    let threshold = room_before.map_or(0, |r| r.threshold >> 20);
     say(format!(
-        "ROOM before={plenty} freed={freed} purged={} left_before={} left_short={} \
-         left_after={} sum={} headroom={}",
+        "ROOM before={plenty} freed={freed} purged={} free_before={} free_short={} \
+         free_after={} threshold={threshold} sum={} headroom={}",
         u8::from(purged),
-        mib(left_before),
-        mib(left_short),
-        mib(left_after),
+        mib(room_before),
+        mib(room_short),
+        mib(room_after),
         ordinary.iter().map(|&b| b as u64).sum::<u64>(),
         vrange::stats().source(vrange::Source::Headroom).bytes,
     ));
@@ -155,12 +156,17 @@ fn make_room_purges_in_the_callers_thread_when_headroom_runs_out() {
     assert_eq!(reply.u64("before"), 0, "plenty of headroom: nothing purged");
     assert!(reply.u64("freed") >= 40 * MIB as u64, "{reply:?}");
     assert_eq!(reply.u64("purged"), 1, "the volatile region was purged");
-    // room_left: the limit less the usage less the 16 MiB threshold, in MiB (-1: none).
-    let left = |k: &str| reply.get::<i64>(k).expect(k);
-    assert!(left("left_before") >= 1, "room left before: {reply:?}");
-    assert_eq!(left("left_short"), 0, "16 MiB more: none left {reply:?}");
+    // room(): the cgroup's headroom (the limit less the usage, in MiB; -1: none) and the
+    // 16 MiB threshold.
+    let free = |k: &str| reply.get::<i64>(k).expect(k);
+    assert_eq!(reply.u64("threshold"), 16, "{reply:?}");
     assert!(
-        left("left_after") >= 24,
+        free("free_before") > 16,
+        "over the threshold before: {reply:?}"
+    );
+    assert!(free("free_short") < 16, "16 MiB more: under it {reply:?}");
+    assert!(
+        free("free_after") >= 40,
         "the region's 40 MiB purged: room again {reply:?}"
     );
 }

@@ -7,11 +7,11 @@
 //! Waiting for the other flush instead could deadlock: a purge may start inside a client's
 //! lock (a mark that catches up on the budget) that the other flush's hook needs.
 
-use crate::lock::{Rank, RankedMutex};
 use std::cell::Cell;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use vrange_sys::lock::{Rank, RankedMutex};
 
 type Hook = Arc<dyn Fn() + Send + Sync>;
 

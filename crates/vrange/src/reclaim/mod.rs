@@ -30,8 +30,8 @@
 //! # Fork
 //! A fork child has no reclaimer (threads do not survive fork). It starts its own on its next
 //! mark of a managed range, new region or [`purge`](crate::purge). The start lock is held across the fork
-//! (`crate::fork`), and the child forgets the parent's thread, waker and sources
-//! ([`after_fork_child`]); `crate::fork` closes the child's copies of their descriptors
+//! (`vrange_sys::lock`), and the child forgets the parent's thread, waker and sources
+//! ([`after_fork_child`]); the fork protocol closes the child's copies of their descriptors
 //! (verified first), which would otherwise keep the parent's triggers alive.
 //!
 //! # Files
@@ -65,10 +65,10 @@ pub use flush::{on_flush, FlushHook};
 pub use config::{set_option, Config, Headroom, Psi, OPTIONS};
 
 use crate::approach;
-use crate::lock::{Lock, Rank, RankedMutex};
 use crate::stats::{self, Source};
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use vrange_sys::lock::{Lock, Rank, RankedMutex};
 
 const IDLE: u8 = 0;
 const RUNNING: u8 = 1;
@@ -85,7 +85,7 @@ const THREAD_NAME: &str = "vrange-reclaim";
 static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
 /// Serialises start and stop; held across fork.
-pub(crate) static START: Lock = Lock::new(Rank::ReclaimerStart);
+pub(crate) static START: Lock = Lock::with_child_hook(Rank::ReclaimerStart, Some(after_fork_child));
 static THREAD: RankedMutex<Option<std::thread::JoinHandle<()>>> =
     RankedMutex::new(Rank::ReclaimerThread, None);
 /// Which sources the running thread listens to (bits by `Source`).
@@ -169,9 +169,9 @@ pub(crate) fn config_changed() {
 
 /// In a fork child (under the start lock): the thread did not survive the fork. Its handle,
 /// waker and sources belong to the parent's thread: forgotten without running their
-/// destructors (no allocator calls here); `crate::fork` closed the child's copies of the
+/// destructors (no allocator calls here); the fork protocol closed the child's copies of the
 /// descriptors, each verified first.
-pub(crate) fn after_fork_child() {
+fn after_fork_child() {
     if let Some(mut t) = THREAD.try_lock() {
         std::mem::forget(t.take());
     }

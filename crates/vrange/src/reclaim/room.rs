@@ -10,14 +10,13 @@ use super::victims;
 use super::waker::wake;
 use super::DISABLED;
 use super::STATE;
-use crate::lock::Rank;
-use crate::lock::RankedMutex;
 use crate::registry::pause;
 use crate::short::{self, Room};
 use crate::stats;
 use crate::stats::Source;
 use std::sync::atomic::Ordering::Relaxed;
 use vrange_sys::clock::now_ns;
+use vrange_sys::lock::{Rank, RankedMutex};
 use vrange_sys::pressure::OwnHeadroom;
 
 /// The headroom file of [`make_room`]'s callers (the thread keeps its own).

@@ -1,0 +1,263 @@
+//! The one fork protocol: one `pthread_atfork` registration for the process, made at the first
+//! use of any lock of this module (nothing to remember at any call site); it holds every
+//! [`Lock`] ever taken, in rank order, across the fork.
+//!
+//! - prepare: takes the enrollment lock, then each enrolled lock, lowest rank first (the order
+//!   every call path takes them in; debug builds assert it as they go);
+//! - parent: releases them, highest rank first;
+//! - child: starts a new fork generation (every [`RankedMutex`](super::RankedMutex) still held
+//!   belongs to a thread the child does not have), closes the child's copies of vrange's private
+//!   descriptors (each verified first: `crate::fd::close_private_after_fork`), then, highest
+//!   rank first, runs each lock's child hook (its lock still held: the child has one thread)
+//!   and releases the lock.
+//!
+//! Locks enroll themselves at their first acquisition, under the enrollment lock, which the
+//! prepare handler holds: a lock is either listed before a fork starts or enrolled after it.
+//! Several locks of one rank (an allocator's arenas) are listed together; only a fork takes
+//! more than one of them at once.
+
+use super::spin::Lock;
+use super::Rank;
+use crate::sync::SpinLock;
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
+
+/// Enrolled locks by rank, each list threaded through `Lock::next`.
+static HEADS: [AtomicPtr<Lock>; Rank::COUNT] = [const { AtomicPtr::new(null_mut()) }; Rank::COUNT];
+/// Serialises enrollment; held by a fork from prepare to parent/child.
+static ENROLLING: SpinLock = SpinLock::new();
+
+/// Fork children so far on this process's line (0 in a process that has not been forked from
+/// one with these handlers): the generation a [`RankedMutex`](super::RankedMutex) records.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The fork generation of this process (see [`GENERATION`]).
+pub fn generation() -> u64 {
+    GENERATION.load(Relaxed)
+}
+
+/// Starts a new generation: for the child handler, before anything else of vrange runs there.
+fn forked() {
+    GENERATION.fetch_add(1, Relaxed);
+}
+
+const NOT_INSTALLED: u8 = 0;
+const INSTALLING: u8 = 1;
+const INSTALLED: u8 = 2;
+static STATE: AtomicU8 = AtomicU8::new(NOT_INSTALLED);
+/// The process whose thread is installing: a fork child that finds `INSTALLING` set by its
+/// parent (the installing thread is not in the child) installs its own.
+static INSTALLER: AtomicU32 = AtomicU32::new(0);
+
+/// Installs the handlers once per process; a second caller waits until they are in place.
+/// Called before the first acquisition of any lock of this module, so no lock of vrange is
+/// held here (registering takes the C library's fork lock, which a fork holds while it runs
+/// the prepare handlers).
+#[inline]
+pub(super) fn ensure_installed() {
+    if STATE.load(Acquire) != INSTALLED {
+        install();
+    }
+}
+
+#[cold]
+fn install() {
+    loop {
+        match STATE.compare_exchange(NOT_INSTALLED, INSTALLING, AcqRel, Acquire) {
+            Ok(_) => break,
+            Err(INSTALLED) => return,
+            Err(_) => {
+                // The installing thread of the parent is not in a fork child.
+                if INSTALLER.load(Acquire) != std::process::id() {
+                    let _ = STATE.compare_exchange(INSTALLING, NOT_INSTALLED, AcqRel, Acquire);
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+    INSTALLER.store(std::process::id(), Release);
+    // Without room for the handlers (ENOMEM: the process is dying), a fork child could inherit
+    // a lock held: nothing better to do than what the C library's own allocator does.
+    let _ = crate::process::at_fork(prepare, parent, child);
+    STATE.store(INSTALLED, Release);
+}
+
+/// Adds `lock` to the fork protocol's list, once (`enrolled` is its flag).
+#[cold]
+pub(super) fn enroll(lock: &'static Lock, enrolled: &AtomicBool) {
+    ensure_installed();
+    let _held = ENROLLING.lock();
+    if enrolled.load(Relaxed) {
+        return;
+    }
+    let head = &HEADS[lock.rank() as usize];
+    lock.next.store(head.load(Relaxed), Relaxed);
+    head.store(lock as *const Lock as *mut Lock, Release);
+    enrolled.store(true, Release);
+}
+
+/// Calls `f` on every enrolled lock of `rank` (under the enrollment lock).
+fn each(rank: usize, mut f: impl FnMut(&'static Lock)) {
+    let mut p = HEADS[rank].load(Acquire);
+    // SAFETY: only `&'static Lock`s are listed, never removed.
+    while let Some(lock) = unsafe { p.as_ref() } {
+        f(lock);
+        p = lock.next.load(Relaxed);
+    }
+}
+
+extern "C" fn prepare() {
+    ENROLLING.lock_for_fork();
+    for rank in 0..Rank::COUNT {
+        each(rank, Lock::hold_for_fork);
+    }
+}
+
+extern "C" fn parent() {
+    for rank in (0..Rank::COUNT).rev() {
+        // SAFETY: each was taken by `prepare` in this thread; fork is not called with one of
+        // these locks held by the forking thread, so no guard of them is live.
+        each(rank, |lock| unsafe { lock.release_after_fork(false) });
+    }
+    // SAFETY: taken by `prepare`.
+    unsafe { ENROLLING.force_unlock() };
+}
+
+extern "C" fn child() {
+    forked();
+    // The child's copies of vrange's private descriptors (the reclaimer's sources, the
+    // coordinator link, the userfaultfds) would keep the parent's registrations and triggers
+    // alive: closed, each verified first, before any module forgets its own.
+    crate::fd::close_private_after_fork();
+    for rank in (0..Rank::COUNT).rev() {
+        // SAFETY: as in `parent`.
+        each(rank, |lock| unsafe { lock.release_after_fork(true) });
+    }
+    // SAFETY: as in `parent`.
+    unsafe { ENROLLING.force_unlock() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RankedMutex;
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    /// Forks; the child runs `body` and exits with 0 if it returned true. Returns whether the
+    /// child did so within `limit` (it is killed after).
+    fn fork_and_check(body: impl FnOnce() -> bool, limit: Duration) -> bool {
+        // SAFETY: the child runs `body` and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = body();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let mut status = 0;
+            // SAFETY: waits for our own child without blocking.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // SAFETY: reaps it.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    static HOOKED: AtomicUsize = AtomicUsize::new(0);
+    fn child_hook() {
+        HOOKED.fetch_add(1, Relaxed);
+    }
+    static HELD: Lock = Lock::with_child_hook(Rank::Regions, Some(child_hook));
+    static NEVER: Lock = Lock::new(Rank::Registry);
+
+    /// A lock another thread holds when a fork starts: the fork waits for it, so the child
+    /// takes it at once; the lock's child hook ran there; a lock never taken is not enrolled.
+    #[test]
+    fn a_fork_waits_for_a_held_lock_and_the_child_finds_it_free() {
+        drop(HELD.lock());
+        assert!(HELD.is_enrolled() && !NEVER.is_enrolled());
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let _g = HELD.lock();
+            held_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        held_rx.recv().unwrap();
+        let t0 = std::time::Instant::now();
+        let ok = fork_and_check(
+            || HELD.try_lock().is_some() && HOOKED.load(Relaxed) == 1,
+            Duration::from_secs(20),
+        );
+        assert!(ok, "the child found the lock free and its hook run");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(100),
+            "the fork waited for the holder"
+        );
+        holder.join().unwrap();
+        assert_eq!(HOOKED.load(Relaxed), 0, "the hook runs in the child only");
+        assert!(HELD.try_lock().is_some(), "released in the parent");
+    }
+
+    /// A ranked mutex held by another thread at the fork: the child takes it over (the value
+    /// that thread could have been changing replaced with the default), and the parent's
+    /// thread still holds and releases its own.
+    #[test]
+    fn a_child_takes_over_a_ranked_mutex_a_parent_thread_held() {
+        static VALUE: RankedMutex<Option<u32>> = RankedMutex::new(Rank::Room, None);
+        *VALUE.lock() = Some(7);
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _g = VALUE.lock();
+            held_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        let ok = fork_and_check(
+            || {
+                let taken = VALUE.try_lock().map(|v| *v);
+                *VALUE.lock() = Some(8);
+                taken == Some(None) && *VALUE.lock() == Some(8)
+            },
+            Duration::from_secs(20),
+        );
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(ok, "the child took the lock and found the default");
+        assert_eq!(*VALUE.lock(), Some(7), "the parent's value is its own");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn taking_a_lower_rank_while_holding_a_higher_one_is_caught() {
+        static HIGH: Lock = Lock::new(Rank::UffdOwner);
+        static LOW: Lock = Lock::new(Rank::Purges);
+        // In order: fine, and released in any order.
+        let low = LOW.lock();
+        let high = HIGH.lock();
+        drop(low);
+        drop(high);
+        // Out of order: a try is allowed (it cannot deadlock), a wait is not.
+        let high = HIGH.lock();
+        assert!(LOW.try_lock().is_some());
+        let caught = std::panic::catch_unwind(|| drop(LOW.lock()));
+        drop(high);
+        assert!(caught.is_err(), "the witness catches the inversion");
+        // Released on unwinding: the thread holds nothing now.
+        drop(LOW.lock());
+        drop(HIGH.lock());
+    }
+}
