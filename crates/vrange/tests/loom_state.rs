@@ -19,125 +19,11 @@ use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering}
 use loom::sync::Arc;
 use loom::thread;
 
-/// Stands in for the crate's `sync` module while `state.rs` is compiled into this test crate.
-///
-/// Inside a model (see [`check`]) the word is a loom atomic and a wait step is a loom yield,
-/// which tells loom the thread cannot progress until another one does. Outside a model the word
-/// is a std atomic: `state.rs` has `#[cfg(test)]` unit tests, which are compiled into this crate
-/// too (`cfg(test)` is set for integration tests) and run here outside any model.
-///
-/// The model's `store` is a `swap`. Loom 0.7 does not keep a plain store out of the middle of
-/// a concurrent read-modify-write (tokio-rs/loom#254, #389; fix proposed in #391), so it
-/// explores executions real hardware cannot produce: `finish_arm`'s store of `ARMED` lost under
-/// an unmark's CAS that sets `CANCEL`, the word left `ARMING|CANCEL` for good and the unmark
-/// spinning forever. As a read-modify-write the store takes its place in the modification order
-/// like every other write to the word. The swap's read part is as relaxed as the store, and it
-/// cannot hide a missing synchronization here: every `store` in `state.rs` writes a word that no
-/// other thread may change in between (`PURGING`, `BUSY`), except `finish_arm`, where the only
-/// other writer is the owner's cancelling CAS and only that owner acquires the stored `ARMED`.
-mod sync {
-    use std::cell::Cell;
+#[allow(dead_code)] // each model uses part of it
+mod loom_shim;
 
-    std::thread_local! {
-        static IN_MODEL: Cell<bool> = const { Cell::new(false) };
-    }
-
-    /// Whether this thread is running a loom model (loom's threads are coroutines on it).
-    pub fn in_model() -> bool {
-        IN_MODEL.with(Cell::get)
-    }
-
-    /// Marks this thread as running a model until the guard is dropped.
-    pub struct ModelGuard(());
-
-    impl ModelGuard {
-        pub fn enter() -> ModelGuard {
-            IN_MODEL.with(|m| m.set(true));
-            ModelGuard(())
-        }
-    }
-
-    impl Drop for ModelGuard {
-        fn drop(&mut self) {
-            IN_MODEL.with(|m| m.set(false));
-        }
-    }
-
-    pub mod atomic {
-        pub use std::sync::atomic::Ordering;
-
-        #[derive(Debug)]
-        pub struct AtomicU64(Inner);
-
-        #[derive(Debug)]
-        enum Inner {
-            Model(loom::sync::atomic::AtomicU64),
-            Plain(std::sync::atomic::AtomicU64),
-        }
-
-        impl AtomicU64 {
-            pub fn new(value: u64) -> AtomicU64 {
-                AtomicU64(if super::in_model() {
-                    Inner::Model(loom::sync::atomic::AtomicU64::new(value))
-                } else {
-                    Inner::Plain(std::sync::atomic::AtomicU64::new(value))
-                })
-            }
-
-            pub fn load(&self, order: Ordering) -> u64 {
-                match &self.0 {
-                    Inner::Model(a) => a.load(order),
-                    Inner::Plain(a) => a.load(order),
-                }
-            }
-
-            pub fn store(&self, value: u64, order: Ordering) {
-                match &self.0 {
-                    Inner::Model(a) => {
-                        a.swap(value, order);
-                    }
-                    Inner::Plain(a) => a.store(value, order),
-                }
-            }
-
-            pub fn compare_exchange(
-                &self,
-                current: u64,
-                new: u64,
-                success: Ordering,
-                failure: Ordering,
-            ) -> Result<u64, u64> {
-                match &self.0 {
-                    Inner::Model(a) => a.compare_exchange(current, new, success, failure),
-                    Inner::Plain(a) => a.compare_exchange(current, new, success, failure),
-                }
-            }
-        }
-    }
-
-    /// Rounds of one wait that the model explores every alternative of; see [`backoff`].
-    const SPIN_ROUNDS: u32 = 4;
-
-    /// One step of waiting. In the model, a wait that has gone on for [`SPIN_ROUNDS`] rounds
-    /// stops loom exploring alternatives from there on: the execution still runs to its end
-    /// (loom's default choice schedules the thread that has yielded least, so the wait ends
-    /// unless nothing can make progress, which loom still reports as exceeding its branch
-    /// limit), but the interleavings that would branch off it are the ones of an execution
-    /// with fewer idle rounds, which are explored anyway. Without this two threads waiting on
-    /// the same `PURGING` word can hand the processor to each other forever and never to the
-    /// purger, a schedule loom counts no preemption for.
-    pub fn backoff(round: &mut u32) {
-        *round = round.saturating_add(1);
-        if in_model() {
-            if *round > SPIN_ROUNDS {
-                loom::skip_branch();
-            }
-            loom::thread::yield_now();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
+use loom_shim::check;
+pub(crate) use loom_shim::sync;
 
 #[path = "../src/state.rs"]
 #[allow(dead_code)]
@@ -148,27 +34,6 @@ use state::{Found, Marked, RangeState};
 /// Preemptions explored per execution of the scenarios with three threads, unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise. The two-thread scenarios are explored exhaustively.
 const THREE_THREAD_PREEMPTIONS: usize = 4;
-
-/// Explores `f` with at most `preemptions` preemptions per execution (`None`: all executions),
-/// or as many as `LOOM_MAX_PREEMPTIONS` says.
-fn check<F>(preemptions: Option<usize>, f: F)
-where
-    F: Fn() + Sync + Send + 'static,
-{
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = preemptions;
-    }
-    let _model = sync::ModelGuard::enter();
-    builder.check(move || {
-        // The word must be loom's: a model on another OS thread would silently test std's.
-        assert!(
-            sync::in_model(),
-            "loom ran the model off the calling thread"
-        );
-        f()
-    });
-}
 
 /// What the owner wrote before marking the range volatile.
 const CONTENT: u8 = 0xAA;
@@ -228,32 +93,45 @@ fn mark_unmark_vs_purge() {
             })
         };
 
-        page.write(CONTENT); // the owner's last use before marking
-        assert_eq!(s.mark(), Marked::Now);
-        let found = s.unmark(false);
-        match found {
-            Found::Intact => {
-                assert!(
-                    !discarded.load(Ordering::Relaxed),
-                    "intact, but the page was discarded"
-                );
-                assert_eq!(page.read(), CONTENT);
-                page.write(CONTENT + 1); // the owner uses the range again
-            }
-            Found::Purged => {
-                assert!(
-                    discarded.load(Ordering::Relaxed),
-                    "purged, but the discard is not visible"
-                );
-                assert!(
-                    finishing.load(Ordering::Relaxed),
-                    "returned before finish_purge ran"
-                );
-                assert_eq!(page.read(), 0);
-            }
-            other => panic!("unmark of a marked range found {other:?}"),
-        }
-        assert_eq!(state::tag(s.load()), state::PINNED);
+        // The owner runs in a thread of its own, as the reclaimer does (see `loom_shim`).
+        let owner = {
+            let (s, page, discarded, finishing) = (
+                s.clone(),
+                page.clone(),
+                discarded.clone(),
+                finishing.clone(),
+            );
+            thread::spawn(move || {
+                page.write(CONTENT); // the owner's last use before marking
+                assert_eq!(s.mark(), Marked::Now);
+                let found = s.unmark(false);
+                match found {
+                    Found::Intact => {
+                        assert!(
+                            !discarded.load(Ordering::Relaxed),
+                            "intact, but the page was discarded"
+                        );
+                        assert_eq!(page.read(), CONTENT);
+                        page.write(CONTENT + 1); // the owner uses the range again
+                    }
+                    Found::Purged => {
+                        assert!(
+                            discarded.load(Ordering::Relaxed),
+                            "purged, but the discard is not visible"
+                        );
+                        assert!(
+                            finishing.load(Ordering::Relaxed),
+                            "returned before finish_purge ran"
+                        );
+                        assert_eq!(page.read(), 0);
+                    }
+                    other => panic!("unmark of a marked range found {other:?}"),
+                }
+                assert_eq!(state::tag(s.load()), state::PINNED);
+                found
+            })
+        };
+        let found = owner.join().unwrap();
 
         let purged = reclaimer.join().unwrap();
         assert_eq!(purged, found == Found::Purged, "purge and report disagree");
@@ -334,32 +212,47 @@ fn hybrid_arm_with_cancellation() {
             })
         };
 
-        unmarking.store(true, Ordering::Relaxed);
-        let mut reported = [None; ARM_PAGES]; // Some(purged) for each proved page
-        match s.unmark(false) {
-            Found::Intact => {
-                assert_eq!(armed.load(Ordering::Relaxed), 0, "intact, but armed");
-            }
-            Found::Armed => {
-                assert!(
-                    !arming.load(Ordering::Relaxed),
-                    "returned while an arming step was half done"
-                );
-                let n = armed.swap(0, Ordering::Relaxed);
-                // The witness: pin each armed page and learn whether the kernel dropped it.
-                for (page, report) in pages.iter().zip(&mut reported).take(n) {
-                    *report = Some(match page.swap(DIRTY, Ordering::SeqCst) {
-                        LAZY => false,
-                        DISCARDED => true,
-                        _ => panic!("a page counted as armed was never handed to the kernel"),
-                    });
+        let owner = {
+            let (s, pages, armed, arming, unmarking) = (
+                s.clone(),
+                pages.clone(),
+                armed.clone(),
+                arming.clone(),
+                unmarking.clone(),
+            );
+            thread::spawn(move || {
+                unmarking.store(true, Ordering::Relaxed);
+                let mut reported = [None; ARM_PAGES]; // Some(purged) for each proved page
+                match s.unmark(false) {
+                    Found::Intact => {
+                        assert_eq!(armed.load(Ordering::Relaxed), 0, "intact, but armed");
+                    }
+                    Found::Armed => {
+                        assert!(
+                            !arming.load(Ordering::Relaxed),
+                            "returned while an arming step was half done"
+                        );
+                        let n = armed.swap(0, Ordering::Relaxed);
+                        // The witness: pin each armed page and learn whether the kernel dropped it.
+                        for (page, report) in pages.iter().zip(&mut reported).take(n) {
+                            *report = Some(match page.swap(DIRTY, Ordering::SeqCst) {
+                                LAZY => false,
+                                DISCARDED => true,
+                                _ => {
+                                    panic!("a page counted as armed was never handed to the kernel")
+                                }
+                            });
+                        }
+                        assert_eq!(state::tag(s.load()), state::BUSY);
+                        s.finish_unmark();
+                    }
+                    other => panic!("unmark of a marked hybrid range found {other:?}"),
                 }
-                assert_eq!(state::tag(s.load()), state::BUSY);
-                s.finish_unmark();
-            }
-            other => panic!("unmark of a marked hybrid range found {other:?}"),
-        }
-        assert_eq!(state::tag(s.load()), state::PINNED);
+                assert_eq!(state::tag(s.load()), state::PINNED);
+                reported
+            })
+        };
+        let reported = owner.join().unwrap();
 
         armer.join().unwrap();
         let dropped = kernel.join().unwrap();
@@ -415,20 +308,27 @@ fn purge_racing_with_claim() {
             })
         };
 
-        let claimed = s.claim();
-        assert!(
-            !purging.load(Ordering::Relaxed),
-            "claim returned during a purge"
-        );
-        assert!(
-            matches!(state::tag(claimed), state::VOLATILE | state::PURGED),
-            "claimed an unsettled word {claimed:#x}"
-        );
-        assert_eq!(state::generation(claimed), state::generation(volatile));
-        assert_eq!(state::tag(s.load()), state::BUSY);
-        // SAFETY: loom checks that no other access to the extent races with this write.
-        extent.with_mut(|p| unsafe { *p = 1 }); // split: this range keeps the head
-        s.release(claimed);
+        let owner = {
+            let (s, extent, purging) = (s.clone(), extent.clone(), purging.clone());
+            thread::spawn(move || {
+                let claimed = s.claim();
+                assert!(
+                    !purging.load(Ordering::Relaxed),
+                    "claim returned during a purge"
+                );
+                assert!(
+                    matches!(state::tag(claimed), state::VOLATILE | state::PURGED),
+                    "claimed an unsettled word {claimed:#x}"
+                );
+                assert_eq!(state::generation(claimed), state::generation(volatile));
+                assert_eq!(state::tag(s.load()), state::BUSY);
+                // SAFETY: loom checks that no other access to the extent races with this write.
+                extent.with_mut(|p| unsafe { *p = 1 }); // split: this range keeps the head
+                s.release(claimed);
+                claimed
+            })
+        };
+        let claimed = owner.join().unwrap();
 
         let purge = reclaimer.join().unwrap();
         let now = s.load();
@@ -485,22 +385,29 @@ fn stale_snapshot_cannot_purge() {
             })
         };
 
-        let first = s.unmark(false);
-        let expect = match first {
-            Found::Intact => CONTENT,
-            Found::Purged => 0,
-            other => panic!("first unmark found {other:?}"),
+        let owner = {
+            let (s, page) = (s.clone(), page.clone());
+            thread::spawn(move || {
+                let first = s.unmark(false);
+                let expect = match first {
+                    Found::Intact => CONTENT,
+                    Found::Purged => 0,
+                    other => panic!("first unmark found {other:?}"),
+                };
+                assert_eq!(page.read(), expect);
+                page.write(CONTENT + 1);
+                assert_eq!(s.mark(), Marked::Now);
+                let second = s.unmark(false);
+                assert_eq!(
+                    second,
+                    Found::Intact,
+                    "the new generation was purged from a stale snapshot"
+                );
+                assert_eq!(page.read(), CONTENT + 1);
+                first
+            })
         };
-        assert_eq!(page.read(), expect);
-        page.write(CONTENT + 1);
-        assert_eq!(s.mark(), Marked::Now);
-        let second = s.unmark(false);
-        assert_eq!(
-            second,
-            Found::Intact,
-            "the new generation was purged from a stale snapshot"
-        );
-        assert_eq!(page.read(), CONTENT + 1);
+        let first = owner.join().unwrap();
 
         let purged = reclaimer.join().unwrap();
         assert_eq!(
@@ -567,8 +474,9 @@ fn shared_pins() {
             })
         };
         let other = thread::spawn(process.clone());
+        let first = thread::spawn(process);
 
-        let (found_a, lost_a) = process();
+        let (found_a, lost_a) = first.join().unwrap();
         let (found_b, lost_b) = other.join().unwrap();
         let purged = reclaimer.join().unwrap();
 
