@@ -7,7 +7,8 @@
 //! wrapper's frame, packing `*args`, the key, two dict lookups, the counters) cost about as
 //! much as `functools.lru_cache`'s whole hit. A hit here is what `lru_cache`'s is (the key
 //! built as its C code builds it, one `dict` lookup, a counter) plus one lookup in the cache,
-//! whose pin lasts only for the copy into a new `bytes`.
+//! whose pin lasts only for the copy into a `bytes` (the last hit's again when nothing holds
+//! it any more: [`Spare`]).
 //!
 //! Must never hold a lock across Python code (the function, `__hash__` and `__eq__` of the
 //! arguments): the table is a `dict`, whose operations the GIL makes atomic, as for
@@ -18,13 +19,14 @@
 use crate::cache::{pickle, Cache};
 use crate::{priority_name, PriorityArg};
 use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyInt, PyString, PyTuple};
 use pyo3::{intern, PyTraverseError};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize};
 use vrange::Priority;
 use vrange_cache::Miss;
 
@@ -41,6 +43,87 @@ fn kwargs_mark(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static MARK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     MARK.get_or_try_init(py, || Ok(py.get_type::<PyAny>().call0()?.unbind()))
         .map(|m| m.bind(py))
+}
+
+/// The largest result a wrapper keeps a spare `bytes` for: a page. It is what a wrapper holds
+/// outside volatile memory at most; past it, allocating the `bytes` costs little beside the copy.
+#[cfg_attr(Py_GIL_DISABLED, allow(dead_code))]
+const SPARE_MAX: usize = 4096;
+
+/// The `bytes` object of the last hit, overwritten by the next hit of the same length if
+/// nothing else holds it by then (a caller that dropped its result, as most do before calling
+/// again). A `bytes` of 1 KiB is past the sizes glibc's malloc keeps in its per-thread cache: a
+/// fresh one per hit costs as much as all the rest of the hit beyond `lru_cache`'s.
+///
+/// Written by hand because the reuse rests on the reference count, which is exact only with the
+/// GIL held; the interpreter does the same (`zip` and `enumerate` hand out their result tuple
+/// again when they hold its only reference). A free-threaded build makes a new `bytes` for
+/// every hit.
+struct Spare(AtomicPtr<ffi::PyObject>);
+
+impl Spare {
+    fn new() -> Spare {
+        Spare(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    /// A `bytes` equal to `value` that nothing else holds.
+    #[cfg(not(Py_GIL_DISABLED))]
+    fn bytes<'py>(&self, py: Python<'py>, value: &[u8]) -> Bound<'py, PyBytes> {
+        // Lengths 0 and 1 are the interpreter's shared objects.
+        if !(2..=SPARE_MAX).contains(&value.len()) {
+            return PyBytes::new(py, value);
+        }
+        let taken = self.0.swap(std::ptr::null_mut(), Relaxed);
+        let mut reused = None;
+        if !taken.is_null() {
+            // SAFETY: `taken` is the reference the spare owned (an exact `bytes`, made below),
+            // now ours.
+            let spare =
+                unsafe { Bound::from_owned_ptr(py, taken).cast_into_unchecked::<PyBytes>() };
+            // SAFETY: `taken` is alive (we hold a reference).
+            if unsafe { ffi::Py_REFCNT(taken) } == 1 && spare.as_bytes().len() == value.len() {
+                // SAFETY: with the GIL held, a count of one is our reference alone: no other
+                // code can reach the object, so writing its bytes is writing into a `bytes`
+                // just made, as the interpreter itself does before handing one out. Its
+                // cached hash (of the old bytes) is reset; the length is the same.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        value.as_ptr(),
+                        ffi::PyBytes_AS_STRING(taken).cast::<u8>().cast_mut(),
+                        value.len(),
+                    );
+                    #[allow(deprecated)] // deprecated for readers; bytes_hash still caches in it
+                    {
+                        (*taken.cast::<ffi::PyBytesObject>()).ob_shash = -1;
+                    }
+                }
+                reused = Some(spare);
+            }
+        }
+        let out = reused.unwrap_or_else(|| PyBytes::new(py, value));
+        let old = self.0.swap(out.clone().into_ptr(), Relaxed);
+        if !old.is_null() {
+            // SAFETY: a reference the spare owned. (None: the GIL is held from the first swap
+            // to this one. Swapping keeps the ownership plain without relying on that.)
+            drop(unsafe { Bound::from_owned_ptr(py, old) });
+        }
+        out
+    }
+
+    #[cfg(Py_GIL_DISABLED)]
+    fn bytes<'py>(&self, py: Python<'py>, value: &[u8]) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, value)
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        let p = *self.0.get_mut();
+        if !p.is_null() {
+            // SAFETY: the reference the spare owned.
+            Python::attach(|py| drop(unsafe { Bound::from_owned_ptr(py, p) }));
+        }
+    }
 }
 
 /// Where a call's result is kept: the cache key (as `Cache` stores a `bytes` key) and whether
@@ -70,6 +153,7 @@ pub(crate) struct Cached {
     hits: AtomicU64,
     misses: AtomicU64,
     purged: AtomicU64,
+    spare: Spare,
 }
 
 impl Cached {
@@ -254,6 +338,7 @@ impl Cached {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             purged: AtomicU64::new(0),
+            spare: Spare::new(),
         }
     }
 
@@ -273,7 +358,7 @@ impl Cached {
                 match self.store.get().inner.lookup(&slot.key[..]) {
                     Ok(entry) => {
                         // The pin lasts only for the copy.
-                        let data = PyBytes::new(py, &entry);
+                        let data = self.spare.bytes(py, &entry);
                         drop(entry);
                         self.hits.fetch_add(1, Relaxed);
                         return if slot.is_bytes {

@@ -8,6 +8,7 @@ import copy
 import functools
 import gc
 import pickle
+import sys
 import weakref
 from collections.abc import MutableMapping
 
@@ -255,3 +256,28 @@ def test_a_cached_function_that_refers_to_itself_is_collected():
     gone = make()
     gc.collect()
     assert gone() is None, "the wrapper, its function and its table form a cycle the GC sees"
+
+
+def test_a_hit_never_changes_a_result_someone_still_holds():
+    # A hit may write into the bytes object of the previous hit, but only when nothing else
+    # holds it any more: results held, viewed or used as keys keep their bytes.
+    @vrange.cached
+    def page(n):
+        return b"page %04d" % n  # the same length for every n
+
+    for n in range(4):
+        page(n)
+    kept = page(0)
+    view = memoryview(page(1))
+    keyed = {page(2): "two"}
+    assert (page(3), page(3)) == (b"page 0003", b"page 0003")
+    assert kept == b"page 0000" and view == b"page 0001" and keyed == {b"page 0002": "two"}
+
+    hashed = page(2)
+    hashed_hash, hashed_id = hash(hashed), id(hashed)
+    del hashed
+    again = page(0)
+    if getattr(sys, "_is_gil_enabled", lambda: True)():
+        assert id(again) == hashed_id, "the dropped result's bytes object was reused"
+    assert again == b"page 0000" and hash(again) == hash(b"page 0000") != hashed_hash
+    assert {b"page 0000": 0}[again] == 0, "its cached hash is the new bytes'"
