@@ -203,6 +203,10 @@ impl Cached {
                 return Ok(slot.clone().unbind());
             }
         }
+        // Before the new slot goes in: its result is not in the cache yet.
+        if entries.len() >= self.prune_at.load(Relaxed) {
+            self.prune(entries)?;
+        }
         let mut k = self.prefix.clone();
         k.extend_from_slice(&self.serial.fetch_add(1, Relaxed).to_le_bytes());
         let fresh = Bound::new(
@@ -221,10 +225,6 @@ impl Cached {
             entries.set_item(key, &fresh)?;
             fresh
         };
-        let n = entries.len();
-        if n >= self.prune_at.load(Relaxed) {
-            self.prune(entries)?;
-        }
         Ok(slot.unbind())
     }
 
@@ -233,7 +233,9 @@ impl Cached {
     fn prune(&self, entries: &Bound<'_, PyDict>) -> PyResult<()> {
         let mut keys = Vec::with_capacity(entries.len());
         let mut slots = Vec::with_capacity(entries.len());
-        for (k, slot) in entries.iter() {
+        // A snapshot (`dict.items()`): other threads may change the table meanwhile.
+        for item in entries.items().iter() {
+            let (k, slot) = item.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>()?;
             if let Ok(s) = slot.cast_into::<Slot>() {
                 keys.push(k);
                 slots.push(s.unbind());

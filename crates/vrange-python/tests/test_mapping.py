@@ -281,3 +281,24 @@ def test_a_hit_never_changes_a_result_someone_still_holds():
         assert id(again) == hashed_id, "the dropped result's bytes object was reused"
     assert again == b"page 0000" and hash(again) == hash(b"page 0000") != hashed_hash
     assert {b"page 0000": 0}[again] == 0, "its cached hash is the new bytes'"
+
+
+def test_pruning_the_table_keeps_the_call_that_set_it_off():
+    # The table drops the entries whose results are gone once it holds 1,024 entries (then
+    # each time it has doubled). The call that sets the pruning off has not stored its result
+    # yet: its entry must stay.
+    calls = []
+
+    @vrange.cached
+    def f(n):
+        calls.append(n)
+        return b"%d" % n
+
+    for n in range(1023):
+        f(n)
+    vrange.purge(ALL)
+    f(5000)
+    f(5001)
+    assert (f(5000), f(5001)) == (b"5000", b"5001")
+    assert calls.count(5000) == calls.count(5001) == 1, "both are hits after the pruning"
+    assert f.cache_info().currsize == 2 and f(7) == b"7" and calls.count(7) == 2
