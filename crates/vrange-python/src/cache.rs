@@ -33,14 +33,14 @@ use vrange_cache::{Entry, Held, Miss, Options};
 type Key = Box<[u8]>;
 
 /// Tag byte of a `bytes` key.
-const TAG_BYTES: u8 = b'b';
+pub(crate) const TAG_BYTES: u8 = b'b';
 /// Tag byte of a `str` key (then its UTF-8 bytes).
 const TAG_STR: u8 = b's';
 /// Tag byte of a `tuple` key (then its pickle).
 const TAG_PICKLE: u8 = b'p';
 
 /// `pickle.dumps` and `pickle.loads`, looked up once.
-fn pickle<'py>(py: Python<'py>, name: &'static str) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn pickle<'py>(py: Python<'py>, name: &'static str) -> PyResult<Bound<'py, PyAny>> {
     static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let cell = if name == "dumps" { &DUMPS } else { &LOADS };
@@ -266,12 +266,12 @@ fn python_key<'py>(py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyAny>> {
 
 #[pyclass(frozen, subclass, module = "vrange", name = "_Cache")]
 pub(crate) struct Cache {
-    inner: vrange_cache::Cache<Key>,
+    pub(crate) inner: vrange_cache::Cache<Key>,
 }
 
 impl Cache {
     /// Copies `value` (any C-contiguous buffer) in under `key`.
-    fn insert(
+    pub(crate) fn insert(
         &self,
         py: Python<'_>,
         key: Key,

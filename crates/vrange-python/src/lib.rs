@@ -6,12 +6,18 @@
 //! fill function raised, `cache.rs`) is caught before it leaves this crate.
 //!
 //! Locks: the GIL is never awaited while a lock of this crate or of the cache is held. The
-//! cache's operations run detached from the interpreter (`Python::detach`) and take only the
-//! cache's own locks, none of which is held while Python code runs; the buffer's state mutex
-//! (`buffer.rs`) is taken only while attached and never held across a detach.
+//! cache's operations take only the cache's own locks, none of which is held while Python code
+//! runs, so they may run attached or detached: most run detached (`Python::detach`); the copy
+//! of a small value into the cache and the lookup of a `@vrange.cached` call (`cached.rs`) run
+//! attached, because letting the GIL go and taking it back would cost more than they do. An
+//! attached operation that is slow (a slab made volatile since its last use is unmarked, a
+//! first hit moves its value off probation, a new slab makes room first) keeps other Python
+//! threads waiting meanwhile, never more. The buffer's state mutex (`buffer.rs`) is taken only
+//! while attached and never held across a detach.
 
 mod buffer;
 mod cache;
+mod cached;
 mod view;
 
 use pyo3::exceptions::{PyKeyError, PyMemoryError, PyOSError, PyTypeError, PyValueError};
@@ -122,6 +128,7 @@ fn vrange_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::Cache>()?;
     m.add_class::<cache::Value>()?;
     m.add_class::<cache::FillBuffer>()?;
+    m.add_class::<cached::Cached>()?;
     m.add_class::<buffer::VolatileBuffer>()?;
     m.add_class::<buffer::PinnedBuffer>()?;
     m.add("PurgedError", m.py().get_type::<PurgedError>())?;

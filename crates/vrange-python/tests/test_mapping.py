@@ -4,8 +4,12 @@ against the real library: purges are forced with `vrange.purge(ALL)`, which purg
 volatile range of this process (anything pinned survives).
 """
 
+import copy
 import functools
+import gc
 import pickle
+import sys
+import weakref
 from collections.abc import MutableMapping
 
 import cachetools
@@ -185,3 +189,116 @@ def test_cached_results_round_trip_through_pickle():
     again = parse("a b c")
     assert first == again and first is not again, "each hit is a new object, unpickled"
     assert pickle.loads(pickle.dumps(again)) == first
+
+
+@vrange.cached
+def _module_level(n):
+    return b"%d" % n
+
+
+def test_cached_wrapper_behaves_like_a_function_wrapper():
+    calls = []
+
+    class Page:
+        def __init__(self, name):
+            self.name = name
+
+        @vrange.cached
+        def render(self, size):
+            calls.append((self.name, size))
+            return (self.name * size).encode()
+
+    a, b = Page("a"), Page("b")
+    assert a.render(2) == b"aa" and a.render(2) == b"aa" and b.render(2) == b"bb"
+    assert calls == [("a", 2), ("b", 2)], "bound to each instance, the instance is in the key"
+    assert Page.render.cache_info().hits == 1 and a.render.cache_info().hits == 1
+    assert Page.render(a, 2) == b"aa"
+    # Pickled and copied by reference, as functions (and lru_cache's wrappers) are.
+    assert pickle.loads(pickle.dumps(_module_level)) is _module_level
+    assert copy.copy(_module_level) is _module_level
+    assert copy.deepcopy(_module_level) is _module_level
+    assert _module_level.__name__ == "_module_level" and _module_level.__doc__ is None
+
+
+def test_cached_keys_keywords_and_types_as_lru_cache_does():
+    calls = []
+
+    @vrange.cached(typed=True)
+    def f(*args, **kwargs):
+        calls.append((args, kwargs))
+        return b""
+
+    @functools.lru_cache(maxsize=None, typed=True)
+    def reference(*args, **kwargs):
+        return b""
+
+    for args, kwargs in (
+        ((1,), {}), ((1.0,), {}), ((1,), {}), ((), {"x": 1}), ((), {"x": 1.0}),
+        ((), {"x": 1}), ((), {"x": 1, "y": 2}), ((), {"y": 2, "x": 1}), (("s",), {}),
+        (("s",), {}), ((1, "s"), {"x": (1, 2)}), ((1, "s"), {"x": (1, 2)}),
+    ):
+        f(*args, **kwargs)
+        reference(*args, **kwargs)
+    assert f.cache_info()[:2] == reference.cache_info()[:2], (f.cache_info(), reference.cache_info())
+    with pytest.raises(TypeError, match="unhashable"):
+        f(x=[])
+
+
+def test_a_cached_function_that_refers_to_itself_is_collected():
+    def make():
+        @vrange.cached
+        def fib(n):
+            return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+        assert fib(30) == 832040 and fib.cache_info().misses == 31
+        return weakref.ref(fib)
+
+    gone = make()
+    gc.collect()
+    assert gone() is None, "the wrapper, its function and its table form a cycle the GC sees"
+
+
+def test_a_hit_never_changes_a_result_someone_still_holds():
+    # A hit may write into the bytes object of the previous hit, but only when nothing else
+    # holds it any more: results held, viewed or used as keys keep their bytes.
+    @vrange.cached
+    def page(n):
+        return b"page %04d" % n  # the same length for every n
+
+    for n in range(4):
+        page(n)
+    kept = page(0)
+    view = memoryview(page(1))
+    keyed = {page(2): "two"}
+    assert (page(3), page(3)) == (b"page 0003", b"page 0003")
+    assert kept == b"page 0000" and view == b"page 0001" and keyed == {b"page 0002": "two"}
+
+    hashed = page(2)
+    hashed_hash, hashed_id = hash(hashed), id(hashed)
+    del hashed
+    again = page(0)
+    if getattr(sys, "_is_gil_enabled", lambda: True)():
+        assert id(again) == hashed_id, "the dropped result's bytes object was reused"
+    assert again == b"page 0000" and hash(again) == hash(b"page 0000") != hashed_hash
+    assert {b"page 0000": 0}[again] == 0, "its cached hash is the new bytes'"
+
+
+def test_pruning_the_table_keeps_the_call_that_set_it_off():
+    # The table drops the entries whose results are gone once it holds 1,024 entries (then
+    # each time it has doubled). The call that sets the pruning off has not stored its result
+    # yet: its entry must stay.
+    calls = []
+
+    @vrange.cached
+    def f(n):
+        calls.append(n)
+        return b"%d" % n
+
+    for n in range(1023):
+        f(n)
+    vrange.purge(ALL)
+    f(5000)
+    f(5001)
+    assert (f(5000), f(5001)) == (b"5000", b"5001")
+    assert calls.count(5000) == calls.count(5001) == 1, "both are hits after the pruning"
+    assert f.cache_info().currsize == 2 and f(7) == b"7" and calls.count(7) == 2

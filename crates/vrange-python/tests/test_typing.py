@@ -77,3 +77,12 @@ def test_typed_use_of_the_mapping_and_the_decorator() -> None:
 
     words: list[str] = parse("a b")
     assert words == ["a", "b"]
+
+    class Pages:
+        @vrange.cached
+        def render(self, n: int) -> bytes:
+            return b"<p>%d</p>" % n
+
+    pages = Pages()
+    html: bytes = pages.render(2)
+    assert html == pages.render(2) and pages.render.cache_info().hits == 1

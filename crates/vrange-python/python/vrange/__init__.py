@@ -9,11 +9,9 @@ The compiled part is `vrange._vrange`; this module builds the mapping and the de
 from __future__ import annotations
 
 import functools
-import itertools
-import pickle
-import threading
 from collections import namedtuple
 from collections.abc import ItemsView, MutableMapping, ValuesView
+from types import MethodType
 
 from ._vrange import (
     FillBuffer,
@@ -22,6 +20,7 @@ from ._vrange import (
     PurgedError,
     VolatileBuffer,
     _Cache,
+    _Cached,
     __version__,
     purge,
 )
@@ -117,34 +116,32 @@ not a count), results held now and not known to be purged (the kernel may have t
 that no call has looked for since), and calls that ran it again because the system had taken
 the result."""
 
-
-
-def _value(counter):
-    """How many times `next` was called on an `itertools.count()` (without advancing it: its
-    repr is `count(N)`)."""
-    return int(repr(counter)[len("count(") : -1])
-
 _PRIORITIES = ("drop_first", "low", "normal", "drop_last")
-# Marks where keyword arguments begin in a call's key.
-_KWARGS = object()
-# Tells the functions' entries apart in a shared cache.
-_function_ids = itertools.count()
 
 
-_FAST_TYPES = {int, str}
+class _CachedFunction(_Cached):
+    """What `cached` makes of a function. Calling it is compiled (`_Cached`: the call's key,
+    the argument → entry table, the lookup and the counters); this adds what a function
+    wrapper also offers, as `functools.lru_cache`'s does: `cache_info()`, binding as a
+    method, pickling and copying by reference."""
 
+    def cache_info(self):
+        hits, misses, currsize, purged = self._info()
+        return CacheInfo(hits, misses, None, currsize, purged)
 
-def _call_key(args, kwargs, typed):
-    """A hashable key for a call, as functools.lru_cache makes one (equal arguments give equal
-    keys; `typed` tells 1 and 1.0 apart; a lone int or str argument is its own key)."""
-    key = args
-    if kwargs:
-        key += (_KWARGS,) + tuple(kwargs.items())
-    if typed:
-        key += tuple(type(v) for v in args) + tuple(type(v) for v in kwargs.values())
-    elif len(key) == 1 and type(key[0]) in _FAST_TYPES:
-        return key[0]
-    return key
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else MethodType(self, obj)
+
+    def __reduce__(self):
+        # Pickled by name, as functions are (functools.update_wrapper copied the wrapped
+        # function's __qualname__ and __module__).
+        return self.__qualname__
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def cached(cache=None, *, typed=False, priority="normal"):
@@ -178,87 +175,6 @@ def cached(cache=None, *, typed=False, priority="normal"):
 
     def decorate(func):
         store = Cache() if cache is None else cache
-        prefix = b"vrange.cached:%d:" % next(_function_ids)
-        # Call key -> (cache key, whether the result is stored as bytes or pickled). Read
-        # without the lock (one dict lookup is atomic); changed under it.
-        entries = {}
-        lock = threading.Lock()
-        # Counted with itertools.count: next() is one atomic step, no lock on the hit path.
-        hits, misses, purged = itertools.count(), itertools.count(), itertools.count()
-        serial = itertools.count()
-        prune_at = [1024]
-
-        def remember(key, is_bytes):
-            with lock:
-                entry = entries.get(key)
-                if entry is None or entry[1] != is_bytes:
-                    entry = (prefix + next(serial).to_bytes(8, "little"), is_bytes)
-                    entries[key] = entry
-                    if len(entries) >= prune_at[0]:
-                        # Forget the entries whose results are gone (amortised: the table
-                        # has doubled since the last time).
-                        for k, (e, _) in list(entries.items()):
-                            if e not in store:
-                                del entries[k]
-                        prune_at[0] = max(1024, 2 * len(entries))
-                return entry[0]
-
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            key = _call_key(args, kwargs, typed)
-            entry = entries.get(key)
-            if entry is not None:
-                try:
-                    data = store[entry[0]]  # a copy: pins nothing
-                except PurgedError:
-                    next(purged)
-                except KeyError:
-                    pass
-                else:
-                    next(hits)
-                    return data if entry[1] else pickle.loads(data)
-            next(misses)
-            result = func(*args, **kwargs)
-            if type(result) is bytes:
-                data, is_bytes = result, True
-            else:
-                try:
-                    data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception as e:
-                    raise TypeError(
-                        f"vrange.cached: {func.__qualname__} returned a "
-                        f"{type(result).__name__}, which is neither bytes nor picklable: {e}"
-                    ) from e
-                is_bytes = False
-            store.put(remember(key, is_bytes), data, priority)
-            return result
-
-        def cache_info():
-            with lock:
-                held = [e for e, _ in entries.values()]
-            return CacheInfo(
-                _value(hits),
-                _value(misses),
-                None,
-                sum(1 for e in held if e in store),
-                _value(purged),
-            )
-
-        def cache_clear():
-            nonlocal hits, misses, purged
-            with lock:
-                gone = [e for e, _ in entries.values()]
-                entries.clear()
-                hits, misses, purged = itertools.count(), itertools.count(), itertools.count()
-            for e in gone:
-                store.pop(e, None)
-
-        def cache_parameters():
-            return {"maxsize": None, "typed": typed, "priority": priority}
-
-        wrapper.cache_info = cache_info
-        wrapper.cache_clear = cache_clear
-        wrapper.cache_parameters = cache_parameters
-        return wrapper
+        return functools.update_wrapper(_CachedFunction(func, store, typed, priority), func)
 
     return decorate
