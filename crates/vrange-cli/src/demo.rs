@@ -172,7 +172,7 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
             // SAFETY: live, freed once.
             unsafe { heap::free(b) };
         }
-        faults = minor_faults() - t0;
+        faults = minor_faults().saturating_sub(t0);
     }
     let s = vrange::stats();
     let a = s.allocator;
@@ -180,7 +180,7 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
     println!(
         "  reused without a page fault: {:.0} MiB ({} in the last round); free memory kept resident and volatile: {:.0} MiB",
         mib(a.reused_intact_bytes - before.reused_intact_bytes),
-        count(u64::try_from(faults).unwrap_or(0), "fault", None),
+        count(faults, "fault", None),
         mib(s.volatile_bytes),
     );
     let rss_before = rss_mib();
@@ -219,13 +219,8 @@ fn rss_mib() -> u64 {
         / 1024
 }
 
-fn minor_faults() -> i64 {
-    // SAFETY: getrusage fills the struct it is given.
-    unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
-        u.ru_minflt
-    }
+fn minor_faults() -> u64 {
+    vrange_sys::process::page_faults().minor
 }
 
 fn kernel_release() -> String {

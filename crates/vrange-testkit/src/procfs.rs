@@ -26,15 +26,10 @@ pub fn peak_rss_kb(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
-/// This process's (minor, major) page faults so far (getrusage).
+/// This process's (minor, major) page faults so far.
 pub fn page_faults() -> (u64, u64) {
-    // SAFETY: all-zero bytes are a valid `rusage`; getrusage fills the struct it is given.
-    let u = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
-        u
-    };
-    (u.ru_minflt as u64, u.ru_majflt as u64)
+    let f = vrange_sys::process::page_faults();
+    (f.minor, f.major)
 }
 
 /// LazyFree KiB of the mapping of this process containing `ptr`.
