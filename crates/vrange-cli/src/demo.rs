@@ -208,15 +208,7 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
 }
 
 fn rss_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        / 1024
+    vrange_sys::procfs::status(None).map_or(0, |s| s.vm_rss_kb) / 1024
 }
 
 fn minor_faults() -> u64 {
@@ -224,9 +216,7 @@ fn minor_faults() -> u64 {
 }
 
 fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
+    vrange_sys::procfs::kernel_release().unwrap_or_else(|_| "?".into())
 }
 
 fn enter_child_cgroup(parent: &MemCgroup) -> Option<ChildCgroup> {
