@@ -242,6 +242,13 @@ fn thread_counts(cores: usize) -> Vec<usize> {
     v
 }
 
+/// The machine's load averages over 1, 5 and 15 minutes, as uptime(1) prints them.
+fn load() -> String {
+    vrange_sys::procfs::loadavg().map_or("?".into(), |l| {
+        format!("{:.2} {:.2} {:.2}", l.one, l.five, l.fifteen)
+    })
+}
+
 /// The memory hog of `--pressure`: holds BYTES, says "ready", then keeps touching them (one
 /// word per page every 100 ms) until killed.
 pub fn hog_role(args: &[String]) -> i32 {
@@ -311,7 +318,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     } else {
         None
     };
-    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load_before = load();
     let mut cells: HashMap<(usize, usize), Cell> = HashMap::new();
     for rep in 1..=reps {
         for &t in &threads {
@@ -361,8 +368,8 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         if w.classic { "ebizzy 0.3's never-advancing (every thread copies chunk 0)" } else { "a per-thread advancing" },
         w.seconds,
         if versions.is_empty() { "none installed".to_string() } else { versions.join(", ") },
-        load_before.trim(),
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        load_before,
+        load(),
     ));
     let results = Results {
         configs: &configs,

@@ -40,12 +40,10 @@ pub fn cores() -> usize {
 
 impl Machine {
     pub fn probe() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu = cpuinfo
-            .lines()
-            .find_map(|l| l.strip_prefix("model name"))
-            .and_then(|l| l.split_once(':'))
-            .map_or("?".into(), |(_, v)| v.trim().to_string());
+        let cpu = vrange_sys::procfs::cpu_model()
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "?".into());
         let mem = |k| {
             vrange_sys::procfs::meminfo_kb(k)
                 .ok()
@@ -64,7 +62,7 @@ impl Machine {
             cores: cores(),
             mem_kb: mem("MemTotal"),
             swap_kb: mem("SwapTotal"),
-            kernel: first_line("/proc/sys/kernel/osrelease"),
+            kernel: vrange_sys::procfs::kernel_release().unwrap_or_else(|_| "?".into()),
             thp_enabled: selected(&first_line("/sys/kernel/mm/transparent_hugepage/enabled")),
             thp_defrag: selected(&first_line("/sys/kernel/mm/transparent_hugepage/defrag")),
             glibc,

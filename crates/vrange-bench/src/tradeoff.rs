@@ -139,7 +139,8 @@ impl Run {
 }
 
 fn rss(pid: i32) -> (u64, u64) {
-    vrange_sys::procfs::smaps_rollup(Some(pid)).map_or((0, 0), |s| (s.rss_kb, s.anon_huge_kb))
+    vrange_sys::procfs::smaps_rollup(Some(pid as u32))
+        .map_or((0, 0), |s| (s.rss_kb, s.anon_huge_kb))
 }
 
 /// "1.26×", and the eager peers' small ratios with the digits that tell them apart ("0.004×").

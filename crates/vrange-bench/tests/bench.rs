@@ -203,7 +203,7 @@ fn files(out: &Out, names: &[&str]) {
                 text.contains("SMOKE TEST (--quick): not a measurement"),
                 "{name} is not marked as a smoke test"
             );
-            let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            let kernel = vrange_sys::procfs::kernel_release().unwrap();
             let machine = format!("{} cores", std::thread::available_parallelism().unwrap());
             assert!(
                 text.contains(&machine) && text.contains(&format!("Linux {}", kernel.trim())),

@@ -172,7 +172,7 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
             // SAFETY: live, freed once.
             unsafe { heap::free(b) };
         }
-        faults = minor_faults() - t0;
+        faults = minor_faults().saturating_sub(t0);
     }
     let s = vrange::stats();
     let a = s.allocator;
@@ -180,7 +180,7 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
     println!(
         "  reused without a page fault: {:.0} MiB ({} in the last round); free memory kept resident and volatile: {:.0} MiB",
         mib(a.reused_intact_bytes - before.reused_intact_bytes),
-        count(u64::try_from(faults).unwrap_or(0), "fault", None),
+        count(faults, "fault", None),
         mib(s.volatile_bytes),
     );
     let rss_before = rss_mib();
@@ -208,30 +208,15 @@ fn allocator_tour(cgroup: Option<&ChildCgroup>) -> bool {
 }
 
 fn rss_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        / 1024
+    vrange_sys::procfs::status(None).map_or(0, |s| s.vm_rss_kb) / 1024
 }
 
-fn minor_faults() -> i64 {
-    // SAFETY: getrusage fills the struct it is given.
-    unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
-        u.ru_minflt
-    }
+fn minor_faults() -> u64 {
+    vrange_sys::process::page_faults().minor
 }
 
 fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
+    vrange_sys::procfs::kernel_release().unwrap_or_else(|_| "?".into())
 }
 
 fn enter_child_cgroup(parent: &MemCgroup) -> Option<ChildCgroup> {

@@ -12,8 +12,9 @@
 
 use crate::clock::Local;
 use crate::table::Table;
-use std::io::{ErrorKind, Write as _};
+use std::io::{self, Write as _};
 use std::time::{Duration, Instant};
+use vrange_sys::procfs::{self, Ids, Smaps, Status};
 
 /// The exit status for a process whose memory this user may not read.
 pub const NOT_PERMITTED: i32 = 3;
@@ -65,28 +66,20 @@ fn interval_text(d: Duration) -> String {
     }
 }
 
-fn kb(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// Reads /proc/PID/`file`: `Ok(None)` when the process is gone.
-fn proc_file(pid: u32, file: &str) -> Result<Option<String>, String> {
-    let path = format!("/proc/{pid}/{file}");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some(text)),
-        // ESRCH: the process exited between open and read.
-        Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
-            Ok(None)
-        }
+/// What one of process `pid`'s /proc files read as: `Ok(None)` when the process is gone, the
+/// error in words (naming `file`) when it could not be read.
+fn proc_read<T>(pid: u32, file: &str, read: io::Result<T>) -> Result<Option<T>, String> {
+    match read {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if procfs::is_gone(&e) => Ok(None),
         Err(e) => {
             let why = match e.raw_os_error() {
                 Some(libc::EACCES | libc::EPERM) => refusal(pid),
                 _ => String::new(),
             };
             Err(format!(
-                "cannot read {path}: {}{why}",
+                "cannot read {}: {}{why}",
+                procfs::path(Some(pid), file),
                 vrange_sys::statsdir::plain(&e)
             ))
         }
@@ -95,16 +88,6 @@ fn proc_file(pid: u32, file: &str) -> Result<Option<String>, String> {
 
 /// CAP_SYS_PTRACE, bit 19 of the capability sets in /proc/PID/status.
 const CAP_SYS_PTRACE: u32 = 19;
-
-/// The ids of a `Uid:` or `Gid:` line of /proc/PID/status: real, effective, saved, filesystem.
-fn ids(status: &str, key: &str) -> Option<[u32; 4]> {
-    let mut v = status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))?
-        .split_whitespace();
-    let mut next = || v.next()?.parse().ok();
-    Some([next()?, next()?, next()?, next()?])
-}
 
 /// Why the kernel refused to let this process read process `pid`'s memory map, in words:
 /// /proc/PID/smaps_rollup (like maps, environ, mem) passes the ptrace access check in read
@@ -115,19 +98,13 @@ fn ids(status: &str, key: &str) -> Option<[u32; 4]> {
 /// attaching only, not this read. Root is not enough by itself: a container or a service
 /// often runs as root without CAP_SYS_PTRACE.
 fn refusal(pid: u32) -> String {
-    let ours = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let theirs = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let caps = |status: &str, key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-    };
-    let our_caps = caps(&ours, "CapEff:");
+    let ours = procfs::status(None).unwrap_or_default();
+    let theirs = procfs::status(Some(pid)).unwrap_or_default();
+    let our_caps = ours.cap_eff;
     let ptrace = our_caps.map(|c| c & (1 << CAP_SYS_PTRACE) != 0);
     // The capability module's rule: without CAP_SYS_PTRACE, the caller's effective set must
     // hold every capability the target may use.
-    let more_caps = match (caps(&theirs, "CapPrm:"), our_caps) {
+    let more_caps = match (theirs.cap_prm, our_caps) {
         (Some(t), Some(o)) if t & !o != 0 => format!(
             "; it holds capabilities this process lacks (mask {:#x})",
             t & !o
@@ -138,20 +115,28 @@ fn refusal(pid: u32) -> String {
     let lsm = std::fs::read_to_string("/sys/kernel/security/lsm")
         .map(|l| format!(" (active here: {})", l.trim()))
         .unwrap_or_default();
-    let (Some(our_uid), Some(our_gid)) = (ids(&ours, "Uid:"), ids(&ours, "Gid:")) else {
+    let (Some(our_uid), Some(our_gid)) = (ours.uid, ours.gid) else {
         return String::new();
     };
-    let (Some(uid), Some(gid)) = (ids(&theirs, "Uid:"), ids(&theirs, "Gid:")) else {
+    let (Some(uid), Some(gid)) = (theirs.uid, theirs.gid) else {
         return String::new();
     };
-    // The filesystem ids (the fourth) are the caller's that count.
-    let (fsuid, fsgid) = (our_uid[3], our_gid[3]);
-    let same = uid[..3].iter().all(|&u| u == fsuid) && gid[..3].iter().all(|&g| g == fsgid);
-    let who = |ids: [u32; 4]| {
-        if ids[..3].iter().all(|&i| i == ids[0]) {
-            format!("{}", ids[0])
+    // The filesystem ids are the caller's that count; all three of the target's must match.
+    let (fsuid, fsgid) = (our_uid.filesystem, our_gid.filesystem);
+    let all = |ids: Ids, id: u32| {
+        [ids.real, ids.effective, ids.saved]
+            .iter()
+            .all(|&i| i == id)
+    };
+    let same = all(uid, fsuid) && all(gid, fsgid);
+    let who = |ids: Ids| {
+        if all(ids, ids.real) {
+            format!("{}", ids.real)
         } else {
-            format!("{} (effective {}, saved {})", ids[0], ids[1], ids[2])
+            format!(
+                "{} (effective {}, saved {})",
+                ids.real, ids.effective, ids.saved
+            )
         }
     };
     let theirs = format!("pid {pid} runs as uid {} gid {}", who(uid), who(gid));
@@ -166,7 +151,7 @@ fn refusal(pid: u32) -> String {
             format!(
                 ": {check}: {theirs}{more_caps}, this process as uid {fsuid} gid {fsgid} \
                  without CAP_SYS_PTRACE{root}; run as uid {} gid {}, or with CAP_SYS_PTRACE",
-                uid[1], gid[1]
+                uid.effective, gid.effective
             )
         }
         (true, Some(false)) if !more_caps.is_empty() => format!(
@@ -191,10 +176,10 @@ fn refusal(pid: u32) -> String {
 /// One look at a process.
 struct Sample {
     pid: u32,
-    /// /proc/PID/status; empty when it could not be read (then `denied` says why).
-    status: String,
+    /// /proc/PID/status; `None` when it could not be read (then `denied` says why).
+    status: Option<Status>,
     /// /proc/PID/smaps_rollup; `None` when it could not be read (then `denied` says why).
-    rollup: Option<String>,
+    rollup: Option<Smaps>,
     denied: Option<String>,
     /// The published statistics; `None` when not looked for (a kernel thread, or status
     /// could not be read).
@@ -206,13 +191,13 @@ impl Sample {
     fn read(pid: u32) -> Option<Sample> {
         let mut s = Sample {
             pid,
-            status: String::new(),
+            status: None,
             rollup: None,
             denied: None,
             stats: None,
         };
-        match proc_file(pid, "status") {
-            Ok(text) => s.status = text?,
+        match proc_read(pid, "status", procfs::status(Some(pid))) {
+            Ok(status) => s.status = Some(status?),
             Err(why) => {
                 s.denied = Some(why);
                 return Some(s);
@@ -221,8 +206,8 @@ impl Sample {
         if s.rss_kb().is_none() {
             return Some(s);
         }
-        match proc_file(pid, "smaps_rollup") {
-            Ok(text) => s.rollup = Some(text?),
+        match proc_read(pid, "smaps_rollup", procfs::smaps_rollup(Some(pid))) {
+            Ok(rollup) => s.rollup = Some(rollup?),
             Err(why) => s.denied = Some(why),
         }
         s.stats = Some(vrange::published::read(s.pid));
@@ -230,24 +215,17 @@ impl Sample {
     }
 
     fn name(&self) -> &str {
-        self.status
-            .lines()
-            .find_map(|l| l.strip_prefix("Name:"))
-            .unwrap_or("")
-            .trim()
+        self.status.as_ref().map_or("", |s| s.name.as_str())
+    }
+
+    /// The memory lines of status; `None` for a kernel thread (or status unread).
+    fn memory(&self) -> Option<&Status> {
+        self.status.as_ref().filter(|s| s.address_space)
     }
 
     /// VmRSS; `None` for a kernel thread (or status unread).
     fn rss_kb(&self) -> Option<u64> {
-        kb(&self.status, "VmRSS:")
-    }
-
-    fn status_kb(&self, key: &str) -> u64 {
-        kb(&self.status, key).unwrap_or(0)
-    }
-
-    fn rollup_kb(&self, key: &str) -> Option<u64> {
-        self.rollup.as_deref().map(|r| kb(r, key).unwrap_or(0))
+        self.memory().map(|s| s.vm_rss_kb)
     }
 
     /// A published statistic, in bytes.
@@ -259,33 +237,27 @@ impl Sample {
     /// The report in words, as `vrange stat PID` prints it.
     fn text(&self) -> String {
         let (pid, name) = (self.pid, self.name());
-        if self.denied.is_some() && self.status.is_empty() {
+        if self.denied.is_some() && self.status.is_none() {
             return String::new();
         }
-        let Some(rss) = self.rss_kb() else {
+        let Some(mem) = self.memory() else {
             return format!("pid {pid} ({name}): a kernel thread, no user memory\n");
         };
         let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
         let mut out = format!(
             "pid {pid} ({name}): RSS {} MiB (anon {}, file {}), ",
-            mib(rss),
-            mib(self.status_kb("RssAnon:")),
-            mib(self.status_kb("RssFile:")),
+            mib(mem.vm_rss_kb),
+            mib(mem.rss_anon_kb),
+            mib(mem.rss_file_kb),
         );
-        if let (Some(lazy), Some(huge)) = (
-            self.rollup_kb("LazyFree:"),
-            self.rollup_kb("AnonHugePages:"),
-        ) {
+        if let Some(r) = &self.rollup {
             out.push_str(&format!(
                 "LazyFree {} MiB, AnonHugePages {} MiB, ",
-                mib(lazy),
-                mib(huge),
+                mib(r.lazy_free_kb),
+                mib(r.anon_huge_kb),
             ));
         }
-        out.push_str(&format!(
-            "page tables (VmPTE) {} MiB\n",
-            mib(self.status_kb("VmPTE:"))
-        ));
+        out.push_str(&format!("page tables (VmPTE) {} MiB\n", mib(mem.vm_pte_kb)));
         if let Some(why) = &self.denied {
             out.push_str(&format!("  LazyFree and AnonHugePages unknown: {why}\n"));
         }
@@ -342,9 +314,9 @@ impl Sample {
         let stat = |key: &str| mib(self.stat(key).map(|b| b / 1024));
         vec![
             mib(self.rss_kb()),
-            mib(self.rollup_kb("LazyFree:")),
-            mib(self.rollup_kb("AnonHugePages:")),
-            mib(kb(&self.status, "VmPTE:")),
+            mib(self.rollup.map(|r| r.lazy_free_kb)),
+            mib(self.rollup.map(|r| r.anon_huge_kb)),
+            mib(self.memory().map(|s| s.vm_pte_kb)),
             stat("volatile_bytes"),
             stat("purged_bytes"),
             stat("purged_total_bytes"),
@@ -447,7 +419,7 @@ impl Interrupt {
 fn watch(first: Sample, interval: Duration, count: Option<u64>) -> i32 {
     let pid = first.pid;
     // The pid alone could name a new process once the watched one has exited.
-    let started_as = vrange_sys::procfs::start_ticks(Some(pid));
+    let started_as = procfs::start_ticks(Some(pid)).ok();
     let start = Instant::now();
     let stamp = || {
         [
@@ -472,7 +444,7 @@ fn watch(first: Sample, interval: Duration, count: Option<u64>) -> i32 {
         let now = stamp();
         let alive = sample
             .take()
-            .filter(|_| vrange_sys::procfs::start_ticks(Some(pid)) == started_as);
+            .filter(|_| procfs::start_ticks(Some(pid)).ok() == started_as);
         let Some(s) = alive else {
             print!(
                 "{}",

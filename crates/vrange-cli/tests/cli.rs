@@ -614,10 +614,7 @@ fn run_stats_uses_a_fresh_private_directory() {
     let victims = scratch.path().join("victims");
     std::fs::create_dir(&victims).unwrap();
     std::fs::write(victims.join("victim"), "victim").unwrap();
-    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(1);
+    let last = vrange_sys::procfs::last_pid().unwrap_or(1);
     let mut planted = Vec::new();
     for p in last + 1..last + 400 {
         let name = format!("vrange-run-{p}");
@@ -781,13 +778,7 @@ fn stop(mut daemon: std::process::Child) {
 }
 
 fn mem_total() -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let kb: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb << 10
+    vrange_sys::procfs::meminfo_kb("MemTotal").unwrap().unwrap() << 10
 }
 
 /// Issue 20: `--headroom 300G` for `300M` turned the daemon into a purge-everything loop

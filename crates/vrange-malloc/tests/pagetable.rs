@@ -20,12 +20,8 @@ use vrange_testkit::role::{role, role_command, say, Role};
 const BLOCK: usize = 2 << 20;
 const BLOCKS: usize = 25_600;
 
-fn status_kb(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("status");
-    s.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+fn status() -> vrange_sys::procfs::Status {
+    vrange_sys::procfs::status(None).expect("status")
 }
 
 /// The role: runs the loop with the allocator configured by the environment.
@@ -61,7 +57,7 @@ fn pagetable_role() {
         // SAFETY: live, freed once.
         assert!(unsafe { heap::free(b) });
         if i % 512 == 0 {
-            max_pte = max_pte.max(status_kb("VmPTE:"));
+            max_pte = max_pte.max(status().vm_pte_kb);
         }
     }
     // Let the reclaimer finish what the last frees asked of it.
@@ -70,12 +66,12 @@ fn pagetable_role() {
     while vrange::stats().volatile_bytes > budget && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pte = status_kb("VmPTE:");
+    let pte = status().vm_pte_kb;
     let s = vrange::stats();
     say(format!(
         "done vmpte_kb={pte} max_vmpte_kb={} rss_kb={} purged_mib={} secs={:.1}",
         max_pte.max(pte),
-        status_kb("VmRSS:"),
+        status().vm_rss_kb,
         s.purged_total_bytes >> 20,
         t0.elapsed().as_secs_f64()
     ));

@@ -13,26 +13,9 @@ const CHUNK: usize = 2 << 20;
 
 /// AnonHugePages (kB) of the mapping holding `addr`, from /proc/self/smaps.
 fn huge_kb(addr: usize) -> u64 {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
-    let mut inside = false;
-    for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((lo, hi)) = range.split_once('-') {
-                if let (Ok(lo), Ok(hi)) =
-                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-                {
-                    inside = lo <= addr && addr < hi;
-                    continue;
-                }
-            }
-        }
-        if inside {
-            if let Some(v) = line.strip_prefix("AnonHugePages:") {
-                return v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    0
+    vrange_sys::procfs::smaps_of(addr)
+        .expect("smaps")
+        .map_or(0, |s| s.anon_huge_kb)
 }
 
 fn wait_armed(bytes: u64) -> bool {

@@ -398,6 +398,12 @@ pub fn v2_pressure_file() -> Option<PathBuf> {
     file.exists().then_some(file)
 }
 
+/// This process's cgroup v2 directory (the v2 root included), if cgroup2 is mounted and
+/// /proc/self/cgroup has a v2 line: where a v2 cgroup of this process's would be made.
+pub fn v2_dir() -> Option<PathBuf> {
+    own_v2_dir(true)
+}
+
 /// This process's cgroup v2 directory (the root only if `root_too`), if cgroup2 is mounted.
 fn own_v2_dir(root_too: bool) -> Option<PathBuf> {
     let proc_cgroup = crate::fd::read_file("/proc/self/cgroup").ok()?;

@@ -471,17 +471,15 @@ mod tests {
             // SAFETY: as above; the range is mapped again.
             assert_eq!(unsafe { base.add(i * HUGE_PAGE + 4096).read() }, 0);
         }
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let (lo, hi) = (base as usize, base as usize + len);
-        let holding = maps.lines().find_map(|l| {
-            let mut ends = l.split([' ', '-']).map(|x| usize::from_str_radix(x, 16));
-            let (Some(Ok(s)), Some(Ok(e))) = (ends.next(), ends.next()) else {
-                return None;
-            };
-            (s <= lo && lo < e).then_some((s, e, l))
-        });
-        let (_, end, line) = holding.expect("the range is mapped");
-        assert!(end >= hi, "the fresh mapping merged back into one: {line}");
+        let maps = procfs::maps(None).unwrap();
+        let holding = maps.iter().find(|m| m.start <= lo && lo < m.end);
+        let m = holding.expect("the range is mapped");
+        assert!(
+            m.end >= hi,
+            "the fresh mapping merged back into one: {}",
+            m.line
+        );
         // SAFETY: the test's mapping, no longer used.
         unsafe { unmap(map, len) };
     }

@@ -1,7 +1,7 @@
 //! Process-wide hooks and facts: fork and exit handlers, the SIGBUS handler a program may ask
-//! for, and the CPU a thread runs on. Owns `pthread_atfork`, `atexit`, `sigaction` and
-//! `sched_getcpu`, so that everything vrange installs in a process is registered here (README,
-//! "A guest in your process", lists it).
+//! for, the CPU a thread runs on and the process's page faults. Owns `pthread_atfork`,
+//! `atexit`, `sigaction`, `sched_getcpu` and `getrusage`, so that everything vrange installs in
+//! a process is registered here (README, "A guest in your process", lists it).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
@@ -33,6 +33,30 @@ pub fn at_exit(handler: Handler) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::from_raw_os_error(libc::ENOMEM))
+    }
+}
+
+/// Page faults of this process so far, over all its threads (getrusage(2) `RUSAGE_SELF`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    /// Served without I/O (`ru_minflt`): a fresh zero page, a page still in memory.
+    pub minor: u64,
+    /// That read a page in (`ru_majflt`).
+    pub major: u64,
+}
+
+/// This process's page faults so far.
+pub fn page_faults() -> Faults {
+    // SAFETY: all-zero bytes are a valid `rusage`, which getrusage fills; RUSAGE_SELF cannot
+    // fail with a valid pointer.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    Faults {
+        minor: u.ru_minflt as u64,
+        major: u.ru_majflt as u64,
     }
 }
 
@@ -259,6 +283,27 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn touching_fresh_pages_counts_minor_faults() {
+        const PAGES: usize = 64;
+        let len = PAGES * crate::mem::page_size();
+        let map = crate::mem::map_anon(len, crate::mem::page_size()).unwrap();
+        // One huge page would serve the range in one fault.
+        let _ = crate::mem::advise_huge(map.as_ptr(), len, false);
+        let before = page_faults();
+        for i in 0..PAGES {
+            // SAFETY: inside the test's own fresh mapping.
+            unsafe { map.as_ptr().add(i * crate::mem::page_size()).write(1) };
+        }
+        let after = page_faults();
+        // SAFETY: the test's mapping, no longer used.
+        unsafe { crate::mem::unmap(map, len) };
+        assert!(
+            after.minor >= before.minor + PAGES as u64,
+            "{before:?} -> {after:?}"
+        );
+    }
 
     fn current_handler() -> usize {
         // SAFETY: a zeroed sigaction is valid plain data; a null new action only reads.

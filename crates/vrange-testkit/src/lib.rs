@@ -14,7 +14,7 @@
 //! - [`cgroup`]: child memory cgroups for tests (the cgroup access itself is `vrange_sys`'s);
 //! - [`hog`]: a process that takes memory, and makes itself the OOM killer's choice;
 //! - [`thrash`]: a memory cgroup thrashing at its limit (what the pressure sources answer);
-//! - [`procfs`]: kernel counters only tests read;
+//! - [`procfs`]: kernel counters as tests want them (thin calls into `vrange_sys::procfs`);
 //! - [`build`]: the workspace's artifacts cargo does not build for a test (the shim, the C
 //!   library), and the C workloads of the vrange-bench suites;
 //! - [`sched`]: starving a thread of this process (the reclaimer falling behind);

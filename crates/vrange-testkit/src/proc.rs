@@ -321,54 +321,38 @@ pub fn inherit_fd(cmd: &mut Command, fd: i32) {
 /// where readable (root). For the report of a test whose process hung, read before it is
 /// killed.
 pub fn task_states(pid: i32) -> String {
-    let read = |path: String| {
-        std::fs::read_to_string(path)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|e| format!("({e})"))
-    };
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    use vrange_sys::procfs::{self, Syscall};
+    let pid = pid as u32;
+    let shown = |text: std::io::Result<String>| text.unwrap_or_else(|e| format!("({e})"));
+    let maps = procfs::maps(Some(pid)).unwrap_or_default();
     let mapping_of = |pc: u64| {
-        maps.lines()
-            .find(|l| {
-                let range = l.split(' ').next().unwrap_or("");
-                let (lo, hi) = range.split_once('-').unwrap_or(("", ""));
-                let parse = |s| u64::from_str_radix(s, 16).unwrap_or(0);
-                (parse(lo)..parse(hi)).contains(&pc)
-            })
-            .unwrap_or("")
+        maps.iter()
+            .find(|m| (m.start as u64..m.end as u64).contains(&pc))
+            .map_or("", |m| m.line.as_str())
             .to_string()
     };
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let Ok(tids) = procfs::tasks(Some(pid)) else {
         return format!("process {pid} has no /proc entry (it ended)");
     };
     let mut out = String::new();
-    for task in tasks.flatten() {
-        let dir = task.path().display().to_string();
-        let stat = read(format!("{dir}/stat"));
-        let state = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .next();
-        let syscall = read(format!("{dir}/syscall"));
-        let pc = syscall
-            .split_whitespace()
-            .last()
-            .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok());
+    for tid in tids {
+        let syscall = procfs::task_syscall(Some(pid), tid);
+        let (call, at) = match &syscall {
+            Ok(s) => (s.to_string(), s.pc().map(&mapping_of).unwrap_or_default()),
+            Err(e) => (format!("({e})"), String::new()),
+        };
         out += &format!(
-            "{dir} {} state={} wchan={} syscall={syscall} at {}\n{}\n",
-            read(format!("{dir}/comm")),
-            state.unwrap_or("?"),
-            read(format!("{dir}/wchan")),
-            pc.map(&mapping_of).unwrap_or_default(),
-            read(format!("{dir}/stack")),
+            "{} {} state={} wchan={} syscall={call} at {at}\n{}\n",
+            procfs::path(Some(pid), &format!("task/{tid}")),
+            shown(procfs::task_comm(Some(pid), tid)),
+            procfs::task_stat(Some(pid), tid).map_or('?', |s| s.state),
+            shown(procfs::task_wchan(Some(pid), tid)),
+            shown(procfs::task_stack(Some(pid), tid)),
         );
         // A thread running in user mode has no system call line: where it spins, sampled.
-        if syscall == "running" {
-            let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+        if let Ok(Syscall::Running) = syscall {
             for _ in 0..4 {
-                if let Some(pc) = sample_pc(tid) {
+                if let Some(pc) = sample_pc(tid as i32) {
                     out += &format!("  user pc {pc:#x} in {}\n", mapping_of(pc));
                 }
                 std::thread::sleep(Duration::from_millis(20));

@@ -13,13 +13,12 @@ pub struct Starved {
 
 /// The thread of this process named `name` (its `comm`), if there is one.
 pub fn thread_named(name: &str) -> Option<libc::pid_t> {
-    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
-    tasks.flatten().find_map(|t| {
-        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-        (comm.trim_end() == name)
-            .then(|| t.file_name().to_str()?.parse().ok())
-            .flatten()
-    })
+    use vrange_sys::procfs;
+    let tid = procfs::tasks(None)
+        .ok()?
+        .into_iter()
+        .find(|&tid| procfs::task_comm(None, tid).is_ok_and(|comm| comm == name))?;
+    libc::pid_t::try_from(tid).ok()
 }
 
 fn pin(tid: libc::pid_t, cpu: usize) -> io::Result<()> {

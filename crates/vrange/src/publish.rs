@@ -215,14 +215,14 @@ pub fn render(pid: u32, s: &Stats) -> String {
 /// [`Unavailable`]: publishing is off here, the directory cannot be used (not private, or not
 /// readable by this user), or the process has no current file.
 pub fn read(pid: u32) -> Result<Vec<(String, u64)>, Unavailable> {
-    let owner = procfs::euid_of(pid).unwrap_or_else(statsdir::effective_uid);
+    let owner = procfs::euid_of(pid).unwrap_or_else(|_| statsdir::effective_uid());
     let loc = location(owner).ok_or(Unavailable::Off)?;
     let dir = loc.open(false).map_err(|why| loc.unavailable(why))?;
     sweep_in(&dir, loc.explicit);
     let name = file_name(pid);
     let absent = || Unavailable::NotPublished(loc.path.clone());
     let values = parse(&dir.read(&name).map_err(|_| absent())?);
-    if recorded_start(&values) != procfs::start_ticks(Some(pid)) {
+    if recorded_start(&values) != procfs::start_ticks(Some(pid)).ok() {
         return Err(absent());
     }
     Ok(values)
@@ -295,7 +295,7 @@ fn sweep_in(dir: &PrivateDir, keep_snapshots: bool) {
 
 /// Whether file `name` of `dir` is the current file of live process `pid`.
 fn is_current(dir: &PrivateDir, name: &str, pid: u32) -> bool {
-    let Some(live) = procfs::start_ticks(Some(pid)) else {
+    let Ok(live) = procfs::start_ticks(Some(pid)) else {
         return false;
     };
     // An entry that is not a readable regular file (a symbolic link, a FIFO) is not current.

@@ -177,20 +177,11 @@ fn the_reclaimer_thread_blocks_every_signal() {
     let _region = VolatileRegion::new(1 << 20, Options::default()).unwrap();
     let mut blocked = None;
     wait_for("the reclaimer thread", Duration::from_secs(5), || {
-        blocked = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .flatten()
-            .find_map(|t| {
-                let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-                status
-                    .lines()
-                    .next()?
-                    .ends_with("vrange-reclaim")
-                    .then(|| {
-                        let mask = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
-                        u64::from_str_radix(mask.trim(), 16).ok()
-                    })?
-            });
+        blocked = vrange_testkit::sched::thread_named("vrange-reclaim").and_then(|tid| {
+            vrange_sys::procfs::task_status(None, tid as u32)
+                .ok()?
+                .sig_blk
+        });
         blocked.is_some()
     });
     let blocked = blocked.unwrap();

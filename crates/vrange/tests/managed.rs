@@ -316,12 +316,13 @@ fn syscalls_and_faults(prepare: impl FnOnce(), work: impl FnOnce()) -> (Vec<i64>
     (calls, faults)
 }
 
-/// Minor faults of the main thread of `pid` (field 10 of /proc/PID/task/PID/stat).
+/// Minor faults of the main thread of `pid`.
 #[cfg(target_arch = "x86_64")]
 fn minor_faults(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    after.split(' ').nth(7).unwrap().parse().unwrap()
+    let pid = pid as u32;
+    vrange_sys::procfs::task_stat(Some(pid), pid)
+        .unwrap()
+        .minor_faults
 }
 
 #[cfg(target_arch = "x86_64")]

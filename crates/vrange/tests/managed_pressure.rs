@@ -556,15 +556,15 @@ fn attempt(s: &Setup, child: ChildCgroup) -> Result<Outcome, String> {
     vrange_testkit::lru::drain_batches();
     // VMA by VMA (smaps_rollup can miss a VMA when a writer of the holder's mappings waits
     // meanwhile), with the holder's larger VMAs listed for the report.
-    let vmas = procfs::smaps_vmas(Some(holder.pid())).expect("the holder's smaps");
-    let lazy_free_kb = vmas.iter().map(|(_, _, s)| s.lazy_free_kb).sum();
+    let vmas = procfs::smaps_vmas(Some(holder.pid() as u32)).expect("the holder's smaps");
+    let lazy_free_kb = vmas.iter().map(|v| v.smaps.lazy_free_kb).sum();
     let vma_list = vmas
         .iter()
-        .filter(|(_, _, s)| s.rss_kb >= 1024)
-        .map(|(start, end, s)| {
+        .filter(|v| v.smaps.rss_kb >= 1024)
+        .map(|v| {
             format!(
-                "{start:x}-{end:x} rss {} huge {} lazy {}",
-                s.rss_kb, s.anon_huge_kb, s.lazy_free_kb
+                "{:x}-{:x} rss {} huge {} lazy {}",
+                v.start, v.end, v.smaps.rss_kb, v.smaps.anon_huge_kb, v.smaps.lazy_free_kb
             )
         })
         .collect::<Vec<_>>()

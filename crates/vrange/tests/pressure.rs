@@ -370,16 +370,18 @@ fn run(s: Setup) -> Option<Outcome> {
         }
     };
     let cg = child.cgroup().clone();
-    let dir = cg.path().to_path_buf();
     let started = Instant::now();
 
     let (mut worker_proc, link) = fork_linked(|l| worker(l, &s));
     child
         .add_pid(worker_proc.pid())
         .expect("move the worker into the child cgroup");
-    let own = fs::read_to_string("/proc/self/cgroup").unwrap();
-    let name = dir.file_name().unwrap().to_str().unwrap();
-    assert!(!own.contains(name), "the test process stays out: {own}");
+    let own = MemCgroup::current().expect("this process's memory cgroup");
+    assert!(
+        !cg.contains(&own),
+        "the test process stays out: it is in {}",
+        own.path().display()
+    );
     link.send(&[1]);
 
     let ready = link.recv::<1>(SYNC);
@@ -389,7 +391,7 @@ fn run(s: Setup) -> Option<Outcome> {
         worker_proc.wait(SYNC),
         numbers(&cg)
     );
-    let before = procfs::smaps_rollup(Some(worker_proc.pid())).unwrap();
+    let before = procfs::smaps_rollup(Some(worker_proc.pid() as u32)).unwrap();
     let squeezed = (s.pressure == Pressure::Squeeze).then(|| squeeze(&child, 32 * MIB as u64));
     link.send(&[u64::from(s.pressure == Pressure::Hog)]);
     let words = link.recv::<REPORT_WORDS>(RUN);

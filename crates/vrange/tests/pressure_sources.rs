@@ -130,12 +130,11 @@ fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
 /// What the thrasher and its cgroups were doing (its state, and each cgroup's pressure,
 /// events, usage and reclaim counters), for the report of a source that stayed silent.
 fn thrashing_report(t: &Thrasher, also: Option<&Path>) -> String {
-    let stat = fs::read_to_string(format!("/proc/{}/stat", t.proc.pid()));
-    let state = stat.as_deref().map_or("gone", |s| {
-        s.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.split(' ').next())
-            .unwrap_or("?")
-    });
+    let state = match vrange_sys::procfs::stat(Some(t.proc.pid() as u32)) {
+        Ok(s) => s.state.to_string(),
+        Err(e) if vrange_sys::procfs::is_gone(&e) => "gone".into(),
+        Err(_) => "?".into(),
+    };
     let mut out = format!(
         "thrasher state {state}, running for {:?}\n",
         t.started.elapsed()
@@ -575,19 +574,8 @@ struct V2Cgroup {
 impl V2Cgroup {
     /// A new v2 cgroup below this process's v2 cgroup, or why there is none.
     fn create() -> Result<V2Cgroup, String> {
-        let mounts = fs::read_to_string("/proc/self/mounts").map_err(|e| e.to_string())?;
-        let mount = mounts
-            .lines()
-            .map(|l| l.split(' ').collect::<Vec<_>>())
-            .find(|f| f.get(2) == Some(&"cgroup2"))
-            .map(|f| PathBuf::from(f[1]))
-            .ok_or("no cgroup2 mount")?;
-        let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
-        let rel = own
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .ok_or("no v2 line in /proc/self/cgroup")?;
-        let parent = mount.join(rel.trim_start_matches('/'));
+        let parent = vrange_sys::cgroup::v2_dir()
+            .ok_or("no cgroup2 mount, or no v2 line in /proc/self/cgroup")?;
         let dir = parent.join(unique_name("vrange-psi-"));
         fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         let cg = V2Cgroup { dir };

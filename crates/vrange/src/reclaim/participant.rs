@@ -319,8 +319,8 @@ fn open(path: &std::path::Path, now: u64) -> Option<Link> {
 /// This program's name as `/proc/self/comm` shows it (NUL-padded).
 fn program_name() -> [u8; NAME_LEN] {
     let mut name = [0u8; NAME_LEN];
-    if let Ok(text) = vrange_sys::fd::read_file("/proc/self/comm") {
-        for (d, s) in name.iter_mut().zip(text.trim_end().bytes()) {
+    if let Ok(comm) = vrange_sys::procfs::comm(None) {
+        for (d, s) in name.iter_mut().zip(comm.bytes()) {
             *d = s;
         }
     }

@@ -1,9 +1,6 @@
-//! Reading /proc/self (and /proc/PID) status, smaps and /proc/meminfo for memory reporting
-//! and tests.
-//!
-//! Never use it on a hot path or from a signal handler: it reads whole files into freshly
-//! allocated strings.
+//! /proc/PID/smaps, smaps_rollup and maps: a process's address space, VMA by VMA or summed.
 
+use super::{field_line, read};
 use std::io;
 
 /// Memory counters of one VMA, or summed over several, in KiB, as smaps reports them.
@@ -39,8 +36,11 @@ impl Smaps {
 
 /// The smaps counters of the VMA of this process that contains `addr`, or `None` if no VMA
 /// contains it.
+///
+/// # Errors
+/// The errno of reading /proc/self/smaps.
 pub fn smaps_of(addr: usize) -> io::Result<Option<Smaps>> {
-    let text = crate::fd::read_file("/proc/self/smaps")?;
+    let text = read(None, "smaps")?;
     Ok(vma_blocks(&text)
         .into_iter()
         .find(|b| b.start <= addr && addr < b.end)
@@ -51,9 +51,12 @@ pub fn smaps_of(addr: usize) -> io::Result<Option<Smaps>> {
 /// `[start, start + len)`.
 ///
 /// A VMA that lies partly outside the range counts whole: smaps has no finer granularity.
+///
+/// # Errors
+/// The errno of reading /proc/self/smaps.
 pub fn smaps_range(start: usize, len: usize) -> io::Result<Smaps> {
     let end = start.saturating_add(len);
-    let text = crate::fd::read_file("/proc/self/smaps")?;
+    let text = read(None, "smaps")?;
     let mut sum = Smaps::default();
     for b in vma_blocks(&text) {
         if b.start < end && start < b.end {
@@ -63,94 +66,78 @@ pub fn smaps_range(start: usize, len: usize) -> io::Result<Smaps> {
     Ok(sum)
 }
 
-/// Each VMA of process `pid` (this process if `None`): its start, end and counters, from
-/// /proc/PID/smaps. Each VMA is read under the kernel's lock for it; `smaps_rollup` sums in
-/// one pass that drops that lock when a writer waits, and some kernels then miss a VMA.
-pub fn smaps_vmas(pid: Option<i32>) -> io::Result<Vec<(usize, usize, Smaps)>> {
-    let text = crate::fd::read_file(proc_path(pid, "smaps"))?;
+/// One VMA of /proc/PID/smaps: its address range and its counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmaSmaps {
+    /// First address.
+    pub start: usize,
+    /// One past the last address.
+    pub end: usize,
+    /// Its counters.
+    pub smaps: Smaps,
+}
+
+/// Each VMA of process `pid` (this process if `None`), from /proc/PID/smaps. Each VMA is read
+/// under the kernel's lock for it; `smaps_rollup` sums in one pass that drops that lock when a
+/// writer waits, and some kernels then miss a VMA.
+///
+/// # Errors
+/// As [`smaps_rollup`].
+pub fn smaps_vmas(pid: Option<u32>) -> io::Result<Vec<VmaSmaps>> {
+    let text = read(pid, "smaps")?;
     Ok(vma_blocks(&text)
         .into_iter()
-        .map(|b| (b.start, b.end, parse_smaps_block(b.text)))
+        .map(|b| VmaSmaps {
+            start: b.start,
+            end: b.end,
+            smaps: parse_smaps_block(b.text),
+        })
         .collect())
 }
 
 /// The counters of the whole address space of process `pid` (this process if `None`), from
 /// smaps_rollup; `size_kb` is zero there.
-pub fn smaps_rollup(pid: Option<i32>) -> io::Result<Smaps> {
-    Ok(parse_smaps_block(&crate::fd::read_file(proc_path(
-        pid,
-        "smaps_rollup",
-    ))?))
+///
+/// # Errors
+/// As the module `procfs` says; EACCES when the kernel's ptrace access check (read mode)
+/// refuses: smaps_rollup, like smaps, maps and mem, needs the same user or CAP_SYS_PTRACE.
+pub fn smaps_rollup(pid: Option<u32>) -> io::Result<Smaps> {
+    Ok(parse_smaps_block(&read(pid, "smaps_rollup")?))
 }
 
-/// Memory lines of /proc/PID/status, in KiB.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Status {
-    /// `VmRSS`.
-    pub vm_rss_kb: u64,
-    /// Peak resident size (`VmHWM`).
-    pub vm_hwm_kb: u64,
-    /// Page-table size (`VmPTE`).
-    pub vm_pte_kb: u64,
-    /// `VmSwap`.
-    pub vm_swap_kb: u64,
-    /// `RssAnon`.
-    pub rss_anon_kb: u64,
+/// One line of /proc/PID/maps: a mapping's address range and the line as the kernel wrote it
+/// (permissions, offset, device, inode, path), for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// First address.
+    pub start: usize,
+    /// One past the last address.
+    pub end: usize,
+    /// The whole line, without its newline.
+    pub line: String,
 }
 
-/// The memory lines of /proc/PID/status of process `pid` (this process if `None`). Kernel
-/// threads have none, which reads as all zeros.
-pub fn status(pid: Option<i32>) -> io::Result<Status> {
-    Ok(parse_status(&crate::fd::read_file(proc_path(
-        pid, "status",
-    ))?))
+/// The mappings of process `pid` (this process if `None`), from /proc/PID/maps. What runs in a
+/// signal handler or must not allocate asks `vma` instead.
+///
+/// # Errors
+/// As [`smaps_rollup`].
+pub fn maps(pid: Option<u32>) -> io::Result<Vec<Mapping>> {
+    Ok(parse_maps(&read(pid, "maps")?))
 }
 
-/// The effective user id of process `pid` (the second number of the `Uid:` line of
-/// /proc/PID/status), or `None` if there is no such process.
-pub fn euid_of(pid: u32) -> Option<u32> {
-    let text = crate::fd::read_file(format!("/proc/{pid}/status")).ok()?;
-    let ids = text.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    ids.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// When process `pid` (this process for `None`) started, in clock ticks after boot (field 22
-/// of /proc/PID/stat): with the pid, it names one process even after pids are reused.
-pub fn start_ticks(pid: Option<u32>) -> Option<u64> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".to_string(),
-    };
-    let text = crate::fd::read_file(path).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// The value of line `field` (without its colon, e.g. "MemAvailable") of /proc/meminfo, or
-/// `None` if the kernel has no such line. The unit is KiB except for the `HugePages_` counts.
-pub fn meminfo_kb(field: &str) -> io::Result<Option<u64>> {
-    let text = crate::fd::read_file("/proc/meminfo")?;
-    Ok(text
-        .lines()
-        .filter_map(field_line)
-        .find(|&(name, _)| name == field)
-        .map(|(_, v)| v))
-}
-
-/// MemTotal and MemAvailable of /proc/meminfo in KiB, from one read (`None` before Linux 3.14,
-/// which has no MemAvailable).
-pub fn mem_available_kb() -> io::Result<Option<(u64, u64)>> {
-    let text = crate::fd::read_file("/proc/meminfo")?;
-    let (mut total, mut avail) = (None, None);
-    for (name, v) in text.lines().filter_map(field_line) {
-        match name {
-            "MemTotal" => total = Some(v),
-            "MemAvailable" => avail = Some(v),
-            _ => {}
-        }
-    }
-    Ok(total.zip(avail))
+/// Parses /proc/PID/maps text; lines that are not mappings are skipped.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|line| {
+            let (start, end) = vma_header(line)?;
+            Some(Mapping {
+                start,
+                end,
+                line: line.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Parses the field lines of one smaps block, or of smaps_rollup; header lines are skipped and
@@ -171,38 +158,6 @@ pub fn parse_smaps_block(text: &str) -> Smaps {
         *slot += v;
     }
     s
-}
-
-/// Parses the memory lines of /proc/PID/status text; missing lines read as zero.
-pub fn parse_status(text: &str) -> Status {
-    let mut s = Status::default();
-    for (name, v) in text.lines().filter_map(field_line) {
-        let slot = match name {
-            "VmRSS" => &mut s.vm_rss_kb,
-            "VmHWM" => &mut s.vm_hwm_kb,
-            "VmPTE" => &mut s.vm_pte_kb,
-            "VmSwap" => &mut s.vm_swap_kb,
-            "RssAnon" => &mut s.rss_anon_kb,
-            _ => continue,
-        };
-        *slot = v;
-    }
-    s
-}
-
-fn proc_path(pid: Option<i32>, name: &str) -> String {
-    match pid {
-        Some(pid) => format!("/proc/{pid}/{name}"),
-        None => format!("/proc/self/{name}"),
-    }
-}
-
-/// A "Name:   123 kB" line as its name and number; `None` for headers and for lines whose
-/// value is not a number ("VmFlags: rd wr").
-fn field_line(line: &str) -> Option<(&str, u64)> {
-    let (name, rest) = line.split_once(':')?;
-    let value = rest.split_whitespace().next()?.parse().ok()?;
-    Some((name.trim(), value))
 }
 
 /// One VMA's part of /proc/PID/smaps: its address range and its text, header included.
@@ -315,30 +270,31 @@ VmFlags: rd wr mr mw me ac
     }
 
     #[test]
-    fn status_fields() {
-        let text = "Name:\tcat\nVmHWM:\t    1000 kB\nVmRSS:\t     900 kB\n\
-                    RssAnon:\t     100 kB\nRssFile:\t     800 kB\n\
-                    VmPTE:\t      48 kB\nVmSwap:\t       0 kB\nThreads:\t1\n";
+    fn maps_lines() {
+        let text = "55de57207000-55de57209000 r--p 00000000 fe:00 247278    /usr/bin/head\n\
+                    7ffd1c5e9000-7ffd1c60a000 rw-p 00000000 00:00 0        [stack]\n";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 2);
         assert_eq!(
-            parse_status(text),
-            Status {
-                vm_rss_kb: 900,
-                vm_hwm_kb: 1000,
-                vm_pte_kb: 48,
-                vm_swap_kb: 0,
-                rss_anon_kb: 100,
-            }
+            (maps[1].start, maps[1].end),
+            (0x7ffd1c5e9000, 0x7ffd1c60a000)
         );
+        assert!(maps[1].line.ends_with("[stack]"));
+        assert!(parse_maps("").is_empty());
     }
 
     #[test]
-    fn real_status_and_meminfo() {
-        assert!(status(None).unwrap().vm_rss_kb > 0);
-        assert!(meminfo_kb("MemTotal").unwrap().unwrap() > 0);
-        assert_eq!(meminfo_kb("NoSuchField").unwrap(), None);
-        let (total, avail) = mem_available_kb().unwrap().unwrap();
-        assert!(avail <= total && total > 0);
+    fn real_rollup_and_maps() {
         assert!(smaps_rollup(None).unwrap().rss_kb > 0);
+        // A function of this program lies in a mapping of its executable.
+        let here = real_rollup_and_maps as *const () as usize;
+        let own = maps(Some(std::process::id())).unwrap();
+        let m = own
+            .iter()
+            .find(|m| m.start <= here && here < m.end)
+            .expect("this function's mapping");
+        let perms = m.line.split_whitespace().nth(1).unwrap();
+        assert!(perms.contains('x'), "{}", m.line);
     }
 
     #[test]
@@ -364,12 +320,12 @@ VmFlags: rd wr mr mw me ac
         let before = smaps_of(addr).unwrap().expect("VMA of the mapping");
         assert!(before.rss_kb >= 4096, "{before:?}");
         assert!(smaps_range(addr, LEN).unwrap().rss_kb >= 4096);
-        let by_pid = smaps_vmas(Some(std::process::id() as i32)).unwrap();
-        let (_, _, vma) = by_pid
+        let by_pid = smaps_vmas(Some(std::process::id())).unwrap();
+        let vma = by_pid
             .iter()
-            .find(|(start, end, _)| *start <= addr && addr < *end)
+            .find(|v| v.start <= addr && addr < v.end)
             .expect("the mapping among this process's VMAs");
-        assert!(vma.rss_kb >= 4096, "{vma:?}");
+        assert!(vma.smaps.rss_kb >= 4096, "{vma:?}");
 
         // MADV_FREE queues the pages on the per-CPU batch of the CPU the thread runs on: a
         // thread that migrates in the middle (a busy machine) leaves two partial batches
