@@ -108,11 +108,11 @@ pub use counters::{ClassStats, Stats};
 pub use entry::{Entry, Held};
 pub use vrange::{Error, Policy, Priority, Result};
 
-use counters::{class, Shared, CLASSES};
+use counters::{class, CLASSES};
 use crossbeam_utils::CachePadded;
 use dashmap::DashMap;
 use parking_lot::Mutex;
-use slab::Slab;
+use slab::{Shared, Slab};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::AtomicUsize;
@@ -491,7 +491,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                     len: p.len,
                 };
                 drop(s);
-                self.shared.promoted(slab.priority);
+                self.shared.counters.promoted(slab.priority);
                 p.into_entry()
             }
             // Replaced, removed or moved by another thread: the place is given up.
@@ -507,9 +507,9 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             len: placed.len,
         };
         self.map.insert(key, slot);
-        self.shared.inserted(priority);
+        self.shared.counters.inserted(priority);
         if let Some(b) = self.opts.budget {
-            if self.shared.resident() > b as u64 {
+            if self.shared.counters.resident() > b as u64 {
                 self.keep_budget(b as u64);
             }
         }
@@ -576,7 +576,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 prefetch(s.slab.start() + s.off);
                 let pinned = s.slab.pin();
                 if pinned.is_ok() {
-                    self.shared.hit(s.slab.priority);
+                    self.shared.counters.hit(s.slab.priority);
                     // SAFETY: the slot's place lies inside its slab, now pinned for the entry.
                     let ptr = unsafe { s.slab.at(s.off) };
                     let entry = Entry::pinned(&s.slab, ptr, s.len);
@@ -591,7 +591,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 (s.slab.clone(), s.off, pinned)
             }
             None => {
-                self.shared.miss();
+                self.shared.counters.miss();
                 return Err(Miss::Absent);
             }
         };
@@ -603,7 +603,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             // skips probation.
             self.ghosts.remember(self.map.hasher().hash_one(key));
         }
-        self.shared.purged_lookup(slab.priority);
+        self.shared.counters.purged_lookup(slab.priority);
         Err(Miss::Purged)
     }
 
@@ -686,7 +686,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         self.sweep();
         self.map
             .len()
-            .saturating_sub(self.shared.tombstones() as usize)
+            .saturating_sub(self.shared.counters.tombstones() as usize)
     }
 
     /// Whether [`Cache::len`] is zero.
@@ -712,16 +712,17 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let classes = std::array::from_fn(|i| counters::ClassStats {
             value_bytes: value[i],
             pinned_bytes: pinned[i],
-            ..self.shared.class_stats(i)
+            ..self.shared.counters.class_stats(i)
         });
         Stats {
             entries: self
                 .map
                 .len()
-                .saturating_sub(self.shared.tombstones() as usize) as u64,
-            misses: self.shared.misses(),
+                .saturating_sub(self.shared.counters.tombstones() as usize)
+                as u64,
+            misses: self.shared.counters.misses(),
             classes,
-            dropped_purged: self.shared.dropped_tombstones(),
+            dropped_purged: self.shared.counters.dropped_tombstones(),
         }
     }
 
@@ -737,11 +738,12 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             }
             None => false,
         });
-        let tombstones = self.shared.tombstones();
+        let tombstones = self.shared.counters.tombstones();
         if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 * 2 / 3) {
             self.map.retain(|_, s| !s.slab.is_dead());
-            let left = self.shared.tombstones();
+            let left = self.shared.counters.tombstones();
             self.shared
+                .counters
                 .tombstones_dropped(tombstones.saturating_sub(left));
         }
     }
@@ -755,7 +757,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         };
         self.sweep();
         let target = budget - (budget / 16).min(4 * self.opts.slab_bytes as u64);
-        if self.shared.resident() <= target {
+        if self.shared.counters.resident() <= target {
             return;
         }
         let mut victims: Vec<(Priority, std::cmp::Reverse<std::time::Duration>, Arc<Slab>)> = self
@@ -767,7 +769,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             .collect();
         victims.sort_unstable_by_key(|v| (v.0, v.1));
         for (_, _, slab) in victims {
-            if self.shared.resident() <= target {
+            if self.shared.counters.resident() <= target {
                 break;
             }
             slab.purge_now();
