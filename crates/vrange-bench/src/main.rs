@@ -20,14 +20,15 @@
 //! again, with the hidden `role` subcommand.
 //!
 //! Not published and never installed: the `vrange` command ships none of this (no peers, no
-//! workloads, no hidden subcommand). It prints as the command does, through the command's
-//! library (`vrange_cli`: printing, tables, times).
+//! workloads, no hidden subcommand). It prints as the command does, through vrange-print
+//! (printing, tables, times); it depends on no front-end, the command included.
 
-// The command's printing macros replace std's in every module.
+// vrange-print's printing macros (a closed pipe ends the process quietly) replace std's in every
+// module.
 #[macro_use]
-extern crate vrange_cli;
+extern crate vrange_print;
 
-use vrange_cli::{clock, table};
+use vrange_print::{clock, table};
 
 mod alloc;
 mod cache;

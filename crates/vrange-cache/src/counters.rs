@@ -1,14 +1,13 @@
-//! The cache's statistics, and the list of idle slabs. Gauges and rare events are plain
-//! atomics. The counters of the hot path (hits, misses) have a cache line per thread for the
-//! first 64 threads, which count with a plain load and store (no locked instruction: a hit
-//! makes as few as it can), and one shared line, counted with `fetch_add`, for later threads.
+//! The cache's statistics, and nothing of its slabs: the slabs count here, through what the
+//! cache shares with them (`slab::Shared`, which also holds the idle list and the raw values).
+//! Gauges and rare events are plain atomics. The counters of the hot path (hits, misses) have a
+//! cache line per thread for the first 64 threads, which count with a plain load and store (no
+//! locked instruction: a hit makes as few as it can), and one shared line, counted with
+//! `fetch_add`, for later threads.
 
-use crate::slab::Slab;
 use crossbeam_utils::CachePadded;
-use dashmap::DashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use vrange::Priority;
 
 /// Reclaim classes, in purge order.
@@ -48,29 +47,14 @@ struct Class {
     purged_bytes: AtomicU64,
 }
 
-/// What a cache shares with its slabs (which may outlive it in a reader's hands): the
-/// statistics, and the list of slabs whose last pin was dropped since the last flush.
+/// A cache's counters, kept with what it shares with its slabs (`slab::Shared`), which may
+/// outlive it in a reader's hands.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    idle: crate::lock::Mutex<Vec<std::sync::Weak<crate::slab::Slab>>>,
+pub(crate) struct Counters {
     hot: Box<[CachePadded<Hot>]>,
-    flush: std::sync::OnceLock<vrange::reclaimer::FlushHook>,
     classes: [Class; CLASSES],
     tombstones: AtomicU64,
     dropped_tombstones: AtomicU64,
-    /// Values given out raw (`Entry::into_raw`) and not released yet, by exact address: how
-    /// many raw pins each has, and its slab. A release must name one of these, so a second or
-    /// a foreign release is refused instead of dropping another reader's pin.
-    /// Sharded, so that threads getting values raw do not queue on one lock.
-    raw: DashMap<usize, RawPins, foldhash::fast::RandomState>,
-}
-
-/// The raw pins outstanding on one value's address.
-#[derive(Debug)]
-struct RawPins {
-    count: usize,
-    len: usize,
-    slab: Arc<Slab>,
 }
 
 /// This thread's line: its own (below `OWN_LINES`) or the shared one. Threads are numbered
@@ -102,40 +86,13 @@ fn dec(a: &AtomicU64, n: u64) {
     let _ = a.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
 }
 
-impl Shared {
-    /// Shared state of a new cache, with its flush hook: it lives as long as any slab (which
-    /// may outlive the cache in a reader's hands), so idle slabs are always released.
-    pub fn new() -> std::sync::Arc<Shared> {
-        let shared = std::sync::Arc::new(Shared {
-            idle: crate::lock::Mutex::new(vrange_sys::lock::Rank::CacheIdle, Vec::new()),
+impl Counters {
+    pub fn new() -> Counters {
+        Counters {
             hot: (0..=OWN_LINES).map(|_| CachePadded::default()).collect(),
-            flush: std::sync::OnceLock::new(),
             classes: Default::default(),
             tombstones: AtomicU64::new(0),
             dropped_tombstones: AtomicU64::new(0),
-            raw: DashMap::default(),
-        });
-        let weak = std::sync::Arc::downgrade(&shared);
-        let hook = vrange::reclaimer::on_flush(move || {
-            if let Some(s) = weak.upgrade() {
-                s.flush_idle();
-            }
-        });
-        let _ = shared.flush.set(hook);
-        shared
-    }
-
-    /// A slab lost its last pin: the next flush marks it volatile.
-    pub fn queue_idle(&self, slab: std::sync::Weak<crate::slab::Slab>) {
-        self.idle.lock().push(slab);
-    }
-
-    /// Marks volatile every queued slab still unpinned (in the order they went idle, so that
-    /// vrange ages them in that order).
-    pub fn flush_idle(&self) {
-        let idle = std::mem::take(&mut *self.idle.lock());
-        for slab in idle.iter().filter_map(std::sync::Weak::upgrade) {
-            slab.release_if_idle();
         }
     }
 
@@ -164,31 +121,6 @@ impl Shared {
 
     pub fn purged_lookup(&self, p: Priority) {
         self.classes[class(p)].purged_lookups.fetch_add(1, Relaxed);
-    }
-
-    /// A value of `len` bytes given out raw at `addr`, held in `slab`.
-    pub fn raw_given(&self, addr: usize, len: usize, slab: Arc<Slab>) {
-        let mut pins = self.raw.entry(addr).or_insert(RawPins {
-            count: 0,
-            len,
-            slab,
-        });
-        // A pin each; there cannot be more pins than addressable bytes.
-        pins.count = pins.count.saturating_add(1);
-    }
-
-    /// Takes back one raw hold of the value at exactly `addr`, returning its slab and length
-    /// for the caller to release; `None` if no value at `addr` has a raw hold outstanding.
-    pub fn raw_taken(&self, addr: usize) -> Option<(Arc<Slab>, usize)> {
-        let slab = {
-            let mut pins = self.raw.get_mut(&addr)?;
-            // Zero: another release took the last pin and is about to remove the record.
-            pins.count = pins.count.checked_sub(1)?;
-            (pins.slab.clone(), pins.len)
-        };
-        // Unless a get gave the address out raw again meanwhile.
-        self.raw.remove_if(&addr, |_, p| p.count == 0);
-        Some(slab)
     }
 
     pub fn slab_created(&self, p: Priority, len: usize) {

@@ -110,10 +110,10 @@ pub use entry::{Entry, Held};
 pub use vrange::{Error, Policy, Priority, Result};
 
 use crate::lock::Mutex;
-use counters::{class, Shared, CLASSES};
+use counters::{class, CLASSES};
 use crossbeam_utils::CachePadded;
 use dashmap::DashMap;
-use slab::Slab;
+use slab::{Shared, Slab};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::AtomicUsize;
@@ -494,7 +494,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                     len: p.len,
                 };
                 drop(s);
-                self.shared.promoted(slab.priority);
+                self.shared.counters.promoted(slab.priority);
                 p.into_entry()
             }
             // Replaced, removed or moved by another thread: the place is given up.
@@ -510,9 +510,9 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             len: placed.len,
         };
         self.map.insert(key, slot);
-        self.shared.inserted(priority);
+        self.shared.counters.inserted(priority);
         if let Some(b) = self.opts.budget {
-            if self.shared.resident() > b as u64 {
+            if self.shared.counters.resident() > b as u64 {
                 self.keep_budget(b as u64);
             }
         }
@@ -579,7 +579,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 prefetch(s.slab.start() + s.off);
                 let pinned = s.slab.pin();
                 if pinned.is_ok() {
-                    self.shared.hit(s.slab.priority);
+                    self.shared.counters.hit(s.slab.priority);
                     // SAFETY: the slot's place lies inside its slab, now pinned for the entry.
                     let ptr = unsafe { s.slab.at(s.off) };
                     let entry = Entry::pinned(&s.slab, ptr, s.len);
@@ -594,7 +594,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 (s.slab.clone(), s.off, pinned)
             }
             None => {
-                self.shared.miss();
+                self.shared.counters.miss();
                 return Err(Miss::Absent);
             }
         };
@@ -606,7 +606,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             // skips probation.
             self.ghosts.remember(self.map.hasher().hash_one(key));
         }
-        self.shared.purged_lookup(slab.priority);
+        self.shared.counters.purged_lookup(slab.priority);
         Err(Miss::Purged)
     }
 
@@ -689,7 +689,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         self.sweep();
         self.map
             .len()
-            .saturating_sub(self.shared.tombstones() as usize)
+            .saturating_sub(self.shared.counters.tombstones() as usize)
     }
 
     /// Whether [`Cache::len`] is zero.
@@ -715,16 +715,17 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let classes = std::array::from_fn(|i| counters::ClassStats {
             value_bytes: value[i],
             pinned_bytes: pinned[i],
-            ..self.shared.class_stats(i)
+            ..self.shared.counters.class_stats(i)
         });
         Stats {
             entries: self
                 .map
                 .len()
-                .saturating_sub(self.shared.tombstones() as usize) as u64,
-            misses: self.shared.misses(),
+                .saturating_sub(self.shared.counters.tombstones() as usize)
+                as u64,
+            misses: self.shared.counters.misses(),
             classes,
-            dropped_purged: self.shared.dropped_tombstones(),
+            dropped_purged: self.shared.counters.dropped_tombstones(),
         }
     }
 
@@ -740,11 +741,12 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             }
             None => false,
         });
-        let tombstones = self.shared.tombstones();
+        let tombstones = self.shared.counters.tombstones();
         if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 * 2 / 3) {
             self.map.retain(|_, s| !s.slab.is_dead());
-            let left = self.shared.tombstones();
+            let left = self.shared.counters.tombstones();
             self.shared
+                .counters
                 .tombstones_dropped(tombstones.saturating_sub(left));
         }
     }
@@ -758,12 +760,12 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         };
         self.sweep();
         let target = budget - (budget / 16).min(4 * self.opts.slab_bytes as u64);
-        if self.shared.resident() <= target {
+        if self.shared.counters.resident() <= target {
             return;
         }
         let victims = self.in_victim_order(|s| s.unpinned(), usize::MAX);
         for (_, slab) in victims {
-            if self.shared.resident() <= target {
+            if self.shared.counters.resident() <= target {
                 break;
             }
             slab.purge_now();

@@ -34,8 +34,9 @@
 //! marks its own pages. A slab purged around holds is dead (its other entries are lost) but
 //! stays mapped, the held pages intact, until its last hold goes.
 
-use crate::counters::Shared;
+use crate::counters::Counters;
 use crate::lock::Mutex;
+use dashmap::DashMap;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::{Arc, Weak};
@@ -190,8 +191,8 @@ impl Slab {
         shared: &Arc<Shared>,
         touched: usize,
     ) -> Arc<Slab> {
-        shared.slab_created(priority, region.len());
-        shared.touched(priority, touched);
+        shared.counters.slab_created(priority, region.len());
+        shared.counters.touched(priority, touched);
         let slab = Arc::new_cyclic(|me| Slab {
             start: region.as_ptr() as usize,
             len: region.len(),
@@ -230,7 +231,7 @@ impl Slab {
         }
         let region = inner.region.take()?;
         self.die(&mut inner);
-        self.shared.recycled(self.priority);
+        self.shared.counters.recycled(self.priority);
         Some(Recycled {
             region,
             touched: self.touched(),
@@ -276,7 +277,7 @@ impl Slab {
         let end = end.next_multiple_of(vrange::page_size()).min(self.len);
         let before = self.touched.fetch_max(end, Relaxed);
         if end > before {
-            self.shared.touched(self.priority, end - before);
+            self.shared.counters.touched(self.priority, end - before);
         }
     }
 
@@ -426,7 +427,7 @@ impl Slab {
             let _ = r.purge();
         }
         if !self.dead.swap(true, AcqRel) {
-            self.shared.slab_died(
+            self.shared.counters.slab_died(
                 self.priority,
                 self.len(),
                 self.touched(),
@@ -516,7 +517,7 @@ impl Slab {
         self.live.fetch_sub(1, Relaxed);
         self.live_bytes.fetch_sub(len, Relaxed);
         if self.is_dead() {
-            self.shared.tombstone_gone();
+            self.shared.counters.tombstone_gone();
         }
     }
 
@@ -549,8 +550,91 @@ impl Drop for Slab {
     fn drop(&mut self) {
         if !self.dead.load(Relaxed) {
             self.shared
+                .counters
                 .slab_freed(self.priority, self.len(), self.touched());
         }
+    }
+}
+
+/// What a cache shares with its slabs (which may outlive it in a reader's hands): the
+/// statistics, and the list of slabs whose last pin was dropped since the last flush.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub counters: Counters,
+    idle: Mutex<Vec<Weak<Slab>>>,
+    flush: std::sync::OnceLock<vrange::reclaimer::FlushHook>,
+    /// Values given out raw (`Entry::into_raw`) and not released yet, by exact address: how
+    /// many raw pins each has, and its slab. A release must name one of these, so a second or
+    /// a foreign release is refused instead of dropping another reader's pin.
+    /// Sharded, so that threads getting values raw do not queue on one lock.
+    raw: DashMap<usize, RawPins, foldhash::fast::RandomState>,
+}
+
+/// The raw pins outstanding on one value's address.
+#[derive(Debug)]
+struct RawPins {
+    count: usize,
+    len: usize,
+    slab: Arc<Slab>,
+}
+
+impl Shared {
+    /// Shared state of a new cache, with its flush hook: it lives as long as any slab (which
+    /// may outlive the cache in a reader's hands), so idle slabs are always released.
+    pub fn new() -> Arc<Shared> {
+        let shared = Arc::new(Shared {
+            counters: Counters::new(),
+            idle: Mutex::new(vrange_sys::lock::Rank::CacheIdle, Vec::new()),
+            flush: std::sync::OnceLock::new(),
+            raw: DashMap::default(),
+        });
+        let weak = Arc::downgrade(&shared);
+        let hook = vrange::reclaimer::on_flush(move || {
+            if let Some(s) = weak.upgrade() {
+                s.flush_idle();
+            }
+        });
+        let _ = shared.flush.set(hook);
+        shared
+    }
+
+    /// A slab lost its last pin: the next flush marks it volatile.
+    pub fn queue_idle(&self, slab: Weak<Slab>) {
+        self.idle.lock().push(slab);
+    }
+
+    /// Marks volatile every queued slab still unpinned (in the order they went idle, so that
+    /// vrange ages them in that order).
+    pub fn flush_idle(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock());
+        for slab in idle.iter().filter_map(Weak::upgrade) {
+            slab.release_if_idle();
+        }
+    }
+
+    /// A value of `len` bytes given out raw at `addr`, held in `slab`.
+    pub fn raw_given(&self, addr: usize, len: usize, slab: Arc<Slab>) {
+        let mut pins = self.raw.entry(addr).or_insert(RawPins {
+            count: 0,
+            len,
+            slab,
+        });
+        // A pin each; there cannot be more pins than addressable bytes.
+        pins.count = pins.count.saturating_add(1);
+    }
+
+    /// Takes back one raw hold of the value at exactly `addr`, returning its slab and length
+    /// for the caller to release; `None` if no value at `addr` has a raw hold outstanding.
+    pub fn raw_taken(&self, addr: usize) -> Option<(Arc<Slab>, usize)> {
+        let slab = {
+            let mut pins = self.raw.get_mut(&addr)?;
+            // Zero: another release took the last pin and is about to remove the record.
+            pins.count = pins.count.checked_sub(1)?;
+            (pins.slab.clone(), pins.len)
+        };
+        // Unless a get gave the address out raw again meanwhile.
+        self.raw.remove_if(&addr, |_, p| p.count == 0);
+        Some(slab)
     }
 }
 

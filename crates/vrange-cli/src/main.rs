@@ -4,9 +4,10 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// Its printing macros (the crate's library) replace std's in every module.
+// Its printing macros (vrange-print's, whose `print!` ends quietly on a closed pipe) replace
+// std's in every module.
 #[macro_use]
-extern crate vrange_cli;
+extern crate vrange_print;
 
 mod out;
 
@@ -16,7 +17,7 @@ mod man;
 mod run;
 mod stat;
 
-use vrange_cli::{clock, table};
+use vrange_print::{clock, table};
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;

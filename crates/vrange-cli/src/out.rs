@@ -1,5 +1,5 @@
 //! What `vrange top` needs to fit the terminal, as top(1) does: [`columns`] and [`fit`]; and
-//! nouns counted in the number they take ([`count`]). Printing itself is `print.rs`'s.
+//! nouns counted in the number they take ([`count`]). Printing itself is vrange-print's.
 
 /// The width to fit lines to, as top(1) reads it: `COLUMNS` when it is set to a positive
 /// number, else the terminal's width when standard output is a terminal (TIOCGWINSZ); `None`

@@ -234,7 +234,7 @@ impl Shared {
         self.lock().rooms += 1;
     }
 
-    pub(crate) fn refused(&self, counts: [u64; server::REFUSALS]) {
+    pub(crate) fn refused(&self, counts: [u64; metrics::REFUSALS]) {
         self.lock().refused = counts;
     }
 

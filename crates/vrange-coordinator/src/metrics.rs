@@ -7,8 +7,10 @@
 //! a sleep) and in one write with Nagle off: a response written in pieces waits for the
 //! scraper's delayed ACK, which is how scrapes took 80–90 ms.
 //!
-//! Besides the coordinator's own figures: `vrange_build_info` and the standard `process_*`
-//! self-metrics of Prometheus client libraries, read from `/proc/self`.
+//! The loop (`server.rs`) hands its figures in ([`Snapshot`], counted by [`Refusal`] and the
+//! like); nothing here reaches back into it. Besides the coordinator's own figures:
+//! `vrange_build_info` and the standard `process_*` self-metrics of Prometheus client
+//! libraries, read from `/proc/self`.
 
 use crate::plan::Cut;
 use std::fmt::Write as _;
@@ -19,8 +21,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use vrange::coordination::{Row, Status};
-
-use crate::server::{Refusal, REFUSALS};
 
 /// Where metrics are served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +93,30 @@ pub(crate) struct Participant {
     pub row: Row,
     /// Its memory cgroup's directory ("" if unknown).
     pub cgroup: String,
+}
+
+/// Why a connection was refused or dropped (the `reason` label of
+/// `vrange_coordinator_refused_total`): on a root coordinator's socket, other jobs' processes
+/// knocking (`other_cgroup`) are routine, a malformed message (`protocol`) is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Another user's process, and the coordinator is not root.
+    OtherUser = 0,
+    /// A process outside the coordinated cgroup.
+    OtherCgroup = 1,
+    /// A malformed, oversized or unexpected message.
+    Protocol = 2,
+    /// A shared region's descriptor that is not the region named, or one too many.
+    Descriptor = 3,
+}
+
+/// Kinds of [`Refusal`].
+pub(crate) const REFUSALS: usize = 4;
+
+impl Refusal {
+    /// The label value, by index.
+    pub(crate) const NAMES: [&'static str; REFUSALS] =
+        ["other_user", "other_cgroup", "protocol", "descriptor"];
 }
 
 /// What the coordinator's loop last published.

@@ -4,7 +4,7 @@
 //! within the request timeout is marked unresponsive and left out of the plan until it speaks
 //! again.
 
-use crate::metrics;
+use crate::metrics::{self, Refusal, REFUSALS};
 use crate::plan::{self, Cut};
 use crate::scope::{Event, Scope, Watch};
 use crate::{Options, Shared};
@@ -168,30 +168,6 @@ impl Refused {
     fn total(&self) -> u64 {
         self.0.iter().sum()
     }
-}
-
-/// Why a connection was refused or dropped (the `reason` label of
-/// `vrange_coordinator_refused_total`): on a root coordinator's socket, other jobs' processes
-/// knocking (`other_cgroup`) are routine, a malformed message (`protocol`) is not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// Another user's process, and the coordinator is not root.
-    OtherUser = 0,
-    /// A process outside the coordinated cgroup.
-    OtherCgroup = 1,
-    /// A malformed, oversized or unexpected message.
-    Protocol = 2,
-    /// A shared region's descriptor that is not the region named, or one too many.
-    Descriptor = 3,
-}
-
-/// Kinds of [`Refusal`].
-pub(crate) const REFUSALS: usize = 4;
-
-impl Refusal {
-    /// The label value, by index.
-    pub(crate) const NAMES: [&'static str; REFUSALS] =
-        ["other_user", "other_cgroup", "protocol", "descriptor"];
 }
 
 impl<'a> Server<'a> {

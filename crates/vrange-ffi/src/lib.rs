@@ -12,8 +12,8 @@
 //!   `vrange_reclaimer_stop`;
 //! - `cache`: `vrange_cache_create`, `_put`, `_get`, `_release`, `_remove`, `_stats`,
 //!   `_destroy` (over `vrange-cache`);
-//! - `sqlite`: `vrange_sqlite_pcache` (a page cache for SQLite whose unpinned pages are
-//!   volatile);
+//! - `vrange_sqlite_pcache` (below: SQLite's page cache, whose unpinned pages are volatile,
+//!   is the `vrange-sqlite` crate's);
 //! - `version`: `vrange_version`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -25,12 +25,19 @@ mod features;
 mod flags;
 mod reclaimer;
 mod regions;
-mod sqlite;
 mod version;
 
 use libc::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use vrange_core::Error;
+
+/// A page cache for SQLite whose unpinned pages are volatile, a `const struct
+/// sqlite3_pcache_methods2 *` for `sqlite3_config(SQLITE_CONFIG_PCACHE2, ...)`: the
+/// `vrange-sqlite` crate's table (libvrange does not link SQLite).
+#[no_mangle]
+pub extern "C" fn vrange_sqlite_pcache() -> *const libc::c_void {
+    vrange_sqlite::methods()
+}
 
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.

@@ -35,5 +35,5 @@ mod stats;
 
 pub use config::{MallocMode, Thp};
 pub use global::VrangeMalloc;
-pub use heap::Block;
-pub use stats::{print_summary, report};
+pub use heap::{report, Block};
+pub use stats::print_summary;

@@ -1,5 +1,6 @@
 //! The allocator's counters: per arena (updated under the arena's lock, so on a cache line
-//! nobody else writes) and for large blocks, summed when asked. Reported through
+//! nobody else writes) and for large blocks, summed when asked (`heap::report`, above the
+//! arenas: this module counts for them and never reads them). Reported through
 //! `vrange::stats()` (its `allocator` field) and, with `VRANGE_MALLOC_STATS=1`, printed at exit.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -61,7 +62,8 @@ impl Counters {
         self.freed.fetch_add(bytes as u64, Relaxed);
     }
 
-    fn add_to(&self, s: &mut AllocatorStats) {
+    /// Adds these counters to `s` (`heap::report` sums every arena's and the large blocks').
+    pub fn add_to(&self, s: &mut AllocatorStats) {
         let allocated = self.allocated.load(Relaxed);
         let freed = self.freed.load(Relaxed);
         s.allocated_bytes = s
@@ -85,17 +87,9 @@ pub fn mapped(delta: i64) {
     }
 }
 
-/// The allocator's counters now. Exact when no thread allocates or frees meanwhile.
-pub fn report() -> AllocatorStats {
-    let mut s = AllocatorStats::default();
-    for a in &crate::arena::ARENAS[..crate::arena::count()] {
-        a.counters.add_to(&mut s);
-    }
-    crate::large::COUNTERS.add_to(&mut s);
-    crate::cache::add_to(&mut s);
-    s.mapped_bytes = MAPPED.load(Relaxed);
-    s.free_bytes = s.mapped_bytes.saturating_sub(s.allocated_bytes);
-    s
+/// Address space mapped now (for the report, `heap::report`).
+pub fn mapped_bytes() -> u64 {
+    MAPPED.load(Relaxed)
 }
 
 /// Where the exit summary goes: a copy of stderr made at start-up, because many programs (GNU

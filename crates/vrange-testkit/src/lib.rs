@@ -20,7 +20,9 @@
 //! - [`sched`]: starving a thread of this process (the reclaimer falling behind);
 //! - [`scratch`]: scratch directories;
 //! - [`signal`]: SIGBUS handlers for tests of SIGBUS mode and refill regions;
-//! - [`mod@bench`]: the criterion benchmarks' labels and results.
+//! - [`mod@bench`]: the criterion benchmarks' labels and results;
+//! - [`layers`]: which module of a crate names which, which crate depends on which (read
+//!   from the sources; the rules are `tests/layers.rs`'s).
 //!
 //! # Skips
 //! One policy for every test that needs something this machine may lack (a memory cgroup,
@@ -38,6 +40,7 @@ pub mod cgroup;
 pub mod confine;
 pub mod fork;
 pub mod hog;
+pub mod layers;
 pub mod lru;
 pub mod pattern;
 pub mod proc;

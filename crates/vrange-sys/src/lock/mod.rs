@@ -5,7 +5,7 @@
 //! - A [`Lock`] is a ranked spin lock that never allocates, usable in a `const` static, and
 //!   **held across `fork`**: the forking thread takes every `Lock` ever used, in rank order,
 //!   before the fork, so that neither process inherits one held by a thread it does not have
-//!   ([`fork`]'s handlers). A thread holding one must never wait for anything a fork's
+//!   (the fork protocol's handlers, in `held.rs`). A thread holding one must never wait for anything a fork's
 //!   preparation could be holding: a program's own code (a fill function, a callback) never
 //!   runs under one.
 //! - A [`RankedMutex`] guards state that allocates or opens files. It is never held across
@@ -17,14 +17,12 @@
 //! A thread takes locks in increasing [`Rank`] only; debug builds assert it on every
 //! acquisition (a per-thread set of the ranks held, as jemalloc's witnesses).
 
-mod fork;
+mod held;
 mod mutex;
-mod spin;
 mod witness;
 
-pub use fork::generation;
+pub use held::{generation, Guard, Lock};
 pub use mutex::{MutexGuard, RankedMutex};
-pub use spin::{Guard, Lock};
 pub use witness::Witness;
 
 /// The rank of each of vrange's locks, in every crate: a thread holding one takes only higher

@@ -1,6 +1,6 @@
 //! [`RankedMutex`]: a ranked lock around state that allocates, never held across fork.
 
-use super::fork::{ensure_installed, generation};
+use super::held::{ensure_installed, generation};
 use super::witness::{Order, Witness};
 use super::Rank;
 use crate::sync::backoff;

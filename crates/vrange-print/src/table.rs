@@ -1,5 +1,5 @@
-//! The one table type of the `vrange` command (and of vrange-bench's reports, through this
-//! crate's library): aligned plain text for the terminal, Markdown for files. Column widths are computed from the cells; a column whose cells are numbers
+//! The one table type of the `vrange` command and of vrange-bench's reports: aligned plain text
+//! for the terminal, Markdown for files. Column widths are computed from the cells; a column whose cells are numbers
 //! (they start with a digit, or are a placeholder such as "–") is right-aligned, so that
 //! magnitudes line up. `vrange stat --watch` prints one row at a time with the same layout
 //! ([`Layout`]), its widths fixed from the header and the first row.

@@ -1,6 +1,6 @@
-//! `vrange_sqlite_pcache()`: a page cache for SQLite (`sqlite3_pcache_methods2`, installed with
-//! `sqlite3_config(SQLITE_CONFIG_PCACHE2, vrange_sqlite_pcache())` before SQLite starts) whose
-//! unpinned pages are volatile: the system may take them back under memory pressure, in the
+//! A page cache for SQLite ([`methods`]: a `sqlite3_pcache_methods2`, installed with
+//! `sqlite3_config(SQLITE_CONFIG_PCACHE2, ...)` before SQLite starts; the C ABI exports it as
+//! `vrange_sqlite_pcache()`) whose unpinned pages are volatile: the system may take them back under memory pressure, in the
 //! same global order as all other vrange memory, and SQLite reads a taken page from its file
 //! again, as it would after its own cache evicted it.
 //!
@@ -24,20 +24,25 @@
 //!   discarded oldest first); set it large and let memory pressure bound the cache.
 //! - Each cache has its own lock; SQLite calls one cache from one thread at a time, several
 //!   caches from several threads.
+//!
+//! It never links SQLite: the methods table and the page it hands out are built by their C
+//! layout in sqlite3.h, and SQLite is whichever the program uses. No panic reaches SQLite.
+
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use libc::{c_int, c_uint, c_void};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
 use std::sync::Mutex;
-use vrange_core::{Huge, Options, Policy, VolatileRegion};
+use vrange::{Huge, Options, Policy, VolatileRegion};
 
 /// Page number → slot.
 type PageMap = HashMap<u32, u32, foldhash::fast::RandomState>;
 
 /// `sqlite3_pcache_page` of sqlite3.h.
 #[repr(C)]
-pub struct PcachePage {
+struct PcachePage {
     buf: *mut c_void,
     extra: *mut c_void,
 }
@@ -51,7 +56,7 @@ struct Page {
 
 /// `sqlite3_pcache_methods2` of sqlite3.h (version 1).
 #[repr(C)]
-pub struct PcacheMethods2 {
+struct PcacheMethods2 {
     version: c_int,
     arg: *mut c_void,
     init: unsafe extern "C" fn(*mut c_void) -> c_int,
@@ -86,9 +91,9 @@ static METHODS: PcacheMethods2 = PcacheMethods2 {
     shrink: x_shrink,
 };
 
-/// The page cache methods, for `sqlite3_config(SQLITE_CONFIG_PCACHE2, vrange_sqlite_pcache())`.
-#[no_mangle]
-pub extern "C" fn vrange_sqlite_pcache() -> *const c_void {
+/// The page cache methods, a `const sqlite3_pcache_methods2 *` for
+/// `sqlite3_config(SQLITE_CONFIG_PCACHE2, methods())`.
+pub fn methods() -> *const c_void {
     std::ptr::addr_of!(METHODS).cast()
 }
 
@@ -247,8 +252,7 @@ impl Inner {
         self.allocs = self.allocs.wrapping_add(1);
         if self.was_short || self.allocs % CHECK_EVERY == 0 {
             let next = (self.stride as u64).saturating_mul(u64::from(CHECK_EVERY));
-            self.was_short =
-                vrange_core::reclaimer::room().is_some_and(|room| room.short_for(next));
+            self.was_short = vrange::reclaimer::room().is_some_and(|room| room.short_for(next));
         }
         self.was_short
     }
@@ -266,7 +270,7 @@ impl Inner {
             if let Some(old) = self.oldest_unpinned() {
                 self.discard(old);
             } else {
-                vrange_core::reclaimer::make_room(self.stride);
+                vrange::reclaimer::make_room(self.stride);
             }
         }
         if self.free.is_empty() {
@@ -492,7 +496,7 @@ unsafe extern "C" fn x_shutdown(_: *mut c_void) {}
 
 unsafe extern "C" fn x_create(page_size: c_int, extra: c_int, purgeable: c_int) -> *mut c_void {
     let made = catch_unwind(|| {
-        let sys = vrange_core::page_size();
+        let sys = vrange::page_size();
         let size = usize::try_from(page_size).ok().filter(|&s| s > 0)?;
         let extra = usize::try_from(extra).ok()?;
         let stride = size.checked_next_multiple_of(sys)?;
@@ -561,3 +565,6 @@ unsafe extern "C" fn x_destroy(cache: *mut c_void) {
 unsafe extern "C" fn x_shrink(cache: *mut c_void) {
     with(cache, (), Inner::shrink);
 }
+
+#[cfg(test)]
+mod tests;

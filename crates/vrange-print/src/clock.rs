@@ -1,6 +1,5 @@
-//! Local wall-clock time for what the command prints: the HH:MM:SS column of `vrange stat
-//! --watch`, and the date on vrange-bench's plots (through this crate's library). Local, not
-//! UTC: a person compares it with
+//! Local wall-clock time for what the commands print: the HH:MM:SS column of `vrange stat
+//! --watch`, and the date on vrange-bench's plots. Local, not UTC: a person compares it with
 //! the clock on their screen and with their own logs.
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,6 +1,6 @@
 //! Everything the command prints goes through here: `print!`, `println!`, `eprint!` and
 //! `eprintln!` are redefined below (exported: a binary's `#[macro_use] extern crate
-//! vrange_cli;` puts them before std's in every module) to call [`stdout`] and [`stderr`], so
+//! vrange_print;` puts them before std's in every module) to call [`stdout`] and [`stderr`], so
 //! that no subcommand can panic on a closed pipe. std's macros panic ("failed printing to stdout: Broken pipe", exit status 101)
 //! because the Rust runtime ignores SIGPIPE; `vrange top | head` must end as `yes | head` does
 //! instead: quietly, killed by SIGPIPE.
@@ -9,7 +9,7 @@
 //! coordinator write to sockets whose readers may go away, and those must see EPIPE, not die.
 //! Here only the command's own standard output and error end it.
 //!
-//! vrange-bench prints the same way, through this crate.
+//! vrange-bench prints the same way.
 
 #[macro_export]
 macro_rules! print {
