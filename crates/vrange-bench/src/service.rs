@@ -23,7 +23,7 @@ pub const RESTART: Duration = Duration::from_secs(1);
 /// The headroom under which the reclaimers purge at their default (`VRANGE_HEADROOM=auto`),
 /// and the coordinator at the daemon's, in a cgroup of `limit` bytes.
 pub fn headroom(limit: u64) -> u64 {
-    (limit / 16).clamp(4 * MIB, 256 * MIB)
+    vrange::short::auto_threshold(limit)
 }
 
 /// xorshift64* (Vigna), seeded through splitmix64: the generator of the C workloads
