@@ -11,8 +11,9 @@
 //! that an invariant reads are loaded `Relaxed` for the same reason: only a happens-before edge
 //! through the state word makes the value the assertion expects the one loom must return.
 //!
-//! `LOOM_MAX_PREEMPTIONS=N` bounds every scenario to N preemptions instead (5 takes seconds, 6
-//! under a minute; exploring the three-thread scenarios exhaustively takes minutes).
+//! `LOOM_MAX_PREEMPTIONS=N` bounds every scenario to N preemptions instead (with every side in a
+//! thread of its own, see `loom_shim`: 3 takes some seconds, 4 a minute and a half on two
+//! cores; exploring the three-thread scenarios exhaustively takes far longer).
 
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -33,7 +34,7 @@ use state::{Found, Marked, RangeState};
 
 /// Preemptions explored per execution of the scenarios with three threads, unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise. The two-thread scenarios are explored exhaustively.
-const THREE_THREAD_PREEMPTIONS: usize = 4;
+const THREE_THREAD_PREEMPTIONS: usize = 3;
 
 /// What the owner wrote before marking the range volatile.
 const CONTENT: u8 = 0xAA;
