@@ -23,6 +23,8 @@
 //! workloads, no hidden subcommand). It prints as the command does, through vrange-print
 //! (printing, tables, times); it depends on no front-end, the command included.
 
+// ci: host only: the unit tests are formatting and arithmetic
+
 // vrange-print's printing macros (a closed pipe ends the process quietly) replace std's in every
 // module.
 #[macro_use]

@@ -1,6 +1,8 @@
 //! vrange-bench's command line: the suites it lists and refuses, its size grammar, and the role
 //! subcommand, which its own processes use and its help does not show.
 
+// ci: host only: the command line
+
 mod common;
 use common::vrange_bench;
 

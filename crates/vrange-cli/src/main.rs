@@ -2,6 +2,8 @@
 //! is, and coordinate the purges of a container's processes. (The benchmark suites are
 //! `vrange-bench`, a separate, unpublished command: nothing of them ships here.)
 
+// ci: host only: the unit tests are formatting and parsing
+
 #![deny(unsafe_op_in_unsafe_fn)]
 
 // Its printing macros (vrange-print's, whose `print!` ends quietly on a closed pipe) replace

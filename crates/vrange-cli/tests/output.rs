@@ -2,6 +2,8 @@
 //! stops early (`| head`), and onto a terminal narrower than a line (`vrange top` at 80
 //! columns).
 
+// ci: host only: pipes and terminals
+
 mod common;
 use common::vrange;
 

@@ -3,6 +3,8 @@
 //! taken; and a malformed `VRANGE_*` variable in the environment of `vrange run` is reported
 //! once, in one line, by the program it runs, which works on.
 
+// ci: host only: the size grammar
+
 mod common;
 use common::{lib, vrange};
 

@@ -12,6 +12,8 @@
 //! - a paragraph that starts deeper than column 5 after a blank line is verbatim, and so is
 //!   every paragraph of SYNOPSIS and EXAMPLE that does not start with a capitalised word.
 
+// ci: host only: compares the man page with the header
+
 use std::path::{Path, PathBuf};
 
 fn repo_root() -> PathBuf {

@@ -4,6 +4,8 @@
 //! memory and depends on no crate of vrange's. Not an API: no stability promise beyond the
 //! command's.
 
+// ci: host only: formatting
+
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[macro_use]

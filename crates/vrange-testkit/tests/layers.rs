@@ -14,6 +14,8 @@
 //!   it). Nothing depends on the benchmarks, and a published crate takes the test kit as a
 //!   dev-dependency only.
 
+// ci: host only: reads the sources
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use vrange_testkit::build::workspace_root;

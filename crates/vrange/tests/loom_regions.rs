@@ -7,6 +7,8 @@
 //! What a region keeps is a `loom::cell::UnsafeCell`: loom reports any access to it that is not
 //! ordered by happens-before, so the models check the protocol's orderings, not just its flags.
 
+// ci: host only: a model of the region table, not of the kernel
+
 #[allow(dead_code)] // each model uses part of it
 mod loom_shim;
 

@@ -4,6 +4,8 @@
 //! `slots.rs` depends only on `crate::sync`, so it is compiled here against the loom shim, with
 //! slots of the model's own.
 
+// ci: host only: a model of the slot arena, not of the kernel
+
 #[allow(dead_code)] // each model uses part of it
 mod loom_shim;
 

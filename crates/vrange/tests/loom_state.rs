@@ -15,6 +15,8 @@
 //! thread of its own, see `loom_shim`: 3 takes some seconds, 4 a minute and a half on two
 //! cores; exploring the three-thread scenarios exhaustively takes far longer).
 
+// ci: host only: a model of the state machine, not of the kernel
+
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use loom::sync::Arc;
