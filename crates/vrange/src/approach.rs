@@ -1,33 +1,29 @@
 //! Arming on approach: while the process's memory cgroup (or, without a limit, the machine) is
-//! near its limit, every hybrid range goes to the kernel's lazy-free path at once, so that the
-//! kernel's own reclaim can take it the moment a neighbour writing at memory speed reaches the
-//! limit, without waiting for the reclaimer thread (which a burst of a few milliseconds
-//! outruns). Ranges marked while tight are armed by the marking thread; those already volatile,
-//! and the allocator's free spans (marked under its locks), at the reclaimer's next pass, which
-//! runs at least every [`TIGHT_POLL`]. Away from the limit nothing changes: a mark is one
-//! compare-and-swap and hybrid ranges wait for the arm delay.
+//! near its limit, the kernel must be able to take, at any moment and by itself, what a
+//! neighbour writing at memory speed can charge before the reclaimer next acts: the *armed
+//! reserve* (`crate::short::reserve`). The reclaimer keeps it at each tick by handing the
+//! coldest volatile hybrid ranges (the victim order's first) to the kernel's lazy-free path
+//! ("arming" them); what it could not arm is a *deficit* that the next marks pay off, each
+//! arming its own range as it marks it. Every other volatile range stays managed: a hit on it
+//! is a compare-and-swap, no system call, no page proof. Away from the limit nothing is armed
+//! but what has been volatile for the arm delay.
 //!
-//! "Near" is what a neighbour can fault in before the reclaimer next looks: the tight watermark
-//! of headroom (`crate::short::watermark`). The reclaimer measures headroom when it starts
-//! (before any tick, with short-lived reads: no descriptor is kept yet) and at every tick;
-//! until its first measure (and in a process whose reclaimer is off) memory counts as tight.
-//! A pressure event of the process's own cgroup (vmpressure, v2 `memory.pressure`) or of a
-//! short machine counts as tight too, for at least [`HOLD`].
+//! "Near" is the tight watermark of headroom (`crate::short::watermark`: what a neighbour
+//! faults in within a tick, at least 64 MiB). The reclaimer measures headroom when it starts
+//! (before any tick, with short-lived reads: no descriptor is kept yet) and at every tick, and
+//! ticks at least every [`TIGHT_POLL`] while tight; until its first measure (and in a process
+//! whose reclaimer is off) memory counts as tight and every mark arms its range: nothing else
+//! would. A pressure event of the process's own cgroup (vmpressure, v2 `memory.pressure`) or
+//! of a short machine counts as tight too, for at least [`HOLD`].
 //!
-//! Except a *hot* range: one marked again within [`HOT`] of its previous mark (a cache's slab,
-//! pinned by a hit and marked again by the next tick's flush; a buffer reused in a loop).
-//! Arming it at every mark would cost an madvise(2) over the range at the mark and a proof of
-//! each page at the next unmark, both wasted when the range is pinned again a moment later
-//! (half the time of a cache serving beside its limit went there). A hot range is armed by the
-//! reclaimer once it has been idle for [`HOT`] (five tight ticks: a slab hit between every
-//! tick is marked every tick); until then the kernel cannot take it, but the reclaimer, which
-//! looks every tick, still purges it if the headroom calls for it: what the process re-marked
-//! within the last [`HOT`] is the memory it is using, the last the reclaimer would drop. A
-//! range's first mark is never hot: the burst right after a first mark finds it armed. Until
-//! a reclaimer has measured, hot ranges are armed at the mark like the others (nothing would
-//! arm them later).
+//! A *hot* range (marked again within [`HOT`] of its previous mark: a cache's slab, pinned by a
+//! hit and marked again by the next tick's flush; a buffer reused in a loop) is neither armed
+//! at its mark nor taken for the reserve until it has been idle for [`HOT`]: arming it would
+//! cost an madvise(2) over the range and a proof of each page at the next unmark, both wasted
+//! when it is pinned again a moment later. The reclaimer still purges it if the headroom calls
+//! for it. A range's first mark is never hot.
 //!
-//! This module owns the flag and the rule; it never purges.
+//! This module owns the flag, the deficit and the hot rule; it never purges.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicU8};
@@ -40,6 +36,9 @@ const RELAXED: u8 = 1;
 const TIGHT: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Bytes the reclaimer could not arm for the reserve at its last tick (a mark arms its range
+/// while this is positive, and takes its bytes off).
+static DEFICIT: AtomicU64 = AtomicU64::new(0);
 /// When a pressure event last made memory tight (ns), to hold the state for [`HOLD`].
 static EVENT_AT: AtomicU64 = AtomicU64::new(0);
 
@@ -57,20 +56,35 @@ pub(crate) fn is_hot(previous: u64, now: u64) -> bool {
     previous != 0 && now.saturating_sub(previous) < HOT.as_nanos() as u64
 }
 
-/// Whether the marking thread arms a hybrid range it just marked (`hot`: see [`is_hot`]):
-/// memory is tight and the range is not hot, or no reclaimer has measured (then none may arm
-/// a hot range later either).
+/// Whether the marking thread arms a hybrid range of `len` bytes it just marked (`hot`: see
+/// [`is_hot`]): memory is tight, the reserve short of bytes and the range not hot (its bytes
+/// are then taken off the deficit), or no reclaimer has measured (then none may arm it later
+/// either). Away from the limit, one relaxed load.
 #[inline]
-pub(crate) fn arm_at_mark(hot: bool) -> bool {
+pub(crate) fn arm_at_mark(hot: bool, len: usize) -> bool {
     match STATE.load(Relaxed) {
         RELAXED => false,
-        TIGHT => !hot,
+        TIGHT => !hot && take_deficit(len as u64),
         _ => true,
     }
 }
 
-/// Whether hybrid ranges are armed as they are marked (one relaxed load: the mark path's cost):
-/// memory is tight, or not measured yet.
+/// Takes `len` bytes off the deficit if there is one: whether there was.
+fn take_deficit(len: u64) -> bool {
+    DEFICIT.load(Relaxed) != 0
+        && DEFICIT
+            .fetch_update(Relaxed, Relaxed, |d| {
+                (d != 0).then(|| d.saturating_sub(len))
+            })
+            .is_ok()
+}
+
+/// The reclaimer's tick: `bytes` of the reserve could not be armed (0: it is whole).
+pub(crate) fn set_deficit(bytes: u64) {
+    DEFICIT.store(bytes, Relaxed);
+}
+
+/// Whether memory is tight, or not measured yet (one relaxed load).
 #[inline]
 pub(crate) fn is_tight() -> bool {
     STATE.load(Relaxed) != RELAXED
@@ -115,6 +129,7 @@ pub(crate) fn pressure_event(now: u64) {
 pub(crate) fn reset() {
     STATE.store(UNKNOWN, Relaxed);
     EVENT_AT.store(0, Relaxed);
+    DEFICIT.store(0, Relaxed);
 }
 
 /// Headroom of the machine for a process whose cgroup sets no limit: MemAvailable, read from
@@ -141,6 +156,22 @@ mod tests {
         assert!(next(true, Some(150 * MIB), mark, 0, 0), "hysteresis");
         assert!(!next(true, Some(201 * MIB), mark, 0, 0));
         assert!(!next(true, None, mark, 0, 0), "no limit known: not tight");
+    }
+
+    #[test]
+    fn marks_pay_off_the_deficit() {
+        STATE.store(TIGHT, Relaxed);
+        set_deficit(3 * MIB);
+        assert!(arm_at_mark(false, 2 << 20), "a deficit: armed");
+        assert!(!arm_at_mark(true, 2 << 20), "hot: not armed, nothing taken");
+        assert!(arm_at_mark(false, 2 << 20), "1 MiB left: armed");
+        assert!(!arm_at_mark(false, 2 << 20), "paid off");
+        STATE.store(UNKNOWN, Relaxed);
+        assert!(arm_at_mark(true, 1), "not measured: every mark arms");
+        STATE.store(RELAXED, Relaxed);
+        set_deficit(3 * MIB);
+        assert!(!arm_at_mark(false, 1), "away from the limit: none");
+        reset();
     }
 
     #[test]

@@ -303,17 +303,16 @@ fn mark_range(idx: u32, slot: &Slot, now: u64) {
         stats::volatile_add(idx, slot.len.load(Relaxed));
         let hot = crate::approach::is_hot(previous, now);
         slot.hot.store(hot, Relaxed);
-        if crate::approach::arm_at_mark(hot) {
+        if crate::approach::arm_at_mark(hot, slot.len.load(Relaxed)) {
             arm_now(slot, now);
         }
     }
 }
 
 /// Hands a hybrid range just marked to the kernel's lazy-free path in the marking thread, while
-/// memory is tight (`crate::approach`), unless it is hot (marked again within
-/// `approach::HOT`: the reclaimer arms it once idle that long). Skipped while a purge holds the
-/// purge lock (a flush hook marking inside one): the reclaimer's next pass, at most 10 ms
-/// away, arms it.
+/// memory is tight and the armed reserve short (`crate::approach`), unless it is hot (marked
+/// again within `approach::HOT`). Skipped while a purge holds the purge lock (a flush hook
+/// marking inside one): the reclaimer's next pass, at most 10 ms away, keeps the reserve.
 fn arm_now(slot: &Slot, now: u64) {
     let word = slot.state().load();
     if !due_for_arming(slot, word, now, 0) {
@@ -675,6 +674,15 @@ pub(crate) fn due_for_arming(slot: &Slot, word: u64, now: u64, delay_ns: u64) ->
         && slot.header().is_none()
         && state::tag(word) == state::VOLATILE
         && now.saturating_sub(slot.last_used()) >= delay_ns
+}
+
+/// Bytes of the range handed to the kernel's lazy-free path, if its `word` says it is armed (or
+/// being armed): what the kernel can take of it by itself.
+pub(crate) fn armed_bytes(slot: &Slot, word: u64) -> usize {
+    match state::tag(word) {
+        state::ARMING | state::ARMED => slot.armed.load(Relaxed),
+        _ => 0,
+    }
 }
 
 /// Whether `idx`'s range is managed memory whose `seen` word makes it a purge candidate.

@@ -15,7 +15,8 @@
 //! | by how much? | back to twice the threshold: 2 × threshold − (headroom − `bytes`), nothing while headroom − `bytes` ≥ threshold ([`deficit`]) | the reclaimer at each tick (`bytes` 0), [`make_room`](crate::reclaimer::make_room) before a client maps memory, the coordinator for its container |
 //! | how much a pressure event asks | vmpressure critical: every volatile byte; medium and PSI: `VRANGE_PRESSURE_SHARE` % of them, at least 2 MiB | the reclaimer |
 //! | is the machine short? (a stall on the system's PSI file purges only then) | MemAvailable < MemTotal / 10 (earlyoom's line) | the reclaimer |
-//! | is memory tight? (hybrid ranges armed at once) | headroom under what a neighbour faults in within one tick (4 GiB/s × tick), at least 64 MiB; relaxed again above twice that ([`watermark`]) | `crate::approach` |
+//! | is memory tight? | headroom under what a neighbour faults in within one tick (4 GiB/s × tick), at least 64 MiB; relaxed again above twice that ([`watermark`]) | `crate::approach` |
+//! | how much must the kernel be able to take at once (the armed reserve)? | what can be charged before the reclaimer acts again, beyond the headroom: the faster of 4 GiB/s and twice the measured charge rate, over the tick and the reclaimer's reaction, at least 64 MiB, less the headroom ([`burst`], [`reserve`]) | the reclaimer, which arms the coldest volatile ranges to keep it |
 //!
 //! A leaf: it names no other module of the crate.
 
@@ -116,17 +117,36 @@ pub(crate) fn machine_short(meminfo_kb: Option<(u64, u64)>) -> bool {
     }
 }
 
-/// The rate at which a neighbour is assumed to fault memory in: one thread touching fresh
-/// 4 KiB pages on the machines vrange is tested on manages 2-4 GiB/s.
+/// The charge rate assumed of a neighbour, and the least ever assumed: one thread touching fresh
+/// 4 KiB pages manages 2-4 GiB/s on the machines vrange is tested on, and a neighbour that has
+/// not faulted yet (the burst right after a mark) is measured at nothing.
 pub(crate) const FAULT_RATE: u64 = 4 << 30;
-/// The smallest tight watermark.
+/// The factor on a measured charge rate: a rate is measured over a tick, as an average, and a
+/// burst inside the tick runs faster than that; two threads faulting at once double it.
+const RATE_SAFETY: u64 = 2;
+/// The smallest burst (and tight watermark).
 const MIN_WATERMARK: u64 = 64 << 20;
+
+/// What can be charged to the memory cgroup before the reclaimer acts again: the faster of
+/// [`FAULT_RATE`] and twice the measured charge rate (bytes per second), over `window` (until
+/// the reclaimer's next tick, plus its reaction), and at least 64 MiB.
+pub(crate) fn burst(measured_rate: u64, window: Duration) -> u64 {
+    let rate = FAULT_RATE.max(measured_rate.saturating_mul(RATE_SAFETY));
+    let bytes = rate as u128 * window.as_nanos() / 1_000_000_000;
+    u64::try_from(bytes).unwrap_or(u64::MAX).max(MIN_WATERMARK)
+}
 
 /// Headroom under which memory is tight: what a neighbour faulting at [`FAULT_RATE`] takes
 /// within one tick of `poll`, and at least 64 MiB. Relaxed again above twice it.
 pub(crate) fn watermark(poll: Duration) -> u64 {
-    let per_tick = (FAULT_RATE as u128 * poll.as_nanos() / 1_000_000_000) as u64;
-    per_tick.max(MIN_WATERMARK)
+    burst(0, poll)
+}
+
+/// The armed reserve: volatile bytes the kernel must be able to take at any moment, by itself,
+/// so that a `burst` charged before the reclaimer acts again finds room: what the burst would
+/// charge beyond the `headroom` (which counts clean page cache, also the kernel's to drop).
+pub(crate) fn reserve(headroom: u64, burst: u64) -> u64 {
+    burst.saturating_sub(headroom)
 }
 
 #[cfg(test)]
@@ -193,5 +213,18 @@ mod tests {
         assert_eq!(watermark(Duration::from_millis(100)), 4096 * MIB / 10);
         assert_eq!(watermark(Duration::from_millis(1)), MIN_WATERMARK);
         assert_eq!(watermark(Duration::from_secs(1)), 4096 * MIB);
+    }
+
+    #[test]
+    fn the_reserve_is_the_burst_beyond_the_headroom() {
+        let tick = Duration::from_millis(10);
+        // Nothing measured, or slower than the floor: the floor, at least 64 MiB.
+        assert_eq!(burst(0, tick), 64 * MIB);
+        assert_eq!(burst(MIB, Duration::from_millis(100)), 4096 * MIB / 10);
+        // A measured rate counts twice.
+        assert_eq!(burst(8 << 30, Duration::from_millis(100)), 1_717_986_918);
+        assert_eq!(burst(u64::MAX, Duration::from_secs(1 << 20)), u64::MAX);
+        assert_eq!(reserve(40 * MIB, 64 * MIB), 24 * MIB);
+        assert_eq!(reserve(100 * MIB, 64 * MIB), 0);
     }
 }

@@ -21,7 +21,9 @@
 //! A hot range (marked again within 50 ms of its previous mark) is the exception:
 //! `a_hot_range_is_armed_once_idle_not_at_every_mark` checks, in a cgroup as tight, that
 //! marks in a quick loop are not armed one by one, that the range is armed once left idle,
-//! and that its content comes back exact.
+//! and that its content comes back exact. And only the reserve is armed:
+//! `only_the_coldest_reserve_is_armed` checks that once the kernel can take what a burst would
+//! charge beyond the headroom, a range marked later stays managed.
 
 use std::time::{Duration, Instant};
 use vrange::{Options, VolatileRegion};
@@ -46,6 +48,12 @@ const HOT_LEN: usize = 2 * MIB;
 const CYCLES: u64 = 500;
 /// Marks 12 ms apart (over a tight tick, under the hot window).
 const PACED: u64 = 20;
+const RESERVE_TEST: &str = "only_the_coldest_reserve_is_armed";
+/// A cgroup whose headroom, with both regions resident, is under the smallest burst (64 MiB)
+/// by less than the older region: the reserve needs that one, not the younger.
+const RESERVE_LIMIT: usize = 112 * MIB;
+const OLD_LEN: usize = 48 * MIB;
+const YOUNG_LEN: usize = 8 * MIB;
 
 fn holder() {
     let r = VolatileRegion::new(VOLATILE, Options::default()).expect("region");
@@ -152,7 +160,7 @@ fn a_burst_right_after_the_first_mark_finds_the_memory_takeable() {
     match role().as_deref() {
         Some("holder") => return holder(),
         Some("burster") => return burster(),
-        Some("hot") => return,
+        Some("hot") | Some("reserve") => return,
         Some(other) => panic!("unknown role {other}"),
         None => {}
     }
@@ -281,4 +289,62 @@ fn a_hot_range_is_armed_once_idle_not_at_every_mark() {
     );
     assert_eq!(line.u64("bad"), 0, "{line:?}");
     assert_eq!(line.u64("purged"), line.u64("zero"), "exact: {line:?}");
+}
+
+/// In the reserve's cgroup: two regions filled; once the reclaimer has measured (tight), the
+/// old one is marked, a few ticks later the young one; a few ticks after that, what is armed.
+fn reserve_holder() {
+    let old = VolatileRegion::new(OLD_LEN, Options::default()).expect("region");
+    let young = VolatileRegion::new(YOUNG_LEN, Options::default()).expect("region");
+    fill(old.as_ptr(), old.len(), SEED);
+    fill(young.as_ptr(), young.len(), SEED + 1);
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: nothing refers into the regions while they are volatile.
+    unsafe { old.mark() }.expect("mark");
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: as above.
+    unsafe { young.mark() }.expect("mark");
+    std::thread::sleep(Duration::from_millis(200));
+    let armed = vrange::stats().armed_bytes;
+    let (mut bad, mut lost) = (0, 0);
+    for (r, seed) in [(&old, SEED), (&young, SEED + 1)] {
+        let u = r.unmark().expect("unmark");
+        lost += u.purged;
+        let page = vrange::page_size();
+        for off in (0..r.len()).step_by(page) {
+            // SAFETY: inside the region, pinned again.
+            let p = unsafe { r.as_ptr().add(off) };
+            if !is_zero(p, page) && !check_at(r.as_ptr(), off, page, seed) {
+                bad += 1;
+            }
+        }
+    }
+    say(format_args!("RESERVE armed={armed} bad={bad} lost={lost}"));
+}
+
+#[test]
+fn only_the_coldest_reserve_is_armed() {
+    if role().as_deref() == Some("reserve") {
+        return reserve_holder();
+    }
+    let _serial = serial();
+    let child = match cgroup::child("vrange-reserve-", RESERVE_LIMIT as u64) {
+        Ok(c) => c,
+        Err(why) => return vrange_testkit::skip(why),
+    };
+    let mut cmd = role_command(RESERVE_TEST, "reserve");
+    join_before_exec(&mut cmd, &child.cgroup().file("cgroup.procs")).expect("join");
+    let mut holder = Role::spawn("reserve", cmd);
+    let line = holder.expect("RESERVE", SYNC);
+    let exit = holder.wait(SYNC);
+    drop(holder);
+    cgroup::remove(child);
+    println!("{line:?}, {exit}");
+    assert_eq!(
+        line.u64("armed"),
+        OLD_LEN as u64,
+        "the old region is the reserve; the young one stays managed: {line:?}"
+    );
+    assert_eq!(line.u64("bad"), 0, "{line:?}");
+    assert_eq!(line.u64("lost"), 0, "nothing pressed the cgroup: {line:?}");
 }

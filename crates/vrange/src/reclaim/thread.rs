@@ -68,12 +68,14 @@ pub(super) fn run() {
     let mut coordinator = participant::Participant::default();
     // Before the first tick: a process that starts close to its limit arms at once.
     let mut measured = now_ns();
-    approach_check(
-        None,
-        measured,
-        Duration::from_millis(cfg.poll_ms.load(Relaxed)),
-        true,
-    );
+    let mut pace = Pace::default();
+    let first_poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
+    if let Some(headroom) = approach_check(None, measured, first_poll, true, &mut pace) {
+        if approach::is_tight() {
+            let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
+            arm(headroom, &pace, first_poll, Duration::ZERO, delay_ns);
+        }
+    }
     while STATE.load(Acquire) == RUNNING {
         let configured = Duration::from_millis(cfg.poll_ms.load(Relaxed));
         let poll = if approach::is_tight() {
@@ -83,6 +85,8 @@ pub(super) fn run() {
         };
         let ready = wait(&mut watch, &mut bell, &mut volatile_since, poll);
         let t = now_ns();
+        // The last tick's work: part of the reclaimer's reaction to what a tick finds.
+        let reaction = Duration::from_nanos(pace.worked);
         if STATE.load(Acquire) != RUNNING {
             break;
         }
@@ -173,21 +177,26 @@ pub(super) fn run() {
         // Headroom from the open source each tick; by short-lived reads once a second, or each
         // tick while tight (no limit: the machine's MemAvailable).
         let open = watch.as_ref().and_then(|w| w.headroom.as_ref());
+        let mut headroom = None;
         if open.is_some() || approach::is_tight() || t.saturating_sub(measured) >= 1_000_000_000 {
             measured = t;
-            approach_check(watch.as_ref(), t, configured, false);
+            headroom = approach_check(watch.as_ref(), t, configured, false, &mut pace);
         }
-        let delay_ns = if approach::is_tight() {
-            0
-        } else {
-            cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000)
-        };
-        let p = pause();
-        stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
-        drop(p);
+        let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
+        match headroom {
+            Some(h) if approach::is_tight() => arm(h, &pace, poll, reaction, delay_ns),
+            _ if approach::is_tight() => arm(0, &pace, poll, reaction, delay_ns),
+            _ => {
+                approach::set_deficit(0);
+                let p = pause();
+                stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
+                drop(p);
+            }
+        }
         if files_ok {
             crate::publish::tick(now_ns());
         }
+        pace.worked = now_ns().saturating_sub(t);
     }
     coordinator.disconnect();
     drop(watch);
@@ -209,13 +218,63 @@ fn machine_short() -> bool {
     short::machine_short(meminfo)
 }
 
+/// The charge rate the reclaimer measures from one headroom reading to the next, and how long
+/// its last tick's work took.
+#[derive(Debug, Default)]
+struct Pace {
+    /// The last reading: (ns, headroom).
+    last: Option<(u64, u64)>,
+    /// Bytes per second: the fastest fall of the headroom seen, halved for every half second
+    /// since.
+    rate: u64,
+    /// ns of the last tick's work.
+    worked: u64,
+}
+
+impl Pace {
+    fn measured(&mut self, t: u64, headroom: u64) {
+        if let Some((t0, h0)) = self.last {
+            let dt = t.saturating_sub(t0).max(1);
+            let fallen = h0.saturating_sub(headroom);
+            let sample = (fallen as u128 * 1_000_000_000 / dt as u128) as u64;
+            let halvings = (dt / 500_000_000).min(63) as u32;
+            self.rate = sample.max(self.rate >> halvings);
+        }
+        self.last = Some((t, headroom));
+    }
+}
+
+/// Keeps the armed reserve while memory is tight (`crate::approach`, `crate::short::reserve`):
+/// arms the coldest volatile hybrid ranges until the kernel could take, by itself, what can
+/// be charged before the next tick (`poll`) and this thread's reaction (`reaction`) beyond
+/// `headroom`; what could not be armed is left to the next marks (the deficit). Ranges volatile
+/// for the arm delay (`delay_ns`) are armed as well, as away from the limit.
+fn arm(headroom: u64, pace: &Pace, poll: Duration, reaction: Duration, delay_ns: u64) {
+    let target = short::reserve(headroom, short::burst(pace.rate, poll + reaction));
+    let now = now_ns();
+    let (victims, armed) = victims::reserve_candidates(now);
+    let p = pause();
+    let (done, missing) = victims::keep_reserve(&victims, armed, target);
+    let aged = victims::arm_due(now, delay_ns);
+    drop(p);
+    approach::set_deficit(missing);
+    stats::count_armed((done + aged) as usize);
+}
+
 /// Measures headroom (the watch's open source; else short-lived reads of the cgroup's files,
-/// or of MemAvailable without a limit) and updates the approach state; while the process has
-/// volatile memory (or `first`: the reclaimer just started, its process about to have some)
-/// and the thread may open files (`waker::files_ok`); otherwise the state stays as it is.
-fn approach_check(watch: Option<&Watch>, t: u64, poll: Duration, first: bool) {
+/// or of MemAvailable without a limit) and updates the approach state and the charge rate;
+/// while the process has volatile memory (or `first`: the reclaimer just started, its process
+/// about to have some) and the thread may open files (`waker::files_ok`); otherwise the state
+/// stays as it is. Returns the headroom read, if one was.
+fn approach_check(
+    watch: Option<&Watch>,
+    t: u64,
+    poll: Duration,
+    first: bool,
+    pace: &mut Pace,
+) -> Option<u64> {
     if (!first && stats::volatile_resident() == 0) || !waker::files_ok() {
-        return;
+        return None;
     }
     let headroom = match watch {
         Some(Watch {
@@ -225,11 +284,11 @@ fn approach_check(watch: Option<&Watch>, t: u64, poll: Duration, first: bool) {
         None => MemCgroup::current().and_then(|cg| cg.headroom()),
     }
     .or_else(approach::machine_headroom);
-    if approach::update(headroom, poll, t) {
-        let p = pause();
-        stats::count_armed(victims::arm_due(now_ns(), 0) as usize);
-        drop(p);
+    approach::update(headroom, poll, t);
+    if let Some(h) = headroom {
+        pace.measured(t, h);
     }
+    headroom
 }
 
 fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {

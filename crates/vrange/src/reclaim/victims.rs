@@ -92,8 +92,51 @@ pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
     (ranges, bytes)
 }
 
+/// The armed reserve's candidates: volatile hybrid ranges not armed yet and not hot (marked
+/// again within `approach::HOT` and not idle that long since), coldest first (the victim
+/// order), and the bytes armed already. Collected outside the purge lock, as [`candidates`].
+pub(crate) fn reserve_candidates(now: u64) -> (Vec<Candidate>, u64) {
+    let hot_ns = crate::approach::HOT.as_nanos() as u64;
+    let mut out = Vec::with_capacity(registry::slots());
+    let mut armed = 0u64;
+    registry::for_each_live(|idx, slot| {
+        let word = slot.state().load();
+        armed = armed.saturating_add(managed::armed_bytes(slot, word) as u64);
+        let delay = if slot.hot.load(Relaxed) { hot_ns } else { 0 };
+        if managed::due_for_arming(slot, word, now, delay) && out.len() < out.capacity() {
+            out.push(Candidate {
+                priority: slot.priority(),
+                last_used: slot.last_used(),
+                idx,
+                word,
+                len: slot.len.load(Relaxed),
+            });
+        }
+    });
+    order(&mut out);
+    (out, armed)
+}
+
+/// Arms `victims` (from [`reserve_candidates`]) in order until `armed` (what is armed already)
+/// plus what this arms reaches `target`. Returns (bytes armed now, bytes still missing). The
+/// caller holds the purge lock. Does not allocate.
+pub(crate) fn keep_reserve(victims: &[Candidate], armed: u64, target: u64) -> (u64, u64) {
+    let mut now_armed = 0u64;
+    for c in victims {
+        if armed.saturating_add(now_armed) >= target {
+            break;
+        }
+        now_armed += managed::arm(registry::slot(c.idx), c.word) as u64;
+    }
+    (
+        now_armed,
+        target.saturating_sub(armed.saturating_add(now_armed)),
+    )
+}
+
 /// Hands every hybrid range volatile for at least `delay_ns` to the kernel path (a hot range:
-/// at least `approach::HOT`). Returns bytes armed.
+/// at least `approach::HOT`): away from the limit, what has been volatile for the arm delay.
+/// Returns bytes armed.
 pub(crate) fn arm_due(now: u64, delay_ns: u64) -> u64 {
     let hot_ns = crate::approach::HOT.as_nanos() as u64;
     let mut armed = 0;
