@@ -51,6 +51,32 @@ struct Conn {
     cgroup: String,
     /// Its `Room` request waiting for an answer.
     room: Option<RoomAsk>,
+    /// Its CPU time (clock ticks) when its pending request was sent, if it could be read.
+    cpu_at_ask: Option<u64>,
+}
+
+/// How long a participant that keeps working (its CPU time grows) may take to answer a purge
+/// request before plans leave it out, in ping intervals: a purge of a few hundred MiB under
+/// emulation on a busy machine took seconds. Fewer than a participant waits for a room
+/// (`vrange::reclaim::participant`'s forty), so that its room is answered first.
+const WORKING_PINGS: u32 = 30;
+
+/// Whether a request open for `age` has waited too long: `patience`, or `cap` if the
+/// participant is `working` at it (asked only past `patience`).
+fn waited_too_long(
+    age: Duration,
+    patience: Duration,
+    cap: Duration,
+    working: impl FnOnce() -> bool,
+) -> bool {
+    age >= cap || (age >= patience && !working())
+}
+
+/// A process's CPU time in clock ticks (user and system), if its stat can be read (a
+/// participant in another pid namespace cannot).
+fn cpu_ticks(pid: i32) -> Option<u64> {
+    let s = vrange_sys::procfs::stat(Some(u32::try_from(pid).ok()?)).ok()?;
+    Some(s.utime_ticks.saturating_add(s.stime_ticks))
 }
 
 /// A participant's `Room` request: it is about to map memory and asks that the room come from
@@ -76,11 +102,22 @@ impl Conn {
         sock::send(self.fd.as_fd(), &buf[..n])
     }
 
-    /// Whether its open request has waited `patience` or longer: a participant that may be
-    /// stopped, whose data a room round cannot count on now (until its request times out it
-    /// stays in the plans of ordinary rounds).
-    fn late(&self, patience: Duration) -> bool {
-        self.pending.is_some_and(|r| r.sent.elapsed() >= patience)
+    /// Whether its open request has waited `patience` or longer while it did not work at it: a
+    /// participant that may be stopped or hung, whose data a room round cannot count on now
+    /// (until its request times out it stays in the plans of ordinary rounds). One that works
+    /// (its CPU time grows: purging, under emulation or on a busy machine, takes seconds) is
+    /// waited for up to `cap`.
+    fn late(&self, patience: Duration, cap: Duration) -> bool {
+        self.pending
+            .is_some_and(|r| waited_too_long(r.sent.elapsed(), patience, cap, || self.working()))
+    }
+
+    /// Whether its CPU time grew since its pending request was sent.
+    fn working(&self) -> bool {
+        self.pending.is_some()
+            && self
+                .cpu_at_ask
+                .is_some_and(|then| cpu_ticks(self.cred.pid).is_some_and(|now| now > then))
     }
 
     /// Sends purge request `r`; `false` if the participant cannot be told.
@@ -93,6 +130,7 @@ impl Conn {
         let told = matches!(self.send(&m), Ok(true));
         if told {
             self.pending = Some(r);
+            self.cpu_at_ask = cpu_ticks(self.cred.pid);
         }
         told
     }
@@ -286,6 +324,7 @@ impl<'a> Server<'a> {
                 freed_directly: 0,
                 cgroup: String::new(),
                 room: None,
+                cpu_at_ask: None,
             });
         }
     }
@@ -448,12 +487,13 @@ impl<'a> Server<'a> {
                 self.conns.swap_remove(i);
             }
         }
+        let cap = self.working_cap();
         for c in &mut self.conns {
-            let late = c
-                .pending
-                .is_some_and(|r| now.duration_since(r.sent) > self.opts.request_timeout);
-            // Pings unanswered as long: stopped or hung.
-            let silent = now.duration_since(c.heard) > self.opts.request_timeout + self.opts.ping;
+            let late = c.late(self.opts.request_timeout, cap);
+            // Pings unanswered as long: stopped or hung (not purging for us: the reclaimer
+            // thread answers pings after its purge).
+            let silent = now.duration_since(c.heard) > self.opts.request_timeout + self.opts.ping
+                && !(c.working() && now.duration_since(c.heard) < cap);
             if late || (silent && matches!(c.role, Role::Participant)) {
                 // Left out of plans until it speaks again; a request stays open.
                 c.responsive = false;
@@ -513,10 +553,19 @@ impl<'a> Server<'a> {
         self.answer_rooms();
     }
 
-    /// How long a `Room` request waits for the purges planned for it: two ping intervals (the
-    /// participant waiting gives up after three).
+    /// How long a `Room` request waits for the purges planned for it from a participant that
+    /// does not work at them: two ping intervals.
     fn room_patience(&self) -> Duration {
         self.opts.ping.saturating_mul(2)
+    }
+
+    /// How long a participant that works at a purge request is waited for: [`WORKING_PINGS`]
+    /// ping intervals, and at least the request timeout.
+    fn working_cap(&self) -> Duration {
+        self.opts
+            .ping
+            .saturating_mul(WORKING_PINGS)
+            .max(self.opts.request_timeout)
     }
 
     /// Every inventory aged by the time since it came (so that all share one clock), of the
@@ -526,7 +575,7 @@ impl<'a> Server<'a> {
     fn merged(&self, late: Option<Duration>) -> [[u64; BUCKETS]; CLASSES] {
         let live: Vec<Inventory> = self
             .participants()
-            .filter(|c| c.responsive && !late.is_some_and(|p| c.late(p)))
+            .filter(|c| c.responsive && !late.is_some_and(|p| c.late(p, self.working_cap())))
             .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
             .collect();
         let mut orphans = Inventory::default();
@@ -558,6 +607,7 @@ impl<'a> Server<'a> {
             return (None, Vec::new());
         };
         self.status.rounds += 1;
+        let cap = self.working_cap();
         for c in self.conns.iter_mut().filter(|c| !c.responsive) {
             for (h, class) in &c.shared {
                 let due = h
@@ -572,7 +622,7 @@ impl<'a> Server<'a> {
         let mut sent = Vec::new();
         for c in self.conns.iter_mut() {
             let holds = c.responsive
-                && !late.is_some_and(|p| c.late(p))
+                && !late.is_some_and(|p| c.late(p, cap))
                 && matches!(c.role, Role::Participant)
                 && c.inventory
                     .as_deref()
@@ -620,18 +670,21 @@ impl<'a> Server<'a> {
 
     /// Credits the answers that came to the `Room` requests they were sent for, and answers
     /// each planned one whose requests freed what it asked, or are all answered or left to
-    /// participants that do not answer (or have not for two ping intervals: the participant
-    /// waiting gives up after three, and asked again, it gets a round over the others).
+    /// participants that do not answer (or have not for two ping intervals without working
+    /// at them, or for [`WORKING_PINGS`] while working: the participant waiting gives up after
+    /// forty, and asked again, it gets a round over the others).
     fn answer_rooms(&mut self) {
         let answered = std::mem::take(&mut self.answered);
-        let patience = self.room_patience();
+        let (patience, cap) = (self.room_patience(), self.working_cap());
         let open: Vec<u64> = self
             .conns
             .iter()
             .filter(|c| c.responsive)
-            .flat_map(|c| [c.pending, c.next])
-            .flatten()
-            .filter(|r| r.sent.elapsed() < patience)
+            .flat_map(|c| {
+                [c.pending, c.next].into_iter().flatten().filter(move |r| {
+                    !waited_too_long(r.sent.elapsed(), patience, cap, || c.working())
+                })
+            })
             .map(|r| r.id)
             .collect();
         for c in &mut self.conns {
@@ -682,5 +735,34 @@ impl<'a> Server<'a> {
                 cgroup: c.cgroup.clone(),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_participant_working_at_its_request_is_waited_for_up_to_the_cap() {
+        let ms = Duration::from_millis;
+        let (patience, cap) = (ms(500), ms(7500));
+        let never = || -> bool { panic!("working asked before patience ran out") };
+        assert!(!waited_too_long(ms(499), patience, cap, never));
+        assert!(waited_too_long(ms(500), patience, cap, || false), "stopped");
+        assert!(!waited_too_long(ms(3000), patience, cap, || true), "working");
+        assert!(waited_too_long(ms(7500), patience, cap, || true), "past the cap");
+    }
+
+    #[test]
+    fn this_process_cpu_time_grows_while_it_works() {
+        let pid = std::process::id() as i32;
+        let before = cpu_ticks(pid).expect("own stat");
+        let t = Instant::now();
+        let mut x = 1u64;
+        while t.elapsed() < Duration::from_millis(100) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        assert!(cpu_ticks(pid).expect("own stat") > before, "{x}");
+        assert_eq!(cpu_ticks(i32::MAX), None, "no such process");
     }
 }

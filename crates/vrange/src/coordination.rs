@@ -29,8 +29,10 @@
 //! headroom would fall short does not purge its own data while a coordinator is live: it asks
 //! with `Room`, the coordinator purges at least that many bytes in the global order (a round
 //! like any other), and answers `Roomed` with the cut once the round is over; the participant
-//! may then purge on its own only what comes before that cut. No answer within three ping
-//! intervals, or a closed connection, and it purges on its own as without a coordinator.
+//! may then purge on its own only what comes before that cut. No answer while the coordinator
+//! stays live for forty ping intervals (the coordinator waits up to thirty for a participant
+//! that works at a purge: its CPU time grows), or a closed connection, and it purges on its own
+//! as without a coordinator.
 //!
 //! Shared regions: a participant passes each of its shared regions' descriptors once
 //! (SCM_RIGHTS, at most [`MAX_SHARED`]), and lists the inodes it still maps in every inventory.

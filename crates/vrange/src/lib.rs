@@ -131,8 +131,9 @@ pub mod reclaimer {
     /// While a coordinator (`vrange daemon`) is live, the purge follows its global order instead
     /// of this process's own: the caller asks the coordinator for the room and waits for the
     /// round it runs (the oldest volatile data of any process in the container goes first, this
-    /// process's own only in its turn, by the coordinator's request), at most three ping
-    /// intervals. It purges on its own only for what the coordinator could not free (it saw
+    /// process's own only in its turn, by the coordinator's request), while the coordinator
+    /// stays live, at most forty ping intervals. It purges on its own only for what the
+    /// coordinator could not free (it saw
     /// nothing volatile, or this process's cgroup is short where others' purges do not help) and
     /// when the coordinator does not answer or is gone, as without one.
     /// Nothing is purged without a cgroup limit, with `VRANGE_HEADROOM=off`, or while the

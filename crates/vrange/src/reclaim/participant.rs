@@ -25,8 +25,9 @@
 //! - **Room**: [`super::make_room`] (a client's guard before it maps more memory) does not
 //!   purge this process's data while the coordinator is live: it hands a `Room` request to
 //!   this thread ([`ask_room`]), which sends it; the coordinator purges in the global order and
-//!   answers `Roomed`. No answer within three ping intervals, or the link lost, and the caller
-//!   purges on its own.
+//!   answers `Roomed`. No answer while the coordinator stays live for forty ping intervals
+//!   (its round waits for a participant that works at an older purge), or the link lost (or
+//!   three ping intervals of silence), and the caller purges on its own.
 //! - Shared regions: their descriptors are passed to the coordinator once each (at most
 //!   16), so that it can purge them while this process is stopped; every inventory lists the
 //!   inodes still mapped, and the coordinator closes the others.
@@ -56,6 +57,12 @@ use vrange_sys::sock::{self, Recv};
 const RETRY_NS: u64 = 1_000_000_000;
 /// A coordinator silent for this many ping intervals is taken for gone.
 const SILENT_PINGS: u64 = 3;
+/// How long a `Room` request may wait for the coordinator's answer while the coordinator stays
+/// live (its pings keep coming), in ping intervals: its round waits for the participants whose
+/// data comes first, which on a busy machine may take seconds to purge; the coordinator waits
+/// for one that works at it for thirty (`vrange-coordinator`'s `WORKING_PINGS`), so it answers
+/// first. While the caller waits it maps nothing.
+const ROOM_PINGS: u64 = 40;
 /// Before the `Welcome`, the ping interval assumed.
 const FIRST_PING_MS: u64 = 1000;
 
@@ -131,10 +138,10 @@ pub(super) enum Room {
 }
 
 /// Asks the live coordinator for `bytes` of room, in the caller's thread: hands the request to
-/// the reclaimer thread (woken by `wake`) and waits for the answer, at most three ping
-/// intervals (when the reclaimer thread would take the coordinator for gone anyway). One
-/// request at a time: a caller that finds one in flight waits for it to end. The reclaimer
-/// thread itself never asks (it would wait for its own answer).
+/// the reclaimer thread (woken by `wake`) and waits for the answer while the coordinator stays
+/// live, at most [`ROOM_PINGS`] ping intervals. One request at a time: a caller that finds one
+/// in flight waits for it to end. The reclaimer thread itself never asks (it would wait for
+/// its own answer).
 pub(super) fn ask_room(bytes: u64, wake: fn()) -> Room {
     let ping_ms = LIVE_PING_MS.load(Relaxed);
     if !live() || std::thread::current().name() == Some(super::THREAD_NAME) {
@@ -145,7 +152,7 @@ pub(super) fn ask_room(bytes: u64, wake: fn()) -> Room {
         // A fork child: the parent's request in flight is not this process's.
         ASK_STATE.store(IDLE, Release);
     }
-    let wait = Duration::from_millis(SILENT_PINGS.saturating_mul(ping_ms));
+    let wait = Duration::from_millis(ROOM_PINGS.saturating_mul(ping_ms));
     let deadline = std::time::Instant::now() + wait;
     ASK_BYTES.store(bytes, Relaxed);
     let mine = ask_moves(IDLE, WANTED);
