@@ -909,6 +909,8 @@ struct vrange_stats {
     uint64_t refill_failures;    /**< fills that failed (each raised SIGBUS) */
     /* Version 3 (appended) */
     uint64_t refill_recycled_bytes; /**< refill blocks' pages given back before a fill */
+    /* Version 4 (appended) */
+    uint64_t reserve_bytes;      /**< the armed reserve kept at the reclaimer's last look */
 };
 
 /**

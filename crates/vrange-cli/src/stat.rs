@@ -273,9 +273,10 @@ impl Sample {
                 let get = |k: &str| self.stat(k).unwrap_or(0);
                 let m = |b: u64| b as f64 / (1 << 20) as f64;
                 out.push_str(&format!(
-                    "  vrange: volatile {:.1} MiB (armed {:.1}), not resident (purged or never touched) {:.1} MiB, pinned {:.1} MiB; purged in all {:.1} MiB; losses reported {}\n",
+                    "  vrange: volatile {:.1} MiB (armed {:.1}, reserve {:.1}), not resident (purged or never touched) {:.1} MiB, pinned {:.1} MiB; purged in all {:.1} MiB; losses reported {}\n",
                     m(get("volatile_bytes")),
                     m(get("armed_bytes")),
+                    m(get("reserve_bytes")),
                     m(get("purged_bytes")),
                     m(get("pinned_bytes")),
                     m(get("purged_total_bytes")),

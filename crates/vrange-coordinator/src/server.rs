@@ -749,8 +749,14 @@ mod tests {
         let never = || -> bool { panic!("working asked before patience ran out") };
         assert!(!waited_too_long(ms(499), patience, cap, never));
         assert!(waited_too_long(ms(500), patience, cap, || false), "stopped");
-        assert!(!waited_too_long(ms(3000), patience, cap, || true), "working");
-        assert!(waited_too_long(ms(7500), patience, cap, || true), "past the cap");
+        assert!(
+            !waited_too_long(ms(3000), patience, cap, || true),
+            "working"
+        );
+        assert!(
+            waited_too_long(ms(7500), patience, cap, || true),
+            "past the cap"
+        );
     }
 
     #[test]

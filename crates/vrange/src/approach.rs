@@ -36,6 +36,8 @@ const RELAXED: u8 = 1;
 const TIGHT: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// The armed reserve the reclaimer kept at its last tick (bytes; for `stats()`).
+static RESERVE: AtomicU64 = AtomicU64::new(0);
 /// Bytes the reclaimer could not arm for the reserve at its last tick (a mark arms its range
 /// while this is positive, and takes its bytes off).
 static DEFICIT: AtomicU64 = AtomicU64::new(0);
@@ -79,9 +81,16 @@ fn take_deficit(len: u64) -> bool {
             .is_ok()
 }
 
-/// The reclaimer's tick: `bytes` of the reserve could not be armed (0: it is whole).
-pub(crate) fn set_deficit(bytes: u64) {
-    DEFICIT.store(bytes, Relaxed);
+/// The reclaimer's tick: it keeps a reserve of `reserve` bytes, of which `missing` could not be
+/// armed (0: it is whole).
+pub(crate) fn set_reserve(reserve: u64, missing: u64) {
+    RESERVE.store(reserve, Relaxed);
+    DEFICIT.store(missing, Relaxed);
+}
+
+/// The reserve kept at the last tick.
+pub(crate) fn reserve() -> u64 {
+    RESERVE.load(Relaxed)
 }
 
 /// Whether memory is tight, or not measured yet (one relaxed load).
@@ -129,7 +138,7 @@ pub(crate) fn pressure_event(now: u64) {
 pub(crate) fn reset() {
     STATE.store(UNKNOWN, Relaxed);
     EVENT_AT.store(0, Relaxed);
-    DEFICIT.store(0, Relaxed);
+    set_reserve(0, 0);
 }
 
 /// Headroom of the machine for a process whose cgroup sets no limit: MemAvailable, read from
@@ -161,7 +170,7 @@ mod tests {
     #[test]
     fn marks_pay_off_the_deficit() {
         STATE.store(TIGHT, Relaxed);
-        set_deficit(3 * MIB);
+        set_reserve(8 * MIB, 3 * MIB);
         assert!(arm_at_mark(false, 2 << 20), "a deficit: armed");
         assert!(!arm_at_mark(true, 2 << 20), "hot: not armed, nothing taken");
         assert!(arm_at_mark(false, 2 << 20), "1 MiB left: armed");
@@ -169,7 +178,7 @@ mod tests {
         STATE.store(UNKNOWN, Relaxed);
         assert!(arm_at_mark(true, 1), "not measured: every mark arms");
         STATE.store(RELAXED, Relaxed);
-        set_deficit(3 * MIB);
+        set_reserve(8 * MIB, 3 * MIB);
         assert!(!arm_at_mark(false, 1), "away from the limit: none");
         reset();
     }

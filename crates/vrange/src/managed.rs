@@ -685,6 +685,20 @@ pub(crate) fn armed_bytes(slot: &Slot, word: u64) -> usize {
     }
 }
 
+/// [`armed_bytes`], less the pages the kernel has discarded since (one mincore(2)). A stale
+/// `word` reads at worst a range that has changed since: its count is a guess either way, and
+/// the next look corrects it.
+pub(crate) fn armed_resident(slot: &Slot, word: u64) -> usize {
+    let armed = armed_bytes(slot, word);
+    if armed == 0 {
+        return 0;
+    }
+    let start = slot.start.load(Acquire);
+    // A range being freed is claimed (BUSY) first, so an armed word's range is mapped here
+    // unless it changed since the word was read; mincore of a hole fails (ENOMEM), counted 0.
+    mem::resident_pages(start as *mut u8, armed).map_or(0, |n| n * mem::page_size())
+}
+
 /// Whether `idx`'s range is managed memory whose `seen` word makes it a purge candidate.
 pub(crate) fn purgeable(slot: &Slot, word: u64) -> bool {
     slot.policy() != Policy::Lazy && state::is_purgeable(word)

@@ -170,7 +170,7 @@ impl fmt::Display for Unavailable {
 pub fn render(pid: u32, s: &Stats) -> String {
     let a = &s.allocator;
     let mut out = String::with_capacity(1024);
-    let fields: [(&str, u64); 24] = [
+    let fields: [(&str, u64); 25] = [
         ("pid", u64::from(pid)),
         (
             "start_ticks",
@@ -183,6 +183,7 @@ pub fn render(pid: u32, s: &Stats) -> String {
         ("pinned_bytes", s.pinned_bytes),
         ("purged_total_bytes", s.purged_total_bytes),
         ("armed_total_bytes", s.armed_total_bytes),
+        ("reserve_bytes", s.reserve_bytes),
         ("losses_reported", s.losses_reported),
         ("reclaimer_running", u64::from(s.reclaimer_running)),
         ("alloc_allocated_bytes", a.allocated_bytes),

@@ -115,6 +115,10 @@ pub struct Stats {
     /// Bytes of refill blocks the kernel had not taken that a fill gave back first, because
     /// the memory cgroup could not take the new block without reclaim (the pages kept).
     pub refill_recycled_bytes: u64,
+    /// The armed reserve the reclaimer kept at its last look: volatile bytes it made sure the
+    /// kernel could take by itself (0 away from the limit; see README, "Against a neighbour
+    /// writing at memory speed").
+    pub reserve_bytes: u64,
     /// 2 MiB huge pages an unmark proved with one locked write, the rest of their pages read
     /// plainly, because one page-table entry mapped each (kernel path, PAGEMAP_SCAN).
     pub huge_proofs: u64,
@@ -395,6 +399,7 @@ pub fn stats() -> Stats {
     s.refill_bytes = REFILL_BYTES.load(Relaxed);
     s.refill_failures = REFILL_FAILURES.load(Relaxed);
     s.refill_recycled_bytes = REFILL_RECYCLED.load(Relaxed);
+    s.reserve_bytes = crate::approach::reserve();
     s.huge_proofs = HUGE_PROOFS.load(Relaxed);
     s.allocator = allocator_stats();
     s.coordinator = coordinator_stats();

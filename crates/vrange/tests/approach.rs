@@ -291,8 +291,21 @@ fn a_hot_range_is_armed_once_idle_not_at_every_mark() {
     assert_eq!(line.u64("purged"), line.u64("zero"), "exact: {line:?}");
 }
 
+/// Sleeps `d`, and returns the largest armed reserve the reclaimer kept meanwhile (read every
+/// 2 ms: its ticks are at least 10 ms apart).
+fn largest_reserve(d: Duration) -> u64 {
+    let t = Instant::now();
+    let mut most = 0;
+    while t.elapsed() < d {
+        most = most.max(vrange::stats().reserve_bytes);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    most
+}
+
 /// In the reserve's cgroup: two regions filled; once the reclaimer has measured (tight), the
-/// old one is marked, a few ticks later the young one; a few ticks after that, what is armed.
+/// old one is marked, a few ticks later the young one; a few ticks after that, what is armed,
+/// and the largest reserve the reclaimer kept since the young one's mark.
 fn reserve_holder() {
     let old = VolatileRegion::new(OLD_LEN, Options::default()).expect("region");
     let young = VolatileRegion::new(YOUNG_LEN, Options::default()).expect("region");
@@ -304,7 +317,7 @@ fn reserve_holder() {
     std::thread::sleep(Duration::from_millis(200));
     // SAFETY: as above.
     unsafe { young.mark() }.expect("mark");
-    std::thread::sleep(Duration::from_millis(200));
+    let reserve = largest_reserve(Duration::from_millis(200));
     let armed = vrange::stats().armed_bytes;
     let (mut bad, mut lost) = (0, 0);
     for (r, seed) in [(&old, SEED), (&young, SEED + 1)] {
@@ -319,7 +332,9 @@ fn reserve_holder() {
             }
         }
     }
-    say(format_args!("RESERVE armed={armed} bad={bad} lost={lost}"));
+    say(format_args!(
+        "RESERVE armed={armed} reserve={reserve} bad={bad} lost={lost}"
+    ));
 }
 
 #[test]
@@ -340,11 +355,25 @@ fn only_the_coldest_reserve_is_armed() {
     drop(holder);
     cgroup::remove(child);
     println!("{line:?}, {exit}");
-    assert_eq!(
-        line.u64("armed"),
-        OLD_LEN as u64,
-        "the old region is the reserve; the young one stays managed: {line:?}"
+    let (armed, reserve) = (line.u64("armed"), line.u64("reserve"));
+    assert!(
+        reserve > 0,
+        "tight: the reclaimer keeps a reserve: {line:?}"
     );
+    if reserve <= OLD_LEN as u64 {
+        assert_eq!(
+            armed, OLD_LEN as u64,
+            "the old region covers the reserve; the young one stays managed: {line:?}"
+        );
+    } else {
+        // A busy machine: the reclaimer's ticks came late, and what a neighbour could charge
+        // until it looks again grew past the old region at some tick after the young one's
+        // mark: the young one is armed then.
+        assert!(
+            armed >= OLD_LEN as u64,
+            "the old region is armed first: {line:?}"
+        );
+    }
     assert_eq!(line.u64("bad"), 0, "{line:?}");
     assert_eq!(line.u64("lost"), 0, "nothing pressed the cgroup: {line:?}");
 }

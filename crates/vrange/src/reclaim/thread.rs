@@ -73,7 +73,14 @@ pub(super) fn run() {
     if let Some(headroom) = approach_check(None, measured, first_poll, true, &mut pace) {
         if approach::is_tight() {
             let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
-            arm(headroom, &pace, first_poll, Duration::ZERO, delay_ns);
+            // Tight: its ticks come every TIGHT_POLL from now on.
+            arm(
+                headroom,
+                &mut pace,
+                approach::TIGHT_POLL,
+                Duration::ZERO,
+                delay_ns,
+            );
         }
     }
     while STATE.load(Acquire) == RUNNING {
@@ -85,6 +92,7 @@ pub(super) fn run() {
         };
         let ready = wait(&mut watch, &mut bell, &mut volatile_since, poll);
         let t = now_ns();
+        pace.ticked(t);
         // The last tick's work: part of the reclaimer's reaction to what a tick finds.
         let reaction = Duration::from_nanos(pace.worked);
         if STATE.load(Acquire) != RUNNING {
@@ -184,10 +192,15 @@ pub(super) fn run() {
         }
         let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
         match headroom {
-            Some(h) if approach::is_tight() => arm(h, &pace, poll, reaction, delay_ns),
-            _ if approach::is_tight() => arm(0, &pace, poll, reaction, delay_ns),
+            Some(h) if approach::is_tight() => {
+                let look = pace.look(poll);
+                arm(h, &mut pace, look, reaction, delay_ns)
+            }
+            // Tight, and nothing measured this tick (no volatile memory, or no file could be
+            // read): the reserve and its deficit stay as the last measure left them.
+            _ if approach::is_tight() => {}
             _ => {
-                approach::set_deficit(0);
+                approach::set_reserve(0, 0);
                 let p = pause();
                 stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
                 drop(p);
@@ -218,27 +231,90 @@ fn machine_short() -> bool {
     short::machine_short(meminfo)
 }
 
-/// The charge rate the reclaimer measures from one headroom reading to the next, and how long
-/// its last tick's work took.
+/// A recent peak: the largest value seen, halved for every half second since it was seen.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peak {
+    value: u64,
+    at: u64,
+}
+
+impl Peak {
+    /// The peak at `now` (ns).
+    fn at(&self, now: u64) -> u64 {
+        let halvings = (now.saturating_sub(self.at) / 500_000_000).min(63) as u32;
+        self.value >> halvings
+    }
+
+    /// `sample` seen at `now`.
+    fn saw(&mut self, sample: u64, now: u64) {
+        if sample >= self.at(now) {
+            *self = Peak {
+                value: sample,
+                at: now,
+            };
+        }
+    }
+}
+
+/// The charge rate the reclaimer measures from one headroom reading to the next, the time
+/// between its ticks, and how long its last tick's work took.
 #[derive(Debug, Default)]
 struct Pace {
     /// The last reading: (ns, headroom).
     last: Option<(u64, u64)>,
-    /// Bytes per second: the fastest fall of the headroom seen, halved for every half second
-    /// since.
-    rate: u64,
+    /// Bytes per second: how fast the headroom fell from one reading to the next.
+    rate: Peak,
+    /// When the last tick began (ns).
+    tick_at: u64,
+    /// ns between two ticks. On a busy machine the thread runs later than its poll asks (ticks
+    /// of 10 ms came hundreds of ms apart under a load of 11 on two cores), and the reserve
+    /// must cover the time until it really looks.
+    gap: Peak,
     /// ns of the last tick's work.
     worked: u64,
+    /// The machine's count of lazily freed pages the kernel discarded (`pglazyfreed`), at the
+    /// last look.
+    lazyfreed: Option<u64>,
 }
 
 impl Pace {
+    /// Whether the kernel has discarded lazily freed pages on the machine since the last look
+    /// (or it cannot be told): then the armed ranges are counted again page by page
+    /// (`victims::keep_reserve`). One read of /proc/vmstat, where the thread may open files.
+    fn discarded(&mut self) -> bool {
+        let now = if waker::files_ok() {
+            vrange_sys::procfs::vmstat("pglazyfreed").ok().flatten()
+        } else {
+            None
+        };
+        let before = std::mem::replace(&mut self.lazyfreed, now);
+        now.is_none() || before != now
+    }
+
+    /// A tick began at `t`.
+    fn ticked(&mut self, t: u64) {
+        if self.tick_at != 0 {
+            self.gap.saw(t.saturating_sub(self.tick_at), t);
+        }
+        self.tick_at = t;
+    }
+
+    /// How long until the thread looks again: `poll`, or longer if its ticks have come later.
+    fn look(&self, poll: Duration) -> Duration {
+        poll.max(Duration::from_nanos(self.gap.at(self.tick_at)))
+    }
+
+    /// The charge rate now (bytes per second).
+    fn rate(&self) -> u64 {
+        self.rate.at(self.tick_at)
+    }
+
     fn measured(&mut self, t: u64, headroom: u64) {
         if let Some((t0, h0)) = self.last {
             let dt = t.saturating_sub(t0).max(1);
             let fallen = h0.saturating_sub(headroom);
-            let sample = (fallen as u128 * 1_000_000_000 / dt as u128) as u64;
-            let halvings = (dt / 500_000_000).min(63) as u32;
-            self.rate = sample.max(self.rate >> halvings);
+            let rate = fallen as u128 * 1_000_000_000 / dt as u128;
+            self.rate.saw(u64::try_from(rate).unwrap_or(u64::MAX), t);
         }
         self.last = Some((t, headroom));
     }
@@ -246,18 +322,18 @@ impl Pace {
 
 /// Keeps the armed reserve while memory is tight (`crate::approach`, `crate::short::reserve`):
 /// arms the coldest volatile hybrid ranges until the kernel could take, by itself, what can
-/// be charged before the next tick (`poll`) and this thread's reaction (`reaction`) beyond
-/// `headroom`; what could not be armed is left to the next marks (the deficit). Ranges volatile
+/// be charged before this thread looks again (`look`: its poll, or the longest recent gap
+/// between its ticks) and reacts (`reaction`) beyond `headroom`; what could not be armed is left to the next marks (the deficit). Ranges volatile
 /// for the arm delay (`delay_ns`) are armed as well, as away from the limit.
-fn arm(headroom: u64, pace: &Pace, poll: Duration, reaction: Duration, delay_ns: u64) {
-    let target = short::reserve(headroom, short::burst(pace.rate, poll + reaction));
+fn arm(headroom: u64, pace: &mut Pace, look: Duration, reaction: Duration, delay_ns: u64) {
+    let target = short::reserve(headroom, short::burst(pace.rate(), look + reaction));
     let now = now_ns();
-    let (victims, armed) = victims::reserve_candidates(now);
+    let reserve = victims::reserve(now, pace.discarded());
     let p = pause();
-    let (done, missing) = victims::keep_reserve(&victims, armed, target);
+    let (done, missing) = victims::keep_reserve(&reserve, target);
     let aged = victims::arm_due(now, delay_ns);
     drop(p);
-    approach::set_deficit(missing);
+    approach::set_reserve(target, missing);
     stats::count_armed((done + aged) as usize);
 }
 
@@ -312,5 +388,50 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
         stats::count_deferred();
     } else if deficit > 0 {
         respond(Source::Headroom, t, deficit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peak_halves_every_half_second() {
+        let ms = 1_000_000u64;
+        let mut p = Peak::default();
+        p.saw(800, 0);
+        p.saw(100, 10 * ms);
+        assert_eq!(p.at(10 * ms), 800, "a smaller sample keeps the peak");
+        assert_eq!(p.at(500 * ms), 400);
+        assert_eq!(p.at(1000 * ms), 200);
+        p.saw(300, 1000 * ms);
+        assert_eq!(
+            p.at(1000 * ms),
+            300,
+            "a sample above the decayed peak replaces it"
+        );
+        assert_eq!(p.at(u64::MAX), 0);
+    }
+
+    #[test]
+    fn the_look_is_the_longest_recent_gap_between_ticks() {
+        let ms = 1_000_000u64;
+        let mut pace = Pace::default();
+        for t in [1, 11, 21, 231, 241] {
+            pace.ticked(t * ms);
+        }
+        let poll = Duration::from_millis(10);
+        assert_eq!(
+            pace.look(poll),
+            Duration::from_millis(210),
+            "a late tick counts"
+        );
+        for t in (251..4000).step_by(10) {
+            pace.ticked(t * ms);
+        }
+        assert_eq!(pace.look(poll), poll, "forgotten seconds later");
+        pace.measured(0, 100 << 20);
+        pace.measured(10 * ms, 60 << 20);
+        assert_eq!(pace.rate.at(10 * ms), 4000 << 20, "40 MiB in 10 ms");
     }
 }

@@ -92,45 +92,77 @@ pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
     (ranges, bytes)
 }
 
-/// The armed reserve's candidates: volatile hybrid ranges not armed yet and not hot (marked
-/// again within `approach::HOT` and not idle that long since), coldest first (the victim
-/// order), and the bytes armed already. Collected outside the purge lock, as [`candidates`].
-pub(crate) fn reserve_candidates(now: u64) -> (Vec<Candidate>, u64) {
-    let hot_ns = crate::approach::HOT.as_nanos() as u64;
-    let mut out = Vec::with_capacity(registry::slots());
-    let mut armed = 0u64;
-    registry::for_each_live(|idx, slot| {
-        let word = slot.state().load();
-        armed = armed.saturating_add(managed::armed_bytes(slot, word) as u64);
-        let delay = if slot.hot.load(Relaxed) { hot_ns } else { 0 };
-        if managed::due_for_arming(slot, word, now, delay) && out.len() < out.capacity() {
-            out.push(Candidate {
-                priority: slot.priority(),
-                last_used: slot.last_used(),
-                idx,
-                word,
-                len: slot.len.load(Relaxed),
-            });
-        }
-    });
-    order(&mut out);
-    (out, armed)
+/// What the reserve has and may take: the volatile hybrid ranges not armed yet and not hot
+/// (marked again within `approach::HOT` and not idle that long since), in the victim order;
+/// the bytes armed; and the armed ranges the kernel emptied, to settle.
+pub(crate) struct Reserve {
+    candidates: Vec<Candidate>,
+    armed_bytes: u64,
+    emptied: Vec<Candidate>,
 }
 
-/// Arms `victims` (from [`reserve_candidates`]) in order until `armed` (what is armed already)
-/// plus what this arms reaches `target`. Returns (bytes armed now, bytes still missing). The
+/// The reserve's ranges now. The armed bytes are as recorded, or, with `verify` (the kernel
+/// discarded lazily freed pages since the last look: a recorded count would keep counting
+/// what it took), the armed pages still resident, one mincore(2) per armed range. Collected
+/// outside the purge lock, as [`candidates`] (a range freed meanwhile counts nothing: mincore
+/// of a hole fails).
+pub(crate) fn reserve(now: u64, verify: bool) -> Reserve {
+    let hot_ns = crate::approach::HOT.as_nanos() as u64;
+    let mut r = Reserve {
+        candidates: Vec::with_capacity(registry::slots()),
+        armed_bytes: 0,
+        emptied: Vec::new(),
+    };
+    registry::for_each_live(|idx, slot| {
+        let word = slot.state().load();
+        let candidate = |len| Candidate {
+            priority: slot.priority(),
+            last_used: slot.last_used(),
+            idx,
+            word,
+            len,
+        };
+        let recorded = managed::armed_bytes(slot, word);
+        if recorded > 0 {
+            let armed = if verify {
+                managed::armed_resident(slot, word)
+            } else {
+                recorded
+            };
+            if armed == 0 {
+                r.emptied.push(candidate(recorded));
+            }
+            r.armed_bytes = r.armed_bytes.saturating_add(armed as u64);
+        }
+        let delay = if slot.hot.load(Relaxed) { hot_ns } else { 0 };
+        if managed::due_for_arming(slot, word, now, delay)
+            && r.candidates.len() < r.candidates.capacity()
+        {
+            r.candidates.push(candidate(slot.len.load(Relaxed)));
+        }
+    });
+    order(&mut r.candidates);
+    r
+}
+
+/// Keeps `target` bytes armed: settles the armed ranges the kernel emptied (purged: their
+/// content is gone already, and the next count skips them), then arms candidates in order
+/// until what is armed reaches `target`. Returns (bytes armed now, bytes still missing). The
 /// caller holds the purge lock. Does not allocate.
-pub(crate) fn keep_reserve(victims: &[Candidate], armed: u64, target: u64) -> (u64, u64) {
+pub(crate) fn keep_reserve(r: &Reserve, target: u64) -> (u64, u64) {
+    for c in &r.emptied {
+        managed::purge(c.idx, registry::slot(c.idx), c.word);
+    }
     let mut now_armed = 0u64;
-    for c in victims {
-        if armed.saturating_add(now_armed) >= target {
+    for c in &r.candidates {
+        if r.armed_bytes.saturating_add(now_armed) >= target {
             break;
         }
         now_armed += managed::arm(registry::slot(c.idx), c.word) as u64;
     }
     (
         now_armed,
-        target.saturating_sub(armed.saturating_add(now_armed)),
+        target.saturating_sub(r.armed_bytes.saturating_add(now_armed)),
     )
 }
 
