@@ -150,10 +150,16 @@ pub fn init() {
             None => warn(name, v, SWITCH_GRAMMAR, &"off"),
         }
     }
-    // The core's own variables too (Config::current reads them once), so that every warning
-    // comes now. Ours set the core's options of the same meaning; a malformed one is reported
-    // under our name, with the value the option keeps. No allocation: values are parsed from
-    // the environment's bytes, never copied into a String.
+    init_core();
+    READ.store(2, Release);
+}
+
+/// Reads the core's settings, once, after ours ([`init`]): the core's own variables
+/// (`Config::current` reads them once, so that every warning comes now), and ours that set the
+/// core's options of the same meaning (a malformed one is reported under our name, with the
+/// value the option keeps). No allocation: values are parsed from the environment's bytes,
+/// never copied into a String.
+fn init_core() {
     let core = vrange::Config::current();
     for (ours, option) in [
         ("VRANGE_MALLOC_ARM_DELAY_MS", "VRANGE_ARM_DELAY_MS"),
@@ -177,7 +183,6 @@ pub fn init() {
             Err(_) => debug_assert!(false, "{option} is an option"),
         }
     }
-    READ.store(2, Release);
 }
 
 /// The smallest request the allocator serves.

@@ -8,8 +8,8 @@ use crate::config::{self, MallocMode};
 use crate::large::{self, Large};
 use crate::{arena, cache, stats};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU8;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU8};
 use vrange_sys::process;
 
 /// A block handed out.
@@ -22,9 +22,26 @@ pub struct Block {
 
 /// 0: not set up, 1: setting up, 2: ready.
 static READY: AtomicU8 = AtomicU8::new(0);
+/// Whether the summary at exit is prepared (`VRANGE_MALLOC_STATS`).
+static SUMMARY: AtomicBool = AtomicBool::new(false);
 
-/// Reads the settings, once. Called by every allocation at or
-/// above the default threshold (and by the shim at load); one load after the first.
+/// Reads the settings (the allocator's and the core's: a malformed one is reported now), once,
+/// and with `VRANGE_MALLOC_STATS` prepares the summary at exit: what the shim does at load, so
+/// that the threshold and the mode apply from the first request. Nothing is registered with
+/// vrange here: that waits for the first request the allocator serves ([`init`]), so a
+/// program that makes none (most small programs: their blocks are smaller than the threshold)
+/// starts nothing of vrange's.
+pub fn read_settings() {
+    config::init();
+    if config::stats_at_exit() && !SUMMARY.swap(true, AcqRel) {
+        stats::keep_stderr();
+        let _ = process::at_exit(at_exit);
+    }
+}
+
+/// Sets the allocator up, once: the settings, and its hooks in vrange (statistics, the flush
+/// of its caches). Called by every allocation at or above the default threshold; one load
+/// after the first.
 #[inline]
 pub fn init() {
     if READY.load(Acquire) != 2 {
@@ -38,16 +55,12 @@ fn set_up() {
         // Another thread is setting up; the settings it reads apply from then on.
         return;
     }
-    config::init();
+    read_settings();
     vrange::register_allocator(report);
     if caching() {
         cache::register();
     }
     large::register();
-    if config::stats_at_exit() {
-        stats::keep_stderr();
-        let _ = process::at_exit(at_exit);
-    }
     READY.store(2, Release);
 }
 

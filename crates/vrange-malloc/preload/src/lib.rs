@@ -32,11 +32,17 @@ extern "C" {
 /// malloc's alignment guarantee on x86-64 and arm64.
 const MALLOC_ALIGN: usize = 16;
 
+// Every entry point lives in `.text.hot.vrange_malloc`, which the linker gathers at the start
+// of the text: a program calls them all the time, and nothing else of the shim's if its blocks
+// are all below the threshold, so one page-in window of the file (the kernel maps 64 KiB
+// around a fault) holds what it runs, rather than one window per function.
+
 /// glibc's own malloc_usable_size, found once at load time.
 static LIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
 
+#[link_section = ".text.hot.vrange_malloc"]
 extern "C" fn on_load() {
-    heap::init();
+    heap::read_settings();
     // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; its few small allocations go to
     // glibc (below the threshold).
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
@@ -57,6 +63,7 @@ fn ours(size: usize, align: usize) -> Option<heap::Block> {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     match ours(size, MALLOC_ALIGN) {
         Some(b) => b.ptr.as_ptr().cast(),
@@ -66,6 +73,7 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if ptr.is_null() {
         return;
@@ -78,6 +86,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
         set_errno(libc::ENOMEM);
@@ -109,6 +118,7 @@ fn libc_usable(ptr: *mut c_void) -> usize {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     if ptr.is_null() {
         // SAFETY: malloc's contract.
@@ -155,6 +165,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: realloc's contract.
@@ -176,6 +187,7 @@ unsafe fn aligned(align: size_t, size: size_t) -> *mut c_void {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     if !align.is_power_of_two() {
         // glibc rounds such alignments up; so does its memalign, which gets them.
@@ -187,6 +199,7 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if !align.is_power_of_two() {
         set_errno(libc::EINVAL);
@@ -197,6 +210,7 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn posix_memalign(
     out: *mut *mut c_void,
     align: size_t,
@@ -216,6 +230,7 @@ pub unsafe extern "C" fn posix_memalign(
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     match ours(size, engine_page()) {
         Some(b) => b.ptr.as_ptr().cast(),
@@ -225,6 +240,7 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     let page = engine_page();
     let Some(rounded) = size.checked_add(page - 1).map(|s| s & !(page - 1)) else {
@@ -239,6 +255,7 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
 }
 
 #[no_mangle]
+#[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
     if ptr.is_null() {
         return 0;
@@ -255,3 +272,11 @@ fn engine_page() -> usize {
         4096
     }
 }
+
+// The unwinder (what the standard library's panics and backtraces call) linked into the shim
+// from GCC's static libgcc_eh, ahead of the libgcc_s.so the standard library asks for, which
+// is then not loaded at all: a program preloading the shim maps no 100 kB of libgcc_s it did
+// not map before. The shim's entry points never let a panic out (nothing unwinds into C), so
+// its unwinder never meets the program's.
+#[link(name = "gcc_eh", kind = "static")]
+extern "C" {}
