@@ -562,6 +562,20 @@ pub(crate) fn maps_shared() -> bool {
 /// freed, or if a shared range's hole could not be punched: it then stays volatile and intact,
 /// and is not counted as freed.
 pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
+    let len = take(idx, slot, seen)?;
+    stats::count_purged(len);
+    Some(len)
+}
+
+/// Settles an armed range the kernel has emptied already (every page discarded): it becomes
+/// PURGED as [`purge`] would make it, but its bytes are the kernel's purge, not this process's,
+/// so they are not counted as purged here (they are not attributed to any pressure source).
+pub(crate) fn settle(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
+    take(idx, slot, seen)
+}
+
+/// [`purge`] without the count.
+fn take(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     // A range freed since the snapshot: a shared one's header is unmapped (its slot's word is
     // not the one seen), a private one's word is claimed. The caller holds the purge lock, so a
     // live shared range stays mapped until this returns.
@@ -582,7 +596,6 @@ pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
         if !purged {
             return None;
         }
-        stats::count_purged(len);
         return Some(len);
     }
     if !slot.state().begin_purge(seen) {
@@ -601,7 +614,6 @@ pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     }
     slot.state().finish_purge();
     stats::volatile_sub(idx, len);
-    stats::count_purged(len);
     Some(len)
 }
 

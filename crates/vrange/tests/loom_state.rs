@@ -155,6 +155,16 @@ const DISCARDED: u8 = 2;
 /// Pages of the hybrid range; the armer hands one to the kernel per step.
 const ARM_PAGES: usize = 2;
 
+/// What the sides of scenario 2 share.
+#[derive(Clone)]
+struct Arming {
+    s: Arc<RangeState>,
+    pages: Arc<[AtomicU8; ARM_PAGES]>,
+    armed: Arc<AtomicUsize>,
+    arming: Arc<AtomicBool>,
+    unmarking: Arc<AtomicBool>,
+}
+
 /// Scenario 2: a hybrid range armed a page per step while its owner unmarks it (cancelling the
 /// arming) and the kernel drops lazily-freed pages.
 ///
@@ -167,22 +177,25 @@ const ARM_PAGES: usize = 2;
 fn hybrid_arm_with_cancellation() {
     check(Some(THREE_THREAD_PREEMPTIONS), || {
         let s = Arc::new(RangeState::new_pinned());
-        let pages: Arc<[AtomicU8; ARM_PAGES]> =
-            Arc::new([AtomicU8::new(DIRTY), AtomicU8::new(DIRTY)]);
-        let armed = Arc::new(AtomicUsize::new(0));
-        let arming = Arc::new(AtomicBool::new(false));
-        let unmarking = Arc::new(AtomicBool::new(false));
+        let a = Arming {
+            s: s.clone(),
+            pages: Arc::new([AtomicU8::new(DIRTY), AtomicU8::new(DIRTY)]),
+            armed: Arc::new(AtomicUsize::new(0)),
+            arming: Arc::new(AtomicBool::new(false)),
+            unmarking: Arc::new(AtomicBool::new(false)),
+        };
+        let pages = a.pages.clone();
 
         assert_eq!(s.mark(), Marked::Now);
 
         let armer = {
-            let (s, pages, armed, arming, unmarking) = (
-                s.clone(),
-                pages.clone(),
-                armed.clone(),
-                arming.clone(),
-                unmarking.clone(),
-            );
+            let Arming {
+                s,
+                pages,
+                armed,
+                arming,
+                unmarking,
+            } = a.clone();
             thread::spawn(move || {
                 let seen = s.load();
                 if !s.begin_arm(seen) {
@@ -216,13 +229,13 @@ fn hybrid_arm_with_cancellation() {
         };
 
         let owner = {
-            let (s, pages, armed, arming, unmarking) = (
-                s.clone(),
-                pages.clone(),
-                armed.clone(),
-                arming.clone(),
-                unmarking.clone(),
-            );
+            let Arming {
+                s,
+                pages,
+                armed,
+                arming,
+                unmarking,
+            } = a;
             thread::spawn(move || {
                 unmarking.store(true, Ordering::Relaxed);
                 let mut reported = [None; ARM_PAGES]; // Some(purged) for each proved page

@@ -151,7 +151,7 @@ pub(crate) fn reserve(now: u64, verify: bool) -> Reserve {
 /// caller holds the purge lock. Does not allocate.
 pub(crate) fn keep_reserve(r: &Reserve, target: u64) -> (u64, u64) {
     for c in &r.emptied {
-        managed::purge(c.idx, registry::slot(c.idx), c.word);
+        managed::settle(c.idx, registry::slot(c.idx), c.word);
     }
     let mut now_armed = 0u64;
     for c in &r.candidates {
