@@ -275,21 +275,31 @@
  *     *length (if length is not NULL) and takes the reclaim class from the VRANGE_DROP_* bits
  *     of flags (VRANGE_SHARED and VRANGE_MANAGED are accepted there and change nothing).
  *
- *     Shared regions are always managed (MADV_FREE does not apply to shared memory) and are
- *     marked and unmarked whole: a vrange() call on part of one fails with EINVAL. Pins are
- *     counted per process (per mapping), as ashmem's pin and unpin: a region that any process
- *     holds pinned is never purged; once every process mapping it has marked it volatile, any
- *     process's reclaimer or vrange_purge() may purge it, which frees its pages for all of
- *     them (a hole is punched in the memfd) and makes it read as zero. Every process sees the
- *     purge at its own next unmark (*purged = 1, every page counted), even if another process
- *     unmarked and refilled the region first.
+ *     Shared regions are always managed (MADV_FREE does not apply to shared memory; without
+ *     swap the kernel cannot drop shared pages by itself: a reclaimer or the coordinator
+ *     purges them). vrange() works on any page-aligned part of one, as ashmem's ASHMEM_PIN
+ *     and ASHMEM_UNPIN and Chromium's DiscardableSharedMemory::Lock and Unlock do: pins are
+ *     counted per mapping and per page. A page that any mapping, in any process, holds pinned
+ *     is never purged; once every mapping has marked it volatile, any process's reclaimer or
+ *     vrange_purge() may purge it (oldest first, in runs of pages marked together), which
+ *     frees it for all of them (a hole is punched in the memfd) and makes it read as zero.
+ *     Every mapping sees the purge at its own next unmark of that page (*purged = 1), even if
+ *     another mapping unmarked and refilled it first. Marking and unmarking cost one atomic
+ *     operation per page; the memfd holds 24 bytes of state per page.
  *
  *     vrange_alloc() returns a shared region pinned by the calling process. A mapping made by
- *     vrange_map_shared() holds no pin until its first VRANGE_NOVOLATILE: unmark it before
- *     using it; that unmark reports whether the content was purged. vrange_free() of a shared
- *     region drops its pin (if it holds one), unmaps it and closes its descriptor; the memory
- *     lives on while other processes map it.
+ *     vrange_map_shared() holds no pin until its first VRANGE_NOVOLATILE: unmark what it uses
+ *     before using it; that unmark reports whether the content was purged. A region takes 32
+ *     mappings at most. vrange_free() of a shared region drops its pins, unmaps it and closes
+ *     its descriptor; the memory lives on while other processes map it.
  *
+ *     Pins die with their holder: each mapping records its process (pid, start time, pid
+ *     namespace) in the region, and the pins of a process that died (its pid gone, a zombie,
+ *     or reused by a later process) are released by the next reclaimer tick of any process
+ *     mapping the region (100 ms, 10 ms near the memory limit), or by the coordinator holding
+ *     it; the next purge may then take what only it pinned. A process in another pid
+ *     namespace is never judged dead; one that exec()s keeps its pins until it exits.
+
  *   Caches
  *     vrange_cache_create() makes a thread-safe cache of byte strings under byte-string keys
  *     whose values live in volatile memory: the reclaimer (below) may take them back under
@@ -448,8 +458,10 @@
  *             memory included), file-backed mappings (even MAP_PRIVATE ones), read-only or
  *             PROT_NONE mappings, MAP_HUGETLB memory (regions from vrange_alloc() and
  *             vrange_map_shared() excepted); scratch regions (always volatile).
- *     EINVAL  The range covers part of a region and memory outside it, or part of a shared
- *             region.
+ *     EINVAL  The range covers part of a region and memory outside it.
+ *     EUSERS  (VRANGE_NOVOLATILE, in a shared region) the mapping is a fork child's, which
+ *             takes a holder number of its own at its first unmark, and the region's 32 are
+ *             taken.
  *     EINVAL  (VRANGE_VOLATILE only) the kernel refused the purge hint for part of the range,
  *             typically because it is locked with mlock(2), mlockall(2) or MAP_LOCKED. The
  *             whole range is then left not volatile (pinned), including pages that were
@@ -521,9 +533,10 @@
  *
  *   vrange_map_shared()
  *     EBADF   fd is negative or not an open descriptor.
- *     EINVAL  fd does not refer to a libvrange shared region; flags has a bit other than a
- *             VRANGE_DROP_* class, VRANGE_SHARED, VRANGE_MANAGED and VRANGE_SIGBUS, or two
- *             classes.
+ *     EINVAL  fd does not refer to a libvrange shared region (of this version's layout);
+ *             flags has a bit other than a VRANGE_DROP_* class, VRANGE_SHARED, VRANGE_MANAGED
+ *             and VRANGE_SIGBUS, or two classes.
+ *     EUSERS  32 mappings hold the region already.
  *     ENOTSUP (VRANGE_SIGBUS) userfaultfd cannot serve SIGBUS mode here.
  *     EACCES  fd is not open for reading and writing.
  *     ENOMEM, EMFILE
@@ -600,9 +613,10 @@
  *   fork(2)
  *     The child inherits its parent's regions, with their states, but no reclaimer thread:
  *     the child starts its own at its next managed mark, new region or vrange_purge(). The
- *     child's inherited mappings of shared regions hold no pin (the pins were the parent's):
- *     like a mapping made by vrange_map_shared(), unmark one before using it; that unmark
- *     reports whether the content was purged.
+ *     child's inherited mappings of shared regions hold no pin (the pins were the parent's,
+ *     and stay so: the child's exit releases none of them): like a mapping made by
+ *     vrange_map_shared(), unmark what it uses before using it; that unmark reports whether
+ *     the content was purged.
  *
  *     For arbitrary memory and lazy regions the child inherits the volatile state and the
  *     content of every page. A volatile page is then shared copy-on-write: a purge by the

@@ -951,12 +951,16 @@ static void test_shared_in_process(void)
 	      "vrange_shared_fd accepts any address inside the region");
 	fill(s, n * page, 70);
 
-	errno = 0;
-	r = vrange(addr(s), page, VRANGE_VOLATILE, NULL);
-	expect_errno(r == -1, errno, EINVAL, "vrange(VRANGE_VOLATILE) on part of a shared region");
-	errno = 0;
-	r = vrange(addr(pg(s, 1)), (n - 1) * page, VRANGE_NOVOLATILE, NULL);
-	expect_errno(r == -1, errno, EINVAL, "vrange(VRANGE_NOVOLATILE) on part of a shared region");
+	/* Page ranges (ashmem's ASHMEM_UNPIN and ASHMEM_PIN): part of the region on its own. */
+	check(mark(pg(s, 1), 2 * page), "vrange(VRANGE_VOLATILE) on two pages of a shared region");
+	check(unmark(pg(s, 4), 2 * page) == 0, "vrange(VRANGE_NOVOLATILE) on pages still pinned: 0");
+	check(vrange_purge(SIZE_MAX) == 2 * page,
+	      "shared: vrange_purge takes the two pages no mapping pins, and nothing else");
+	check(unmark(s, n * page) == 1 && is_zero(pg(s, 1), 2 * page) && intact_at(s, 0, page, 70) &&
+		      intact_at(s, 3 * page, (n - 3) * page, 70),
+	      "shared: the whole region's unmark reports those pages purged; the rest is intact");
+	check(unmark(pg(s, 1), page) == 0, "shared: a page range's purge is reported once");
+	fill(s, n * page, 70);
 	errno = 0;
 	r = vrange_set_priority(s, page, VRANGE_DROP_LOW);
 	expect_errno(r == -1, errno, EINVAL, "vrange_set_priority on part of a shared region");

@@ -423,6 +423,7 @@ fn role(role: &str, args: &[String]) -> i32 {
         "refill" => refill::role(args),
         "cache" => cache::role(args),
         "coordinate-participant" => coordinate::participant_role(args),
+        "coordinate-partner" => coordinate::partner_role(args),
         "neighbour" => neighbour::role(args),
         "hog" => ebizzy::hog_role(args),
         "stress" => stress::role(args),

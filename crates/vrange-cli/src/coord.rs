@@ -5,7 +5,7 @@ use crate::table::Table;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
-use vrange::coordination::Row;
+use vrange::coordination::{Row, SharedRow};
 use vrange_coordinator::{MetricsAddr, Options, Scope, Shared};
 
 #[derive(Args)]
@@ -169,7 +169,7 @@ const KEYS: [(SortKey, char); 7] = [
 
 /// One screen: the totals line and the table, sorted by `key`.
 fn screen(socket: &std::path::Path, key: SortKey) -> Result<String, String> {
-    let (status, mut rows) = vrange_coordinator::query(socket)
+    let (status, mut rows, regions) = vrange_coordinator::query_all(socket)
         .map_err(|e| format!("no coordinator at {}: {e}", socket.display()))?;
     sort(&mut rows, key);
     let header = |name: &str, k: SortKey| {
@@ -209,15 +209,45 @@ fn screen(socket: &std::path::Path, key: SortKey) -> Result<String, String> {
         format!("{} of {} MiB", mib(status.headroom), mib(status.limit))
     };
     Ok(format!(
-        "vrange top: {} at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{}",
+        "vrange top: {} at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{}{}",
         count(status.participants, "participant", "participants"),
         socket.display(),
         status.rounds,
         status.requests,
         mib(status.freed),
         status.refused,
-        t.to_text()
+        t.to_text(),
+        shared_table(&regions)
     ))
+}
+
+/// The shared regions the coordinator holds, one row each (nothing without any): their bytes
+/// by state in every process that maps them.
+fn shared_table(regions: &[SharedRow]) -> String {
+    if regions.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&[
+        "SHARED INODE",
+        "MiB",
+        "VOLATILE MiB",
+        "PINNED MiB",
+        "PURGED MiB",
+        "HOLDERS",
+        "PARTICIPANTS",
+    ]);
+    for r in regions {
+        t.row(vec![
+            r.ino.to_string(),
+            mib(r.len),
+            mib(r.volatile),
+            mib(r.pinned),
+            mib(r.purged),
+            r.holders.to_string(),
+            r.participants.to_string(),
+        ]);
+    }
+    format!("\n{}", t.to_text())
 }
 
 /// Shows the coordinator's participants: once (`--once`, or when standard output is not a

@@ -1001,6 +1001,76 @@ fn daemon_top_and_metrics() {
     assert_eq!(missing.status.code(), Some(1));
 }
 
+/// `vrange top` shows the shared regions the coordinator holds, each once, with their bytes by
+/// state in every process: a participant shares a 4 MiB region and unpins half of it.
+#[test]
+fn top_shows_the_shared_regions_the_coordinator_holds() {
+    use vrange_testkit::role::{command, role, role_command, say, Role};
+    if role().is_some() {
+        let opts = vrange::Options {
+            shared: true,
+            ..vrange::Options::default()
+        };
+        let r = vrange::VolatileRegion::new(4 << 20, opts).expect("shared region");
+        // SAFETY: nothing refers into the range while it is volatile.
+        unsafe { r.mark_range(0, 2 << 20) }.expect("mark_range");
+        say(format_args!(
+            "SHARING ino={}",
+            std::fs::metadata(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&r.shared_fd().unwrap())
+            ))
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .unwrap_or(0)
+        ));
+        while command().is_some() {}
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("coordinator.sock");
+    let (daemon, _) = daemon_started(&["--machine", "--socket", socket.to_str().unwrap()]);
+    let mut cmd = role_command(
+        "top_shows_the_shared_regions_the_coordinator_holds",
+        "sharer",
+    );
+    cmd.env("VRANGE_COORDINATOR", &socket);
+    let mut sharer = Role::spawn("sharer", cmd);
+    let ino = sharer.expect("SHARING", Duration::from_secs(20)).u64("ino");
+    let t0 = Instant::now();
+    let text = loop {
+        let top = vrange()
+            .args(["top", "--once", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&top.stdout).to_string();
+        let row = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&ino.to_string()));
+        if row.is_some_and(|r| {
+            r.split_whitespace().collect::<Vec<_>>()[1..5] == ["4.0", "2.0", "2.0", "0.0"]
+        }) || t0.elapsed() > Duration::from_secs(20)
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    sharer.close_stdin();
+    stop(daemon);
+    assert!(text.contains("SHARED INODE"), "{text}");
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&ino.to_string()))
+        .unwrap_or_else(|| panic!("no row for inode {ino}: {text}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[1..],
+        ["4.0", "2.0", "2.0", "0.0", "1", "1"],
+        "size, volatile, pinned, purged MiB, holders, participants: {text}"
+    );
+}
+
 /// Issue 20: `vrange stat 1` as root said "run as that user or as root". Where root may not
 /// read pid 1 (a sandbox's init holding capabilities root lacks, a security module), the
 /// message says what the kernel's check saw instead.

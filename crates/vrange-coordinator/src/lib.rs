@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vrange::coordination::{self, Message, Row, Status, MAX_MESSAGE};
+use vrange::coordination::{self, Message, Row, SharedRow, Status, MAX_MESSAGE};
 use vrange_sys::sock::{self, Recv};
 
 /// How a coordinator runs.
@@ -387,20 +387,28 @@ fn bind(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
     sock::listen(path, if system { 0o666 } else { 0o600 })
 }
 
-/// Asks the coordinator at `socket` for its totals and one row per participant (what
-/// `vrange top` shows).
+/// Asks the coordinator at `socket` for its totals and one row per participant.
+///
+/// # Errors
+/// As [`query_all`].
+pub fn query(socket: &Path) -> io::Result<(Status, Vec<Row>)> {
+    query_all(socket).map(|(status, rows, _)| (status, rows))
+}
+
+/// Asks the coordinator at `socket` for its totals, one row per participant and one per shared
+/// region it holds (what `vrange top` shows).
 ///
 /// # Errors
 /// The errno of connecting; TimedOut if the answer does not come within two seconds;
 /// InvalidData for a malformed answer.
-pub fn query(socket: &Path) -> io::Result<(Status, Vec<Row>)> {
+pub fn query_all(socket: &Path) -> io::Result<(Status, Vec<Row>, Vec<SharedRow>)> {
     let conn = sock::connect(socket)?;
     let fd = conn.get().ok_or_else(|| io::Error::other("socket lost"))?;
     let mut buf = [0u8; MAX_MESSAGE];
     let n = Message::Monitor.encode(&mut buf);
     sock::send(fd, &buf[..n])?;
     let deadline = Instant::now() + Duration::from_secs(2);
-    let (mut status, mut rows) = (None, Vec::new());
+    let (mut status, mut rows, mut regions) = (None, Vec::new(), Vec::new());
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -418,9 +426,10 @@ pub fn query(socket: &Path) -> io::Result<(Status, Vec<Row>)> {
         match Message::decode(&buf[..n]) {
             Ok(Message::Status(s)) if status.is_none() => status = Some(s),
             Ok(Message::Row(r)) if status.is_some() => rows.push(*r),
+            Ok(Message::SharedRow(r)) if status.is_some() => regions.push(r),
             Ok(Message::End) if status.is_some() => break,
             _ => return Err(io::Error::from(io::ErrorKind::InvalidData)),
         }
     }
-    Ok((status.unwrap_or_default(), rows))
+    Ok((status.unwrap_or_default(), rows, regions))
 }

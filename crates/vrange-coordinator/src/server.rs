@@ -44,7 +44,8 @@ struct Conn {
     ping_seq: u64,
     /// Shared regions it passed, with their class.
     shared: Vec<(SharedHandle, u8)>,
-    /// Bytes the coordinator purged itself from those.
+    /// Bytes the coordinator purged itself from those (a region several participants passed
+    /// is credited to the first).
     freed_directly: u64,
     /// Its memory cgroup's directory (empty if unknown): a metrics label that survives a
     /// restart, unlike the pid.
@@ -452,6 +453,11 @@ impl<'a> Server<'a> {
             self.participants()
                 .map(|c| Message::Row(Box::new(c.row(now)))),
         );
+        msgs.extend(
+            self.regions()
+                .into_iter()
+                .map(|(h, _, participants)| Message::SharedRow(h.census(participants))),
+        );
         msgs.push(Message::End);
         let c = &self.conns[i];
         for m in &msgs {
@@ -465,6 +471,23 @@ impl<'a> Server<'a> {
         self.conns
             .iter()
             .filter(|c| matches!(c.role, Role::Participant))
+    }
+
+    /// The shared regions the participants passed, each once however many passed it: its
+    /// handle, the highest class a participant gave it (the one that values it most decides
+    /// where it stands in the order) and how many passed it.
+    fn regions(&self) -> Vec<(&SharedHandle, u8, u32)> {
+        let mut out: Vec<(&SharedHandle, u8, u32)> = Vec::new();
+        for (h, class) in self.participants().flat_map(|c| &c.shared) {
+            match out.iter_mut().find(|(o, _, _)| o.ino() == h.ino()) {
+                Some(e) => {
+                    e.1 = e.1.max(*class);
+                    e.2 += 1;
+                }
+                None => out.push((h, *class, 1)),
+            }
+        }
+        out
     }
 
     /// Pings, times out requests, reads the pressure and plans a round.
@@ -485,6 +508,11 @@ impl<'a> Server<'a> {
             }
             for i in dead.into_iter().rev() {
                 self.conns.swap_remove(i);
+            }
+            // Holders of the shared regions whose process died: their pins released, as each
+            // process mapping the region does once per tick of its own.
+            for (h, _, _) in self.regions() {
+                h.reap();
             }
         }
         let cap = self.working_cap();
@@ -535,11 +563,14 @@ impl<'a> Server<'a> {
             .publish(&self.status, self.metrics_rows(now), self.watch.oom_kills());
         self.shared.refused(self.refused.0);
         if self.round.is_none() && target.max(asked) > 0 {
-            let (cut, ids) = self.send_round(&merged, target.max(asked), now, None);
-            if let (Some(cut), false) = (cut, ids.is_empty()) {
-                self.round = Some(Round { started: now, cut });
+            let (cut, ids, direct) = self.send_round(&merged, target.max(asked), now, None);
+            match cut {
+                Some(cut) if !ids.is_empty() => self.round = Some(Round { started: now, cut }),
+                // Only shared regions, purged by the coordinator itself: over already.
+                Some(cut) if direct > 0 => self.shared.round_done(now.elapsed(), cut),
+                _ => {}
             }
-            self.plan_rooms(cut, ids);
+            self.plan_rooms(cut, ids, direct);
         } else if asked > 0 {
             // Room wanted during a round: a round of its own over the same order. Those busy
             // with the round's request keep their place in it (what they hold before the new
@@ -547,8 +578,8 @@ impl<'a> Server<'a> {
             // as long as a room may (they may be stopped): the room comes from the others.
             let patience = self.room_patience();
             let free = self.merged(Some(patience));
-            let (cut, ids) = self.send_round(&free, asked, now, Some(patience));
-            self.plan_rooms(cut, ids);
+            let (cut, ids, direct) = self.send_round(&free, asked, now, Some(patience));
+            self.plan_rooms(cut, ids, direct);
         }
         self.answer_rooms();
     }
@@ -570,55 +601,60 @@ impl<'a> Server<'a> {
 
     /// Every inventory aged by the time since it came (so that all share one clock), of the
     /// participants that answer (less those whose open request is older than `late`, if
-    /// given), and the shared regions of those that do not (the coordinator purges those
-    /// itself), merged.
+    /// given), and the shared regions passed (each once, read now: the coordinator purges
+    /// those itself), merged.
     fn merged(&self, late: Option<Duration>) -> [[u64; BUCKETS]; CLASSES] {
         let live: Vec<Inventory> = self
             .participants()
             .filter(|c| c.responsive && !late.is_some_and(|p| c.late(p, self.working_cap())))
             .filter_map(|c| Some(plan::aged(c.inventory.as_deref()?, c.received.elapsed())))
             .collect();
-        let mut orphans = Inventory::default();
-        for c in self.participants().filter(|c| !c.responsive) {
-            for (h, class) in &c.shared {
-                if let Some(idle) = h.idle() {
-                    orphans.volatile[*class as usize][bucket_of(idle.as_millis() as u64)] +=
-                        h.len() as u64;
-                }
-            }
+        let mut shared = Inventory::default();
+        for (h, class, _) in self.regions() {
+            h.volatile(|bytes, idle| {
+                shared.volatile[class as usize][bucket_of(idle.as_millis() as u64)] += bytes;
+            });
         }
-        plan::merge(live.iter().chain([&orphans]))
+        plan::merge(live.iter().chain([&shared]))
     }
 
-    /// Cuts the order where `target` bytes are reached, purges the shared regions of
-    /// participants that do not answer that come before the cut, and asks every participant
-    /// that answers to purge what it holds before the cut: at once if it has no request open,
-    /// else when it answers (unless the open one reaches as far); those whose open request is
-    /// older than `late`, if given, are not asked. Returns the cut (`None`: nothing volatile)
-    /// and the ids of the requests that will free that data.
+    /// Cuts the order where `target` bytes are reached, purges the runs of the shared regions
+    /// passed that come before the cut, and asks every participant that answers to purge what
+    /// it holds before the cut: at once if it has no request open, else when it answers
+    /// (unless the open one reaches as far); those whose open request is older than `late`, if
+    /// given, are not asked. Returns the cut (`None`: nothing volatile), the ids of the
+    /// requests that will free that data, and the bytes purged from shared regions.
     fn send_round(
         &mut self,
         merged: &[[u64; BUCKETS]; CLASSES],
         target: u64,
         now: Instant,
         late: Option<Duration>,
-    ) -> (Option<Cut>, Vec<u64>) {
+    ) -> (Option<Cut>, Vec<u64>, u64) {
         let Some(cut) = plan::cut(merged, target) else {
-            return (None, Vec::new());
+            return (None, Vec::new(), 0);
         };
         self.status.rounds += 1;
         let cap = self.working_cap();
-        for c in self.conns.iter_mut().filter(|c| !c.responsive) {
-            for (h, class) in &c.shared {
-                let due = h
-                    .idle()
-                    .is_some_and(|idle| cut.admits(*class, idle.as_millis() as u64));
-                if let Some(n) = due.then(|| h.purge()).flatten() {
-                    c.freed_directly += n as u64;
-                    self.status.freed += n as u64;
-                }
+        // Each region once, at its class in the order, credited to the first who passed it.
+        let mut todo: Vec<(u64, u8)> = self
+            .regions()
+            .into_iter()
+            .map(|(h, class, _)| (h.ino(), class))
+            .collect();
+        let mut direct = 0;
+        for c in self.conns.iter_mut() {
+            for (h, _) in &c.shared {
+                let Some(at) = todo.iter().position(|(ino, _)| *ino == h.ino()) else {
+                    continue;
+                };
+                let (_, class) = todo.swap_remove(at);
+                let n = h.purge_before(|idle| cut.admits(class, idle.as_millis() as u64));
+                c.freed_directly += n;
+                direct += n;
             }
         }
+        self.status.freed += direct;
         let mut sent = Vec::new();
         for c in self.conns.iter_mut() {
             let holds = c.responsive
@@ -655,15 +691,17 @@ impl<'a> Server<'a> {
                 sent.pop();
             }
         }
-        (Some(cut), sent)
+        (Some(cut), sent, direct)
     }
 
-    /// The `Room` requests not planned yet wait for `requests`, under `cut`.
-    fn plan_rooms(&mut self, cut: Option<Cut>, requests: Vec<u64>) {
+    /// The `Room` requests not planned yet wait for `requests`, under `cut`, with the `direct`
+    /// bytes the round purged from shared regions already freed.
+    fn plan_rooms(&mut self, cut: Option<Cut>, requests: Vec<u64>, direct: u64) {
         for r in self.conns.iter_mut().filter_map(|c| c.room.as_mut()) {
             if r.planned.is_none() {
                 r.planned = Some(cut);
                 r.requests.clone_from(&requests);
+                r.freed = r.freed.saturating_add(direct);
             }
         }
     }

@@ -221,9 +221,9 @@ fn the_coordinator_purges_a_stopped_participants_shared_regions_itself() {
     for _ in 0..16 {
         assert_eq!(ask(&mut p, "share").tag, "SHARED");
     }
-    await_participants(&socket, 1, Duration::from_secs(10)).expect("the participant connects");
-    // Its descriptors reach the coordinator with the next ping.
-    std::thread::sleep(Duration::from_millis(300));
+    // Its descriptors reach the coordinator with the next ping; the coordinator counts those
+    // regions itself (the participant's own inventory leaves them out).
+    await_shared(&socket, 16, Duration::from_secs(10)).expect("the participant's regions");
     signal(p.pid(), libc::SIGSTOP);
     // Silent for longer than the request timeout and a ping: left to the coordinator.
     std::thread::sleep(Duration::from_millis(1000));

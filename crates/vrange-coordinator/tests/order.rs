@@ -90,7 +90,9 @@ impl Outcome {
     }
 }
 
-fn scenario(test: &str, coordinated: bool) -> Option<Outcome> {
+/// Runs the scenario; participant p holds its chunks as page ranges of one shared region if
+/// `shared[p]`, else as private regions.
+fn scenario(test: &str, coordinated: bool, shared: [bool; 4]) -> Option<Outcome> {
     let child = match cgroup::child("vrange-coord-", LIMIT) {
         Ok(c) => c,
         Err(why) => {
@@ -120,17 +122,31 @@ fn scenario(test: &str, coordinated: bool) -> Option<Outcome> {
         .collect();
     let mut order = Vec::new();
     for (p, role) in ps.iter_mut().enumerate() {
+        let (cmd, tag) = if shared[p] {
+            ("range", "RANGED")
+        } else {
+            ("mark", "MARKED")
+        };
         for i in 0..CHUNKS {
-            assert!(role.send("mark"));
-            let r = role.next(Duration::from_secs(10)).expect("MARKED");
-            assert_eq!(r.tag, "MARKED");
+            assert!(role.send(cmd));
+            let r = role.next(Duration::from_secs(10)).expect(tag);
+            assert_eq!(r.tag, tag);
             order.push((p, i));
             std::thread::sleep(Duration::from_millis(100));
         }
     }
     if coordinated {
-        await_participants(&socket, NAMES.len() as u64, Duration::from_secs(10))
-            .expect("participants connect");
+        let ranged = shared.iter().filter(|&&s| s).count();
+        let private = (NAMES.len() - ranged) as u64;
+        await_with_data(
+            &socket,
+            NAMES.len() as u64,
+            private,
+            Duration::from_secs(10),
+        )
+        .expect("participants connect");
+        await_shared(&socket, ranged, Duration::from_secs(10))
+            .expect("the shared regions reach the coordinator");
     } else {
         // Give each reclaimer its sources (a tick after the first volatile byte).
         std::thread::sleep(Duration::from_millis(500));
@@ -158,7 +174,11 @@ fn scenario(test: &str, coordinated: bool) -> Option<Outcome> {
     let _ = std::fs::remove_dir_all(&dir);
     cgroup::remove(child);
     assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
-    let bits: Vec<Vec<bool>> = reports.iter().map(purged_bits).collect();
+    let bits: Vec<Vec<bool>> = reports
+        .iter()
+        .zip(shared)
+        .map(|(r, shared)| bits(r, if shared { "ranges" } else { "purged" }))
+        .collect();
     let chunks = order.iter().map(|&(p, i)| (p, i, bits[p][i])).collect();
     Some(Outcome {
         chunks,
@@ -183,6 +203,22 @@ fn inversions(o: &Outcome) -> usize {
     o.chunks[first_kept..].iter().filter(|c| c.2).count()
 }
 
+/// What a coordinated run must show: no OOM kill, some chunks purged and not all, the purged
+/// chunks a prefix of the marking order (the youngest process loses data only after every
+/// older chunk of every process is gone), pinned data intact, every participant connected.
+fn in_one_order(o: &Outcome) {
+    println!("{}", show(o));
+    assert_eq!(o.kills, 0, "no OOM kill");
+    let purged = o.chunks.iter().filter(|c| c.2).count();
+    assert!(purged >= 4, "pressure purged something: {}", show(o));
+    assert!(purged < o.chunks.len(), "not everything: {}", show(o));
+    assert_eq!(inversions(o), 0, "one global order: {}", show(o));
+    for r in &o.reports {
+        assert_eq!(r.u64("pinned_ok"), 1);
+        assert!(r.u64("connections") >= 1, "{r:?}");
+    }
+}
+
 #[test]
 fn the_coordinator_purges_the_oldest_of_the_container_first() {
     if roles() {
@@ -192,23 +228,38 @@ fn the_coordinator_purges_the_oldest_of_the_container_first() {
     let Some(o) = scenario(
         "the_coordinator_purges_the_oldest_of_the_container_first",
         true,
+        [false; 4],
     ) else {
         return;
     };
-    println!("{}", show(&o));
-    assert_eq!(o.kills, 0, "no OOM kill");
-    let purged = o.chunks.iter().filter(|c| c.2).count();
-    assert!(purged >= 4, "pressure purged something: {}", show(&o));
-    assert!(purged < o.chunks.len(), "not everything: {}", show(&o));
-    // The purged chunks are a prefix of the marking order: the youngest process loses data
-    // only after every older chunk of every process is gone.
-    assert_eq!(inversions(&o), 0, "one global order: {}", show(&o));
-    for r in &o.reports {
-        assert_eq!(r.u64("pinned_ok"), 1);
-        assert!(r.u64("connections") >= 1, "{r:?}");
-    }
+    in_one_order(&o);
     let obeyed: u64 = o.reports.iter().map(|r| r.u64("requests")).sum();
     assert!(obeyed >= 1, "purges came as requests: {:?}", o.reports);
+}
+
+/// The same with A's and C's chunks as page ranges of a shared region each (marked one range
+/// at a time, so each range has its own age): the coordinator counts the ranges of the
+/// regions passed to it, orders them with the private chunks, and purges them itself. The
+/// purged chunks are still a prefix of the one order, shared ranges and private chunks alike.
+#[test]
+fn the_coordinator_purges_shared_ranges_in_the_global_order() {
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let Some(o) = scenario(
+        "the_coordinator_purges_shared_ranges_in_the_global_order",
+        true,
+        [true, false, true, false],
+    ) else {
+        return;
+    };
+    in_one_order(&o);
+    assert!(
+        o.chunks.iter().any(|c| c.0 == 0 && c.2),
+        "A's shared ranges, the oldest, went first: {}",
+        show(&o)
+    );
 }
 
 #[test]
@@ -220,6 +271,7 @@ fn without_the_coordinator_each_process_purges_its_own_oldest() {
     let Some(o) = scenario(
         "without_the_coordinator_each_process_purges_its_own_oldest",
         false,
+        [false; 4],
     ) else {
         return;
     };

@@ -491,6 +491,14 @@ pub fn open_transient(path: &std::path::Path, flags: libc::c_int) -> io::Result<
     Transient::adopt(open_path_buf(path, flags)?)
 }
 
+/// [`open_transient`] for a NUL-terminated path, without allocating. Async-signal-safe.
+///
+/// # Errors
+/// As [`open_transient`].
+pub fn open_transient_c(path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<Transient> {
+    Transient::adopt(open_path(path, flags)?)
+}
+
 /// Writes `bytes` to `path` in one write(2) (a cgroup control file takes one command per
 /// write) through a [`Transient`] descriptor; returns the bytes written.
 ///

@@ -26,7 +26,8 @@
 //!
 //! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
 //!   [`mem::page_size`] after first use, [`vma::check_private_anon`], [`pagemap::huge_runs`],
-//!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::unregister`].
+//!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::unregister`],
+//!   [`pid::identity`].
 //! - Kernel features are probed by [`probe`]; the core calls each probe once and reports the
 //!   answers and fallbacks (`vrange::features()`).
 //!
@@ -44,6 +45,7 @@ pub mod lock;
 pub mod mem;
 pub mod own_table;
 pub mod pagemap;
+pub mod pid;
 pub mod pressure;
 pub mod probe;
 pub mod process;

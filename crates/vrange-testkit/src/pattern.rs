@@ -1,5 +1,5 @@
 //! Deterministic page contents: a test fills memory with [`fill`] and later tells the pages it
-//! kept ([`check`], [`check_at`]) from the ones the kernel took back (all zero, [`is_zero`])
+//! kept ([`check`], [`check_at`]; part of it refilled with [`fill_at`]) from the ones the kernel took back (all zero, [`is_zero`])
 //! and from corrupted ones (neither). Allocation-free, so forked children may use it.
 
 // Safe functions over raw pointers, as they were in each crate's tests: the caller passes its
@@ -15,9 +15,15 @@ pub fn pattern(seed: u64, i: usize) -> u64 {
 
 /// Fills `[ptr, ptr + len)` with `pattern(seed, word index from ptr)`.
 pub fn fill(ptr: *mut u8, len: usize, seed: u64) {
-    for i in 0..len / 8 {
-        // SAFETY: test-owned memory; ptr..ptr+len is the test's own mapping.
-        unsafe { (ptr as *mut u64).add(i).write(pattern(seed, i)) };
+    fill_at(ptr, 0, len, seed);
+}
+
+/// Fills `[base + off, base + off + len)` with what `fill(base, _, seed)` writes there: part
+/// of a region refilled on its own, and checked with [`check_at`].
+pub fn fill_at(base: *mut u8, off: usize, len: usize, seed: u64) {
+    for i in off / 8..(off + len) / 8 {
+        // SAFETY: test-owned memory; base+off..base+off+len is the test's own mapping.
+        unsafe { (base as *mut u64).add(i).write(pattern(seed, i)) };
     }
 }
 

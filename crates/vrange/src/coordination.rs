@@ -17,7 +17,7 @@
 //! | `Room` | participant → coordinator | before it maps more memory, its headroom short | request id, bytes wanted |
 //! | `Roomed` | coordinator → participant | the round planned for a `Room` is over | request id, the cut (class `P`, age `A`) if any |
 //! | `Monitor` | `vrange top` → coordinator | on connecting | none |
-//! | `Status`, `Row`…, `End` | coordinator → monitor | answer to `Monitor` | totals; one row per participant |
+//! | `Status`, `Row`…, `SharedRow`…, `End` | coordinator → monitor | answer to `Monitor` | totals; one row per participant; one per shared region it holds |
 //!
 //! A purge request names a point in the one global order (lowest class first, then oldest):
 //! the participant purges every volatile range of a class below `P`, and those of class `P`
@@ -35,12 +35,16 @@
 //! as without a coordinator.
 //!
 //! Shared regions: a participant passes each of its shared regions' descriptors once
-//! (SCM_RIGHTS, at most [`MAX_SHARED`]), and lists the inodes it still maps in every inventory.
-//! The coordinator maps only their header page ([`SharedHandle`]) and purges one itself (a hole
-//! punched for every process, by the same state machine every process uses) when it comes
-//! before the cut: that works while the participant is stopped or hung. It closes a descriptor
-//! when no inventory lists its inode any more or the participant disconnects, so it never keeps
-//! a freed region's memory alive for long.
+//! (SCM_RIGHTS, at most [`MAX_SHARED`]), and lists the inodes it still maps in every inventory,
+//! whose volatile bytes leave those regions out. The coordinator maps only their headers and
+//! page tables ([`SharedHandle`]), counts each region once however many participants map it
+//! (the runs of pages volatile in every process, by how long ago they became volatile, at the
+//! highest class a participant gave it), and purges the runs that come before the cut itself
+//! (holes punched for every process, by the same state machine every process uses), in the
+//! one global order with the participants' private memory: that works while a participant is
+//! stopped or hung, too. It releases the pins of holders whose process died, as every process
+//! mapping a region does. It closes a descriptor when no inventory lists its inode any more or
+//! the participant disconnects, so it never keeps a freed region's memory alive for long.
 //!
 //! Liveness: a participant takes the coordinator for gone when the socket closes, or when no
 //! message came for three ping intervals (a stopped or hung coordinator), and then purges on
@@ -157,6 +161,25 @@ pub struct Row {
     pub responsive: u8,
 }
 
+/// One shared region as the coordinator shows it to a monitor (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SharedRow {
+    /// Its file's inode.
+    pub ino: u64,
+    /// Bytes of data.
+    pub len: u64,
+    /// Volatile in every process (no holder pins them), resident.
+    pub volatile: u64,
+    /// Pinned by some holder.
+    pub pinned: u64,
+    /// Purged and not pinned since.
+    pub purged: u64,
+    /// Holders (mappings, in any process) with a number now.
+    pub holders: u32,
+    /// Participants that passed it to the coordinator.
+    pub participants: u32,
+}
+
 /// The coordinator's totals, first in its answer to a monitor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Status {
@@ -219,6 +242,7 @@ pub enum Message {
     Monitor,
     Status(Status),
     Row(Box<Row>),
+    SharedRow(SharedRow),
     End,
 }
 
@@ -236,6 +260,7 @@ impl std::error::Error for Malformed {}
 
 const INVENTORY_LEN: usize = 8 + CLASSES * BUCKETS * 8 + 5 * 8 + MAX_SHARED * 8;
 const ROW_LEN: usize = 4 + 4 + NAME_LEN + 6 * 8 + 8;
+const SHARED_ROW_LEN: usize = 5 * 8 + 2 * 4;
 const _: () = assert!(HEADER + INVENTORY_LEN <= MAX_MESSAGE);
 
 impl Message {
@@ -254,6 +279,7 @@ impl Message {
             Message::Share { .. } => 11,
             Message::Room { .. } => 12,
             Message::Roomed { .. } => 13,
+            Message::SharedRow(_) => 14,
         }
     }
 
@@ -272,6 +298,7 @@ impl Message {
             11 => 24,
             12 => 16,
             13 => 24,
+            14 => SHARED_ROW_LEN,
             _ => return None,
         })
     }
@@ -342,6 +369,13 @@ impl Message {
                 for v in [*id, *bytes, *ranges, *youngest_ms] {
                     w.u64(v);
                 }
+            }
+            Message::SharedRow(r) => {
+                for v in [r.ino, r.len, r.volatile, r.pinned, r.purged] {
+                    w.u64(v);
+                }
+                w.u32(r.holders);
+                w.u32(r.participants);
             }
             Message::Monitor | Message::End => {}
             Message::Status(s) => {
@@ -463,6 +497,18 @@ impl Message {
                 youngest_ms: r.u64(),
             },
             7 => Message::Monitor,
+            14 => {
+                let v: [u64; 5] = std::array::from_fn(|_| r.u64());
+                Message::SharedRow(SharedRow {
+                    ino: v[0],
+                    len: v[1],
+                    volatile: v[2],
+                    pinned: v[3],
+                    purged: v[4],
+                    holders: r.u32(),
+                    participants: r.u32(),
+                })
+            }
             8 => Message::Status(Status {
                 participants: r.u64(),
                 rounds: r.u64(),
@@ -536,8 +582,8 @@ impl Reader<'_> {
 }
 
 /// A shared region a participant passed to the coordinator: its descriptor and its header
-/// page, nothing of its data. [`SharedHandle::purge`] purges it as any process's reclaimer
-/// would: only if it is volatile in every process that maps it, in one hole punched for all.
+/// and page table, nothing of its data. [`SharedHandle::purge_before`] purges it as any
+/// process's reclaimer would: only pages no process pins, in holes punched for all.
 pub struct SharedHandle {
     page: crate::shared::HeaderPage,
     fd: std::os::fd::OwnedFd,
@@ -568,39 +614,89 @@ impl SharedHandle {
 
     /// Bytes of data.
     pub fn len(&self) -> usize {
-        self.page.len
+        self.page.header().len()
     }
 
     /// Whether it has no data (never: regions are at least a page).
     pub fn is_empty(&self) -> bool {
-        self.page.len == 0
+        self.len() == 0
     }
 
-    /// How long it has been volatile in every process that maps it; `None` if pinned anywhere,
-    /// purged or busy.
-    pub fn idle(&self) -> Option<std::time::Duration> {
-        let h = self.page.header();
-        if !crate::state::is_purgeable(h.state.load()) {
-            return None;
-        }
+    /// Calls `f(bytes, idle)` for every run of pages volatile in every process that maps the
+    /// region, with how long ago the run became volatile.
+    pub fn volatile(&self, mut f: impl FnMut(u64, std::time::Duration)) {
+        let page = crate::page_size() as u64;
         let now = vrange_sys::clock::now_ns();
-        Some(std::time::Duration::from_nanos(now.saturating_sub(
-            h.last_used.load(std::sync::atomic::Ordering::Relaxed),
-        )))
+        self.page.header().volatile_runs(|_, n, used| {
+            f(
+                n as u64 * page,
+                std::time::Duration::from_nanos(now.saturating_sub(used)),
+            )
+        });
     }
 
-    /// Purges the region for every process if it is still volatile everywhere. Returns the
-    /// bytes freed, `None` if it was not purgeable (pinned, purged, or used meanwhile).
-    pub fn purge(&self) -> Option<usize> {
+    /// Its pages now, in bytes, and its holders; `participants` as given.
+    pub fn census(&self, participants: u32) -> SharedRow {
+        let h = self.page.header();
+        let page = crate::page_size() as u64;
+        let c = h.census(None, 0, h.pages().len());
+        SharedRow {
+            ino: self.ino,
+            len: self.len() as u64,
+            volatile: c.volatile * page,
+            pinned: c.pinned * page,
+            purged: c.purged * page,
+            holders: h.holders() as u32,
+            participants,
+        }
+    }
+
+    /// Purges, for every process, each run of volatile pages that `before(idle)` places before
+    /// the cut (`idle`: how long ago the run became volatile), if it is still volatile and
+    /// unused since. Returns the bytes freed.
+    pub fn purge_before(&self, before: impl Fn(std::time::Duration) -> bool) -> u64 {
         use std::os::fd::AsFd;
         let h = self.page.header();
-        let page = vrange_sys::mem::page_size();
-        h.purge(h.state.load(), || {
-            // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it
-            // until the purge finishes.
-            unsafe { vrange_sys::shm::punch_hole(self.fd.as_fd(), page, self.len()) }
-        })
-        .then(|| self.len())
+        let page = crate::page_size();
+        let now = vrange_sys::clock::now_ns();
+        let mut runs = Vec::new();
+        h.volatile_runs(|first, n, used| {
+            if before(std::time::Duration::from_nanos(now.saturating_sub(used))) {
+                runs.push((first, n, used));
+            }
+        });
+        let offset = self.page.data_offset();
+        let mut pages = 0;
+        for (first, n, used) in runs {
+            pages += h.purge_run(first, n, Some(used), |at, k| {
+                // SAFETY: the pages are PURGING: no process holds them pinned, and none can
+                // pin them until the purge finishes.
+                unsafe {
+                    vrange_sys::shm::punch_hole(self.fd.as_fd(), offset + at * page, k * page)
+                }
+            });
+        }
+        (pages * page) as u64
+    }
+
+    /// Releases the pins of the region's holders whose process is certainly gone
+    /// (`vrange_sys::pid::is_gone`), as every process mapping it does once per tick. Reads
+    /// `/proc`. Returns the holders released.
+    pub fn reap(&self) -> usize {
+        let me = vrange_sys::pid::identity();
+        let mut others = [vrange_sys::pid::Identity::default(); crate::shared::HOLDERS];
+        let h = self.page.header();
+        let n = h.others(&me, &mut others, 0);
+        let dead: Vec<_> = others[..n]
+            .iter()
+            .copied()
+            .filter(vrange_sys::pid::is_gone)
+            .collect();
+        if dead.is_empty() {
+            0
+        } else {
+            h.reap(&dead, &me, vrange_sys::clock::now_ns())
+        }
     }
 }
 
@@ -710,6 +806,15 @@ mod tests {
                 cut: Some((2, 1414)),
             },
             Message::Roomed { id: 4, cut: None },
+            Message::SharedRow(SharedRow {
+                ino: 9,
+                len: 8192,
+                volatile: 4096,
+                pinned: 4096,
+                purged: 0,
+                holders: 2,
+                participants: 1,
+            }),
         ];
         let mut buf = [0u8; MAX_MESSAGE];
         for m in all {

@@ -29,7 +29,8 @@ pub enum Error {
     OutOfReach,
     /// The range covers part of a library-owned region and memory outside it (EINVAL).
     Straddles,
-    /// A shared region is marked and unmarked whole; the range covers only part of it (EINVAL).
+    /// A shared region's reclaim class is set for the whole region in each mapping; the range
+    /// covers only part of it (EINVAL).
     Partial,
     /// The address and length do not name a region returned by `VolatileRegion::new` or
     /// `vrange_alloc` (EINVAL).
@@ -92,7 +93,7 @@ impl fmt::Display for Error {
             Error::Refused => "kernel refused the purge hint (locked memory?)",
             Error::OutOfReach => "range lies above the addresses vrange tracks",
             Error::Straddles => "range straddles the boundary of a vrange region",
-            Error::Partial => "a shared region is marked and unmarked whole",
+            Error::Partial => "a shared region's class is set whole",
             Error::NotRegion => "not a region allocated by vrange",
             Error::BadFlags => "unknown or contradictory flags or options",
             Error::Os(_) => "system call failed",

@@ -54,11 +54,13 @@ impl VolatileRegion {
 
     /// Maps a shared region from a descriptor obtained from [`VolatileRegion::shared_fd`] in
     /// this or another process (passed over a UNIX socket or inherited). The descriptor is
-    /// duplicated. The new mapping holds no pin: [`VolatileRegion::unmark`] it before use; that
-    /// unmark reports whether the content was purged since this process mapped it.
+    /// duplicated. The new mapping takes a holder number (see the README: pins die with their
+    /// holder) and holds no pin: [`VolatileRegion::unmark`] it, or the part to use, before use;
+    /// that unmark reports what was purged since this process mapped it.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] if the descriptor is not a vrange shared region;
+    /// [`Error::Unsupported`] if the descriptor is not a vrange shared region (or one of an
+    /// older layout); `Error::Os(EUSERS)` if 32 mappings hold numbers in it already;
     /// [`Error::Os`] for mapping failures.
     pub fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<VolatileRegion, Error> {
         VolatileRegion::open_shared_with(
@@ -125,11 +127,14 @@ impl VolatileRegion {
     }
 
     /// Marks `len` bytes at `offset` volatile. A call that covers part of a range splits it
-    /// first (once; cost proportional to the pages split off).
+    /// first (once; cost proportional to the pages split off). In a shared region it drops this
+    /// mapping's pins of those pages, one atomic operation per page: a page no mapping in any
+    /// process pins any more may be purged (ashmem's `ASHMEM_UNPIN`, Chromium's
+    /// `DiscardableSharedMemory::Unlock(offset, length)`).
     ///
     /// # Errors
-    /// [`Error::Unaligned`], [`Error::NotMapped`] past the end, [`Error::Partial`] for part of
-    /// a shared region, and as [`VolatileRegion::mark`].
+    /// [`Error::Unaligned`], [`Error::NotMapped`] past the end, and as
+    /// [`VolatileRegion::mark`].
     ///
     /// # Safety
     /// As [`VolatileRegion::mark`], for the range.
@@ -154,10 +159,15 @@ impl VolatileRegion {
     }
 
     /// Pins `len` bytes at `offset` again and reports what was purged. Waits while the
-    /// reclaimer is in the middle of purging or arming one of the ranges.
+    /// reclaimer is in the middle of purging or arming one of the ranges. In a shared region it
+    /// pins those pages for this mapping and reports, page by page, those it had not pinned
+    /// (`volatile`) and those purged since it last held them (`purged`), even if another process
+    /// pinned and refilled them first (ashmem's `ASHMEM_PIN`, Chromium's
+    /// `DiscardableSharedMemory::Lock(offset, length)`).
     ///
     /// # Errors
-    /// As [`VolatileRegion::mark_range`].
+    /// As [`VolatileRegion::mark_range`]; in a shared region, `Error::Os(EUSERS)` if this
+    /// mapping has no holder number yet (a fork child's) and the region has no free one.
     pub fn unmark_range(&self, offset: usize, len: usize) -> Result<Unmarked, Error> {
         let span = self.span(offset, len)?;
         if span.is_empty() {
@@ -199,22 +209,30 @@ impl VolatileRegion {
     /// only: unlike [`VolatileRegion::unmark`] it neither pins the region nor changes its age.
     /// Pages the kernel discarded from an armed hybrid range show only at the next unmark.
     pub fn is_purged(&self) -> bool {
-        self.span(0, self.len)
-            .and_then(managed::is_purged)
-            .unwrap_or(false)
+        self.is_purged_range(0, self.len).unwrap_or(false)
+    }
+
+    /// Whether the reclaimer purged any of `len` bytes at `offset` while volatile (in a shared
+    /// region: a page purged that no mapping, in any process, has pinned since). Reads only, as
+    /// [`VolatileRegion::is_purged`].
+    ///
+    /// # Errors
+    /// [`Error::Unaligned`], [`Error::NotMapped`] past the end.
+    pub fn is_purged_range(&self, offset: usize, len: usize) -> Result<bool, Error> {
+        let span = self.span(offset, len)?;
+        if span.is_empty() {
+            return Ok(false);
+        }
+        managed::is_purged(span)
     }
 
     /// How long the region has been volatile, if it is (volatile or armed, not yet purged):
-    /// the age the reclaimer orders it by. `None` while pinned, purged or being purged.
+    /// the age the reclaimer orders it by. `None` while pinned, purged or being purged. A
+    /// shared region: once no process pins any of its pages, since the most recent of them
+    /// became volatile.
     pub fn idle(&self) -> Option<std::time::Duration> {
-        let (_, slot) = registry::owner_of(self.as_ptr() as usize)?;
-        if !crate::state::is_purgeable(slot.state().load()) {
-            return None;
-        }
         let now = vrange_sys::clock::now_ns();
-        Some(std::time::Duration::from_nanos(
-            now.saturating_sub(slot.last_used()),
-        ))
+        managed::idle(self.as_ptr() as usize, now).map(std::time::Duration::from_nanos)
     }
 
     /// Purges the region now if it is volatile, as the reclaimer would (whole ranges; a pinned

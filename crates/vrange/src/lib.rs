@@ -237,9 +237,10 @@ fn target(ptr: *mut u8, len: usize) -> Result<Target> {
 /// [`Error::NotMapped`] for holes; [`Error::Unsupported`] for shared, file-backed or protected
 /// memory, for scratch memory ([`ScratchRegion`]: always volatile, it cannot be pinned) and for
 /// refill memory ([`RefillRegion`]: its pages are the refill thread's to drop and make);
-/// [`Error::Straddles`] for a range crossing a region's boundary; [`Error::Partial`] for
-/// part of a shared region; [`Error::Refused`] when the kernel refuses the hint (locked memory),
-/// in which case every page is pinned again except pages found purged, which keep that state.
+/// [`Error::Straddles`] for a range crossing a region's boundary; `Error::Os(EUSERS)` in a
+/// shared region mapped by as many holders as it has room for ([`VolatileRegion::open_shared`]);
+/// [`Error::Refused`] when the kernel refuses the hint (locked memory), in which case every page
+/// is pinned again except pages found purged, which keep that state.
 ///
 /// # Safety
 /// The caller must own the memory and hold no reference into it that assumes its content is
@@ -276,7 +277,8 @@ unsafe fn mark_ranges(span: span::Span, first: managed::First) -> Result<usize> 
 /// Exact: a page is reported intact only if its content provably survived, and it can no
 /// longer be discarded when this returns. On arbitrary memory and in lazy regions, a page
 /// that was all zero when marked is reported intact and left as it is. In managed and hybrid
-/// regions a purged range reports all its pages.
+/// regions a purged range reports all its pages; in a shared region, each page purged since
+/// this mapping last pinned it.
 ///
 /// Async-signal-safe for arbitrary memory and every region policy (no allocation, no lock;
 /// the only system calls are the range check of arbitrary memory and, for ranges holding whole

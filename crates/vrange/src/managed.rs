@@ -6,17 +6,22 @@
 //! plus a clock read: no system call, no page walk, whatever the size. A call that covers part
 //! of a range splits it first, once (cost proportional to the pages split off, for the owner
 //! map); later calls on the pieces are O(1) again.
+//!
+//! A shared region is one range in each process that maps it and is never split: its pages'
+//! states live in its file (`crate::shared`), and a call on any page-aligned part of it pins
+//! or unpins those pages for this mapping's holder number, one compare-and-swap per page.
 
 use crate::lazy;
 use crate::registry::{self, pause, Policy, Priority, Slot, PURGES};
-use crate::shared;
+use crate::shared::{self, Header};
 use crate::span::Span;
 use crate::state::{self, Found, Marked};
 use crate::stats;
 use crate::{Error, Huge, Unmarked};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use vrange_sys::pid::{self, Identity};
 use vrange_sys::{clock, mem};
 
 /// How a new region is made.
@@ -90,15 +95,15 @@ fn create_private(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error
 }
 
 fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error> {
-    let m = shared::create(len)?;
-    let epoch = m.header().epoch.load(Acquire);
+    let m = shared::create(len, &pid::identity())?;
     let (header, data, fd) = m.into_parts();
     let start = data as usize;
     slot.init(Policy::Managed, opts.priority, start, len);
     slot.header.store(header, Release);
-    SHARED_LIVE.fetch_add(1, Relaxed);
+    count_shared(len, true);
     slot.fd.store(fd, Relaxed);
-    slot.seen_epoch.store(epoch, Relaxed);
+    // The creator is holder 0, pinning every page.
+    slot.holder.store(1, Relaxed);
     if opts.sigbus {
         slot.set_sigbus();
         // Every page of the file allocated, so that only punched holes (purges) are missing.
@@ -112,32 +117,35 @@ fn create_shared(slot: &Slot, len: usize, opts: Options) -> Result<usize, Error>
 }
 
 /// Maps a shared region from a descriptor another process (or this one) created. The new
-/// mapping does not hold a pin: unmark it before use.
+/// mapping claims a holder number but holds no pin: unmark it before use.
 pub(crate) fn open_shared(
     fd: BorrowedFd<'_>,
     priority: Priority,
     sigbus: bool,
 ) -> Result<(usize, usize), Error> {
     let m = shared::open(fd)?;
-    let len = m.len;
-    let epoch = m.header().epoch.load(Acquire);
-    let new = match registry::alloc_slot() {
+    let (len, total) = (m.len, m.total);
+    let claimed = m.header().claim(&pid::identity());
+    let new = match claimed.and_then(|h| Ok((h, registry::alloc_slot()?))) {
         Ok(s) => s,
         Err(e) => {
+            if let Ok(h) = claimed {
+                m.header().release(h, clock::now_ns());
+            }
             // SAFETY: the mapping was just created and never handed out.
-            unsafe { mem::unmap(m.base, len + mem::page_size()) };
+            unsafe { mem::unmap(m.base, total) };
             return Err(e);
         }
     };
+    let (h, new) = new;
     let slot = new.slot();
     let (header, data, fd) = m.into_parts();
     let start = data as usize;
     slot.init(Policy::Managed, priority, start, len);
     slot.header.store(header, Release);
-    SHARED_LIVE.fetch_add(1, Relaxed);
+    count_shared(len, true);
     slot.fd.store(fd, Relaxed);
-    slot.holding.store(false, Relaxed);
-    slot.seen_epoch.store(epoch, Relaxed);
+    slot.holder.store(h + 1, Relaxed);
     if sigbus {
         slot.set_sigbus();
         // The file's pages exist (its creator allocated them): only holes are missing.
@@ -161,19 +169,19 @@ pub(crate) fn open_shared(
 /// # Safety
 /// Nobody may use the region any more.
 unsafe fn release_mapping(slot: &Slot, start: usize, len: usize) {
-    let page = mem::page_size();
     let header = slot.header.load(Acquire);
     if header.is_null() {
         let base = std::ptr::NonNull::new(start as *mut u8).expect("region start");
         // SAFETY: the caller gives up the region, which this module mapped.
         unsafe { mem::unmap(base, len) };
     } else {
-        SHARED_LIVE.fetch_sub(1, Relaxed);
+        count_shared(len, false);
+        release_holder(slot);
         // No slot points into the mapping once it is gone (see `registry::Slot::header`).
         slot.header.store(std::ptr::null_mut(), Release);
         let base = std::ptr::NonNull::new(header.cast::<u8>()).expect("header");
-        // SAFETY: as above; the shared mapping is the header page plus the data.
-        unsafe { mem::unmap(base, len + page) };
+        // SAFETY: as above; the shared mapping is the header and table, then the data.
+        unsafe { mem::unmap(base, start - header as usize + len) };
         let fd = slot.fd.swap(std::ptr::null_mut(), Relaxed);
         if !fd.is_null() {
             // SAFETY: the slot owned this box (from `Mapping::into_parts`) and gives it up; the
@@ -287,6 +295,14 @@ pub(crate) unsafe fn mark_in(first: First, span: Span) -> Result<(), Error> {
         };
     }
     let now = clock::now_ns();
+    if let Some(h) = first.1.header() {
+        // A mapping that never pinned (no holder number yet) has no pin to drop.
+        if let Some(holder) = held_as(first.1) {
+            let (at, n) = pages_of(first.1, span);
+            h.unpin(holder, at, n, now);
+        }
+        return Ok(());
+    }
     for_each_range(first, span, |idx, slot| {
         mark_range(idx, slot, now);
         Ok(())
@@ -294,12 +310,9 @@ pub(crate) unsafe fn mark_in(first: First, span: Span) -> Result<(), Error> {
 }
 
 fn mark_range(idx: u32, slot: &Slot, now: u64) {
-    if slot.header().is_some() && !slot.holding.swap(false, Relaxed) {
-        return; // this process holds no pin to drop
-    }
     let previous = slot.last_used();
     slot.touch(now);
-    if slot.state().mark() == Marked::Now && slot.header().is_none() {
+    if slot.state().mark() == Marked::Now {
         stats::volatile_add(idx, slot.len.load(Relaxed));
         let hot = crate::approach::is_hot(previous, now);
         slot.hot.store(hot, Relaxed);
@@ -339,6 +352,9 @@ pub(crate) fn unmark_in(first: First, span: Span) -> Result<Unmarked, Error> {
         // SAFETY: the span lies inside a private anonymous region this library mapped.
         return Ok(unsafe { lazy::unmark_span(span) });
     }
+    if first.1.header().is_some() {
+        return unmark_shared(first.1, span);
+    }
     let mut total = Unmarked::default();
     for_each_range(first, span, |idx, slot| {
         let u = unmark_range(idx, slot);
@@ -350,6 +366,73 @@ pub(crate) fn unmark_in(first: First, span: Span) -> Result<Unmarked, Error> {
     Ok(total)
 }
 
+/// The pages of `span` in the shared region of `slot` (never split: the slot is the region):
+/// (first page index, pages).
+fn pages_of(slot: &Slot, span: Span) -> (usize, usize) {
+    let page = mem::page_size();
+    let (start, _) = slot.extent();
+    ((span.start - start) / page, span.len() / page)
+}
+
+/// The holder number this mapping of a shared region pins pages as, if it has one.
+fn held_as(slot: &Slot) -> Option<u32> {
+    slot.holder.load(Acquire).checked_sub(1)
+}
+
+/// The holder number of this mapping, claimed now if it has none (a fork child's inherited
+/// mapping, whose parent's number is the parent's). Async-signal-safe.
+fn holder(slot: &Slot) -> Result<(u32, &Header), Error> {
+    let h = slot.header().ok_or(Error::NotRegion)?;
+    if let Some(n) = held_as(slot) {
+        return Ok((n, h));
+    }
+    let mine = h.claim(&pid::identity())?;
+    match slot.holder.compare_exchange(0, mine + 1, AcqRel, Acquire) {
+        Ok(_) => Ok((mine, h)),
+        Err(theirs) => {
+            // Another thread of this process claimed one first: give this one back.
+            h.release(mine, clock::now_ns());
+            Ok((theirs - 1, h))
+        }
+    }
+}
+
+/// Drops every pin of this mapping of a shared region and frees its holder number (the
+/// region being freed). The caller holds the purge lock or owns the region.
+fn release_holder(slot: &Slot) {
+    let (Some(h), Some(n)) = (slot.header(), held_as(slot)) else {
+        return;
+    };
+    slot.holder.store(0, Relaxed);
+    h.release(n, clock::now_ns());
+}
+
+/// Pins `span` of a shared region for this mapping and reports, page by page, what it had not
+/// pinned (volatile) and what of that was purged since it last held it.
+fn unmark_shared(slot: &Slot, span: Span) -> Result<Unmarked, Error> {
+    let (h, header) = holder(slot)?;
+    let (first, n) = pages_of(slot, span);
+    let page = mem::page_size();
+    let (start, _) = slot.extent();
+    let sigbus = slot.sigbus();
+    let mut holes = 0;
+    let found = header.pin(h, first, n, |at, pages| {
+        if sigbus {
+            // Pinned memory never signals: the holes read zero from now on. Pages a handler
+            // placed with `fill` are not holes: they count as intact.
+            holes += crate::sigbus::zero_fill(start + at * page, pages * page).unwrap_or(pages);
+        }
+    });
+    if found.purged > 0 {
+        stats::count_purge_seen();
+    }
+    Ok(Unmarked {
+        pages: n,
+        volatile: found.volatile,
+        purged: if sigbus { holes } else { found.purged },
+    })
+}
+
 fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
     let (start, len) = slot.extent();
     let pages = len / mem::page_size();
@@ -357,34 +440,7 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
         pages,
         ..Unmarked::default()
     };
-    if let Some(h) = slot.header() {
-        if slot.holding.swap(true, Relaxed) {
-            return pinned;
-        }
-        let found = slot.state().unmark(true);
-        // A purge bumps the epoch before its word leaves PURGING, and none can start while this
-        // process holds its pin, so the epoch read now covers every purge.
-        let epoch = h.epoch.load(Acquire);
-        // Always record the epoch seen, even when the word itself says purged.
-        let missed = epoch != slot.seen_epoch.swap(epoch, Relaxed);
-        let lost = found == Found::Purged || missed;
-        let mut purged = 0;
-        if lost {
-            stats::count_purge_seen();
-            purged = pages;
-            if slot.sigbus() {
-                // Pinned memory never signals: the holes read zero from now on. Pages a
-                // handler placed with `fill` are not holes: they count as intact.
-                purged = crate::sigbus::zero_fill(start, len).unwrap_or(pages);
-            }
-        }
-        return Unmarked {
-            pages,
-            volatile: pages,
-            purged,
-        };
-    }
-    match slot.state().unmark(false) {
+    match slot.state().unmark() {
         Found::Pinned => pinned,
         Found::Intact => {
             stats::volatile_sub(idx, len);
@@ -434,8 +490,13 @@ fn unmark_range(idx: u32, slot: &Slot) -> Unmarked {
 /// Whether the reclaimer purged any range of `span` (a word in `PURGING` or `PURGED`). Reads
 /// only: no range changes state, so a volatile range keeps its age.
 pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
+    let first = first_of(span)?;
+    if let Some(h) = first.1.header() {
+        let (at, n) = pages_of(first.1, span);
+        return Ok(h.census(None, at, n).purged > 0);
+    }
     let mut purged = false;
-    for_each_range(first_of(span)?, span, |_, slot| {
+    for_each_range(first, span, |_, slot| {
         purged |= matches!(
             state::tag(slot.state().load()),
             state::PURGING | state::PURGED
@@ -451,6 +512,11 @@ pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {
     let first = first_of(span)?;
     if first.1.policy() == Policy::Lazy {
         return Err(Error::Unsupported);
+    }
+    if first.1.header().is_some() {
+        let (at, n) = pages_of(first.1, span);
+        let bytes = purge_shared(first.1, at, n, None).unwrap_or(0);
+        return Ok((u64::from(bytes > 0), bytes as u64));
     }
     let (mut ranges, mut bytes) = (0, 0);
     for_each_range(first, span, |idx, slot| {
@@ -473,6 +539,14 @@ pub(crate) fn set_priority(span: Span, priority: Priority) -> Result<(), Error> 
 
 /// [`set_priority`] with the range holding the span's first page already found.
 pub(crate) fn set_priority_in(first: First, span: Span, priority: Priority) -> Result<(), Error> {
+    if first.1.header().is_some() {
+        // One class per mapping: it orders the region's pages among this process's memory.
+        if first.1.extent() != (span.start, span.len()) {
+            return Err(Error::Partial);
+        }
+        first.1.set_priority(priority);
+        return Ok(());
+    }
     for_each_range(first, span, |_, slot| {
         slot.set_priority(priority);
         Ok(())
@@ -512,10 +586,9 @@ pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
         let (idx, slot) = registry::owner_of(addr).ok_or(Error::NotRegion)?;
         let (start, len) = slot.extent();
         if slot.header().is_some() {
-            if slot.holding.load(Relaxed) {
-                // Drop this process's pin so that the others' reclaimers may purge the range.
-                slot.state().mark();
-            }
+            // This mapping's pins go (others' reclaimers may purge what it alone pinned), and
+            // its holder number with them.
+            release_holder(slot);
         } else {
             // Waits out a purge or arming, and keeps the reclaimer off the range for good: the
             // slot is retired in BUSY and only a new generation can follow.
@@ -548,8 +621,20 @@ pub(crate) unsafe fn free(start: usize, len: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// Shared regions mapped by this process.
+/// Shared regions mapped by this process, and their pages.
 static SHARED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SHARED_PAGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count_shared(len: usize, more: bool) {
+    let pages = len / mem::page_size();
+    if more {
+        SHARED_LIVE.fetch_add(1, Relaxed);
+        SHARED_PAGES.fetch_add(pages, Relaxed);
+    } else {
+        SHARED_LIVE.fetch_sub(1, Relaxed);
+        SHARED_PAGES.fetch_sub(pages, Relaxed);
+    }
+}
 
 /// Whether this process maps any shared region (whose volatile bytes the private gauge of
 /// `stats::volatile_resident` does not count).
@@ -557,10 +642,133 @@ pub(crate) fn maps_shared() -> bool {
     SHARED_LIVE.load(Relaxed) != 0
 }
 
-/// Purges one range if it is still exactly as the reclaimer saw it (`seen`); the caller holds
-/// the purge lock ([`pause`]). Returns the bytes purged; `None` if the range changed or was
-/// freed, or if a shared range's hole could not be punched: it then stays volatile and intact,
-/// and is not counted as freed.
+/// Pages of the shared regions this process maps: a bound on their purge candidates (runs of
+/// volatile pages).
+pub(crate) fn shared_pages() -> usize {
+    SHARED_PAGES.load(Relaxed)
+}
+
+/// Volatile bytes of the shared regions this process maps (pages no mapping pins, resident):
+/// what its reclaimer could purge there. One pass over their page tables, under the purge
+/// lock; for pressure events and the like, not every tick.
+pub(crate) fn shared_volatile_bytes() -> u64 {
+    if !maps_shared() {
+        return 0;
+    }
+    let page = mem::page_size() as u64;
+    let mut bytes = 0;
+    let p = pause();
+    registry::for_each_live(|_, slot| {
+        if let Some(h) = slot.header() {
+            bytes += h.census(None, 0, h.pages().len()).volatile * page;
+        }
+    });
+    drop(p);
+    bytes
+}
+
+/// Distinct holders of other processes looked at per call of [`reap_dead`].
+const REAP_AT_ONCE: usize = 64;
+
+/// Releases the pins of every holder of the shared regions this process maps whose process is
+/// certainly gone (`vrange_sys::pid::is_gone`), so that the next purge may take what only they
+/// pinned. Reads `/proc` and allocates, outside the purge lock (looking and releasing take it
+/// briefly); at most [`REAP_AT_ONCE`] distinct processes are judged per call. For the
+/// reclaimer's tick. Returns the holders released.
+pub(crate) fn reap_dead() -> usize {
+    if !maps_shared() {
+        return 0;
+    }
+    let me = pid::identity();
+    let mut others = [Identity::default(); REAP_AT_ONCE];
+    let mut n = 0;
+    let p = pause();
+    registry::for_each_live(|_, slot| {
+        if let Some(h) = slot.header() {
+            n = h.others(&me, &mut others, n);
+        }
+    });
+    drop(p);
+    let mut dead = [Identity::default(); REAP_AT_ONCE];
+    let mut d = 0;
+    for who in &others[..n] {
+        if pid::is_gone(who) {
+            dead[d] = *who;
+            d += 1;
+        }
+    }
+    if d == 0 {
+        return 0;
+    }
+    let now = clock::now_ns();
+    let mut released = 0;
+    let p = pause();
+    registry::for_each_live(|_, slot| {
+        if let Some(h) = slot.header() {
+            released += h.reap(&dead[..d], &me, now);
+        }
+    });
+    drop(p);
+    stats::count_holders_released(released);
+    released
+}
+
+/// How long the region holding `addr` has been volatile, if every page of it is (a shared
+/// region: since its most recently used page became volatile).
+pub(crate) fn idle(addr: usize, now: u64) -> Option<u64> {
+    let (_, slot) = registry::owner_of(addr)?;
+    let Some(h) = slot.header() else {
+        let word = slot.state().load();
+        return state::is_purgeable(word).then(|| now.saturating_sub(slot.last_used()));
+    };
+    let (at, n) = pages_of(slot, Span::new(slot.extent().0, slot.extent().1).ok()?);
+    let pages = &h.pages()[at..at + n];
+    if pages
+        .iter()
+        .any(|p| state::tag(p.load()) != state::VOLATILE)
+    {
+        return None;
+    }
+    let newest = pages.iter().map(|p| p.used()).max()?;
+    Some(now.saturating_sub(newest))
+}
+
+/// Purges the pages `[first, first + n)` of the shared region of `slot` that are still
+/// volatile (and last used at `used`, if given: the age the purger chose them by), for every
+/// process mapping it; the caller holds the purge lock ([`pause`]). Returns the bytes purged;
+/// `None` if none was (all pinned or used since, the region freed, or the hole refused: those
+/// pages stay volatile and intact, and are not counted as freed).
+pub(crate) fn purge_shared(
+    slot: &Slot,
+    first: usize,
+    n: usize,
+    used: Option<u64>,
+) -> Option<usize> {
+    // A region freed since the snapshot has its header unmapped; the caller holds the purge
+    // lock, so a live one stays mapped until this returns.
+    if !slot.is_live() {
+        return None;
+    }
+    let h = slot.header()?;
+    let page = mem::page_size();
+    // The extent of a shared region never changes.
+    let (start, _) = slot.extent();
+    let pages = h.purge_run(first, n, used, |at, k| {
+        // SAFETY: the pages are PURGING, and the region stays mapped (freeing it takes the
+        // purge lock).
+        unsafe { shared::punch(start + at * page, k * page) }
+    });
+    let bytes = pages * page;
+    if bytes == 0 {
+        return None;
+    }
+    stats::count_purged(bytes);
+    Some(bytes)
+}
+
+/// Purges one private range if it is still exactly as the reclaimer saw it (`seen`); the
+/// caller holds the purge lock ([`pause`]). Returns the bytes purged; `None` if the range
+/// changed or was freed.
 pub(crate) fn purge(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
     let len = take(idx, slot, seen)?;
     stats::count_purged(len);
@@ -576,27 +784,9 @@ pub(crate) fn settle(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
 
 /// [`purge`] without the count.
 fn take(idx: u32, slot: &Slot, seen: u64) -> Option<usize> {
-    // A range freed since the snapshot: a shared one's header is unmapped (its slot's word is
-    // not the one seen), a private one's word is claimed. The caller holds the purge lock, so a
-    // live shared range stays mapped until this returns.
+    // A range freed since the snapshot: its word is claimed.
     if !slot.is_live() {
         return None;
-    }
-    if let Some(h) = slot.header() {
-        let mut len = 0;
-        let purged = h.purge(seen, || {
-            // The extent is stable once the range is PURGING: splitting and freeing claim the
-            // range first.
-            let (start, n) = slot.extent();
-            len = n;
-            // SAFETY: the range is PURGING, and the region stays mapped (freeing claims the
-            // range first).
-            unsafe { shared::punch(start, n) }
-        });
-        if !purged {
-            return None;
-        }
-        return Some(len);
     }
     if !slot.state().begin_purge(seen) {
         return None;

@@ -144,7 +144,7 @@ impl OwnedRange {
     pub fn take(self) -> Taken {
         let slot = self.slot();
         let (start, len) = slot.extent();
-        let found = slot.state().unmark(false);
+        let found = slot.state().unmark();
         let taken = self.settle(found, start, len, start);
         self.retire_slot();
         taken

@@ -147,17 +147,13 @@ pub(crate) fn ranges_of(span: Span) -> Result<Option<(u32, &'static Slot)>, Erro
     if span.end > rs + rl {
         return Err(Error::Straddles);
     }
-    if slot.header().is_some() && span.len() != slot.len.load(Relaxed) {
-        return Err(Error::Partial);
-    }
     Ok(Some((idx, slot)))
 }
 
 /// What holds `span`: `None` for memory no region of the library holds. Async-signal-safe.
 ///
 /// # Errors
-/// [`Error::Straddles`] for a span crossing a region's boundary; [`Error::Partial`] for part
-/// of a shared region.
+/// [`Error::Straddles`] for a span crossing a region's boundary.
 pub(crate) fn find(span: Span) -> Result<Option<Owner>, Error> {
     if let Some((idx, slot)) = ranges_of(span)? {
         return Ok(Some(Owner::Ranges(idx, slot)));

@@ -74,7 +74,8 @@ const THP_SMALL: u32 = 2;
 #[derive(Debug)]
 #[repr(align(64))]
 pub(crate) struct Slot {
-    /// The state of a private range (a shared range's lives in its header).
+    /// The state of a private range (a shared region's pages have theirs in its file, and
+    /// this word stays `PINNED`: scans that do not look at shared regions skip them).
     state: RangeState,
     /// CLOCK_MONOTONIC ns of the last mark: the age the reclaimer sorts by.
     last_used: AtomicU64,
@@ -87,12 +88,12 @@ pub(crate) struct Slot {
     /// The region the range belongs to (copied into every range split off it).
     pub region_start: AtomicUsize,
     pub region_len: AtomicUsize,
-    /// Shared ranges: the header in the shared mapping, the memfd, and this process's view.
+    /// Shared regions: the header in the shared mapping, the memfd, and the holder number
+    /// this mapping pins pages as (plus one; 0: none yet).
     pub header: AtomicPtr<Header>,
     /// Owned (`Box::into_raw`) by the slot that maps the region; null otherwise.
     pub fd: AtomicPtr<GuestFd>,
-    pub holding: AtomicBool,
-    pub seen_epoch: AtomicU64,
+    pub holder: AtomicU32,
     /// Marked again within `approach::HOT` of its previous mark (a range in use: a cache's
     /// slab between hits): while memory is tight it is armed only once idle that long
     /// (`crate::approach`).
@@ -100,18 +101,15 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// The state word: the slot's own, or the shared header's.
+    /// The state word of a private range.
     pub fn state(&self) -> &RangeState {
-        match self.header() {
-            Some(h) => &h.state,
-            None => &self.state,
-        }
+        &self.state
     }
 
-    /// The header of a shared range (its state word and last use live there, in the region's
+    /// The header of a shared region (its pages' states live there, in the region's
     /// mapping). Freeing a shared region unmaps it under the purge lock ([`pause`]), so
-    /// a thread other than the region's owner (a scan over [`for_each_live`]) reads it, and
-    /// [`Slot::state`] and [`Slot::last_used`], only under that lock.
+    /// a thread other than the region's owner (a scan over [`for_each_live`]) reads it only
+    /// under that lock.
     pub fn header(&self) -> Option<&Header> {
         let h = self.header.load(Acquire);
         // SAFETY: a non-null header points into the region's shared mapping, which stays mapped
@@ -121,17 +119,19 @@ impl Slot {
     }
 
     pub fn last_used(&self) -> u64 {
-        match self.header() {
-            Some(h) => h.last_used.load(Relaxed),
-            None => self.last_used.load(Relaxed),
-        }
+        self.last_used.load(Relaxed)
     }
 
     pub fn touch(&self, now: u64) {
-        match self.header() {
-            Some(h) => h.last_used.store(now, Relaxed),
-            None => self.last_used.store(now, Relaxed),
-        }
+        self.last_used.store(now, Relaxed);
+    }
+
+    /// The inode of a shared region's file (0 for a private range). Under the purge lock, as
+    /// [`Slot::header`]: freeing the region drops the descriptor under it.
+    pub fn shared_ino(&self) -> u64 {
+        // SAFETY: the slot owns the box until the region is freed, under the purge lock the
+        // caller holds (or the caller owns the region).
+        unsafe { self.fd.load(Relaxed).as_ref() }.map_or(0, |g| g.ident().ino())
     }
 
     pub fn is_live(&self) -> bool {
@@ -217,8 +217,7 @@ impl Slot {
         self.region_len.store(len, Relaxed);
         self.header.store(null_mut(), Relaxed);
         self.fd.store(null_mut(), Relaxed);
-        self.holding.store(true, Relaxed);
-        self.seen_epoch.store(0, Relaxed);
+        self.holder.store(0, Relaxed);
         self.hot.store(false, Relaxed);
         self.info
             .store((priority as u32) << PRIORITY_SHIFT, Relaxed);
@@ -239,7 +238,7 @@ impl Slot {
             .store(from.region_len.load(Relaxed), Relaxed);
         self.header.store(null_mut(), Relaxed);
         self.fd.store(null_mut(), Relaxed);
-        self.holding.store(true, Relaxed);
+        self.holder.store(0, Relaxed);
         self.info.store(from.info.load(Relaxed) & !LIVE, Relaxed);
     }
 
@@ -359,12 +358,13 @@ pub(crate) fn free_slot(idx: u32) {
     LOCK.with(|| arena().free_locked(idx));
 }
 
-/// In a fork child (under the lock): the parent's pins on shared regions are the parent's; the
-/// child's inherited mappings hold none, like fresh mappings, until the child unmarks them.
+/// In a fork child (under the lock): the parent's pins on shared regions are the parent's,
+/// under its holder numbers; the child's inherited mappings hold none, like fresh mappings,
+/// and claim numbers of their own at their first unmark.
 fn after_fork_child() {
     for_each_live(|_, slot| {
         if slot.header().is_some() {
-            slot.holding.store(false, Relaxed);
+            slot.holder.store(0, Relaxed);
         }
     });
 }

@@ -1,101 +1,434 @@
 //! Shared volatile regions: memfd-backed, mappable by any process that receives the descriptor
-//! (over a UNIX socket or by inheritance). The range's state word, its last-use time and a purge
-//! counter live in a header page at the start of the file, so every process's marks, unmarks
-//! and reclaimer work on the same word:
+//! (over a UNIX socket or by inheritance). Owns the file's layout (a header, the holders, a
+//! table of pages, then the data) and the operations every process performs on it: claiming
+//! and releasing a holder number, pinning and unpinning pages, purging runs of pages, and
+//! releasing the pins of holders that died. Never decides which pages to purge: purgers choose
+//! by the victim order (`crate::order`) and call [`Header::purge_run`].
 //!
-//! - the word counts the processes that hold the range pinned; a range pinned by any process
-//!   is never purged, and one unpinned by all may be purged by any process's reclaimer
-//!   (ashmem pin/unpin semantics);
-//! - a purge punches a hole in the file, freeing the pages for every process, and bumps
-//!   `epoch`; each process remembers the epoch it last saw, so every process learns of the
-//!   purge at its own next unmark, even if another process pinned and refilled the range first;
-//! - the reclaimer purges only if the word still equals its snapshot, whose generation changes
-//!   at every mark: a range used in between is not purged on stale information (what Chromium's
-//!   DiscardableSharedMemory does with a lock word and a last-unlock timestamp).
+//! | part of the file | bytes | what |
+//! |---|---|---|
+//! | header | [`TABLE_OFFSET`] | magic, version, data length and offset, purges so far, [`HOLDERS`] holder records |
+//! | page table | 24 per data page | one [`SharedPage`] per page: its state word (tag, the holders pinning it, generation), when it last became volatile, the holders that have not seen its last purge (`crate::state`) |
+//! | (rounded up to a page) | | |
+//! | data | the region's length | what the processes share |
 //!
-//! Shared regions are always managed: MADV_FREE does not apply to shared memory.
+//! - **Holders.** Every mapping (in every process) that pins pages claims a holder number: a
+//!   record of its process's pid, start time and pid namespace (`vrange_sys::pid::Identity`)
+//!   in the header. A page pinned by any holder is never purged; one no holder pins may be
+//!   purged by any process's reclaimer, or by a coordinator that holds the descriptor (a hole
+//!   punched in the file frees it for every process).
+//! - **Per page, not per block.** Pin, unpin, purge and a dead holder's release each change a
+//!   page with one compare-and-swap of its word, with nothing else to keep consistent: a block
+//!   of pages would need each holder's own count of the pages it pins in the block, which no
+//!   single atomic operation can change together with the block's word. The cost is one atomic
+//!   operation per page of a call (a 4 MiB range: 1024) and 24 bytes of table per page (0.6 %).
+//! - **Exact reports.** A purge sets every holder's lost bit of the page before the page
+//!   leaves `PURGING`; a holder's pin clears its own, so every holder that had unpinned the page
+//!   learns of the purge at its next pin, page by page, even if another holder pinned and
+//!   refilled it first.
+//! - **Pins that die with their holder.** A holder whose process is certainly gone (no such
+//!   pid, a zombie, or a pid reused by a process that started at another time, in the same pid
+//!   namespace: `vrange_sys::pid::is_gone`) has its pins released by the next process that
+//!   looks ([`Header::reap`]: each reclaimer once per tick, and a coordinator holding the
+//!   region), and its number freed. A holder that exec()s keeps its pins until it exits.
+//!
+//! Shared regions are always managed: MADV_FREE does not apply to shared memory, and on a
+//! machine without swap the kernel cannot drop shmem pages by itself.
 
-use crate::state::RangeState;
+use crate::state::{self, PagePin, PageUnpin, SharedPage};
 use crate::Error;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use vrange_sys::fd::{GuestFd, Inherit};
+use vrange_sys::pid::Identity;
 use vrange_sys::{mem, shm};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"VRANGESH");
-const VERSION: u32 = 1;
-const NAME: &std::ffi::CStr = c"vrange-shared";
+pub(crate) use crate::state::HOLDERS;
 
-/// The first page of a shared region's file.
+const MAGIC: u64 = u64::from_le_bytes(*b"VRANGESH");
+/// 2: page ranges and holders (1 had one state word for the whole region).
+const VERSION: u64 = 2;
+const NAME: &std::ffi::CStr = c"vrange-shared";
+/// Where the page table starts in the file.
+const TABLE_OFFSET: usize = 1024;
+const _: () = assert!(std::mem::size_of::<Header>() <= TABLE_OFFSET);
+const _: () = assert!(std::mem::size_of::<SharedPage>() == 24);
+
+/// A holder record's word: 0 free, else the state in the high half and the pid in the low.
+const LIVE: u64 = 1 << 32;
+/// Its pins are being released by the process whose pid is in the low half.
+const REAPING: u64 = 2 << 32;
+const STATE_MASK: u64 = !0 << 32;
+
+/// One holder: who maps the region and may pin its pages.
+#[repr(C)]
+#[derive(Debug)]
+struct Holder {
+    word: AtomicU64,
+    start_ticks: AtomicU64,
+    pid_ns: AtomicU64,
+}
+
+impl Holder {
+    /// Who the record names, if it is live.
+    fn live(&self) -> Option<Identity> {
+        let word = self.word.load(Acquire);
+        (word & STATE_MASK == LIVE).then(|| Identity {
+            pid: word as u32,
+            start_ticks: self.start_ticks.load(Relaxed),
+            pid_ns: self.pid_ns.load(Relaxed),
+        })
+    }
+}
+
+/// The start of a shared region's file. Every `&Header` points into a mapping of at least the
+/// region's [`data_offset`] bytes ([`Mapping`], [`HeaderPage`]), so its page table is mapped
+/// too.
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct Header {
     magic: AtomicU64,
-    version_and_len: AtomicU64,
+    version: AtomicU64,
     data_len: AtomicU64,
-    pub state: RangeState,
-    pub last_used: AtomicU64,
-    /// Purges so far.
+    data_offset: AtomicU64,
+    /// Runs of pages purged so far, by any process.
     pub epoch: AtomicU64,
+    holders: [Holder; HOLDERS],
+}
+
+/// Bytes before the data of a region of `len` bytes: header and page table, rounded up to a
+/// page.
+fn data_offset(len: usize) -> Result<usize, Error> {
+    let page = mem::page_size();
+    let table = (len / page)
+        .checked_mul(std::mem::size_of::<SharedPage>())
+        .and_then(|t| t.checked_add(TABLE_OFFSET))
+        .ok_or(Error::Overflow)?;
+    table.checked_next_multiple_of(page).ok_or(Error::Overflow)
+}
+
+/// Pages of a run, in a census.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Census {
+    /// Pinned by some holder.
+    pub pinned: u64,
+    /// Pinned by the holder asked about (part of `pinned`).
+    pub mine: u64,
+    /// Volatile and resident.
+    pub volatile: u64,
+    /// Purged (or being purged).
+    pub purged: u64,
+}
+
+/// What [`Header::pin`] found over a run of pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pinned {
+    /// Pages the holder did not pin before.
+    pub volatile: usize,
+    /// Pages among them lost since the holder last held them.
+    pub purged: usize,
 }
 
 impl Header {
-    /// Whether this is the header of a shared region of `len` bytes of data, in this version.
-    fn is_valid(&self, len: usize) -> bool {
+    fn is_valid(&self, len: usize, total: usize) -> bool {
+        let offset = data_offset(len).ok();
         self.magic.load(Acquire) == MAGIC
-            && self.version_and_len.load(Acquire) == u64::from(VERSION)
+            && self.version.load(Acquire) == VERSION
             && self.data_len.load(Acquire) == len as u64
+            && offset.is_some_and(|o| self.data_offset.load(Acquire) == o as u64)
+            && offset.and_then(|o| o.checked_add(len)) == Some(total)
     }
 
-    /// Purges the region for every process if its word still equals `seen` (the snapshot its
-    /// purger chose it by): the word moves to PURGING (no process can pin the range until it
-    /// leaves), `punch` frees the data, the epoch is bumped so that every process learns of the
-    /// purge at its next unmark, and the word becomes PURGED. If `punch` fails, the range goes
-    /// back to `seen`, volatile and intact. Returns whether it was purged.
-    pub fn purge<E>(&self, seen: u64, punch: impl FnOnce() -> Result<(), E>) -> bool {
-        if !self.state.begin_purge(seen) {
-            return false;
+    /// Bytes of data.
+    pub fn len(&self) -> usize {
+        self.data_len.load(Relaxed) as usize
+    }
+
+    /// The page table: one entry per data page.
+    pub fn pages(&self) -> &[SharedPage] {
+        let n = self.len() / mem::page_size();
+        // SAFETY: every Header lies at the start of a mapping of at least data_offset bytes
+        // (see the type), which holds the table at TABLE_OFFSET, 8-aligned, `n` entries of
+        // atomics only.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const Header)
+                    .cast::<u8>()
+                    .add(TABLE_OFFSET)
+                    .cast::<SharedPage>(),
+                n,
+            )
         }
-        if punch().is_err() {
-            self.state.abort_purge(seen);
-            return false;
+    }
+
+    /// Claims a free holder number for `me`, with no pins and no lost page.
+    ///
+    /// # Errors
+    /// `Error::Os(EUSERS)` when [`HOLDERS`] mappings hold numbers already.
+    pub fn claim(&self, me: &Identity) -> Result<u32, Error> {
+        for (h, holder) in self.holders.iter().enumerate() {
+            if holder
+                .word
+                .compare_exchange(0, LIVE | u64::from(me.pid), AcqRel, Relaxed)
+                .is_ok()
+            {
+                // Read with the word by reapers, which judge nothing from a zero namespace.
+                holder.start_ticks.store(me.start_ticks, Relaxed);
+                holder.pid_ns.store(me.pid_ns, Release);
+                // A purge may have left this number's lost bits set since its last holder.
+                for p in self.pages() {
+                    p.forget(h as u32);
+                }
+                return Ok(h as u32);
+            }
         }
-        self.epoch.fetch_add(1, Release);
-        self.state.finish_purge();
-        true
+        Err(Error::Os(libc::EUSERS))
+    }
+
+    /// Drops every pin of holder `h` (a mapping going away, or a holder that died: see
+    /// [`Header::reap`]) and frees its number. Pages it was the last to pin become volatile,
+    /// last used at `now`.
+    pub fn release(&self, h: u32, now: u64) {
+        let holder = &self.holders[h as usize];
+        for p in self.pages() {
+            p.unpin(h, now);
+        }
+        holder.start_ticks.store(0, Relaxed);
+        holder.pid_ns.store(0, Relaxed);
+        holder.word.store(0, Release);
+    }
+
+    /// Pins pages `[first, first + n)` for holder `h`.
+    pub fn pin(
+        &self,
+        h: u32,
+        first: usize,
+        n: usize,
+        mut lost: impl FnMut(usize, usize),
+    ) -> Pinned {
+        let mut out = Pinned::default();
+        let mut run: Option<(usize, usize)> = None;
+        for (i, p) in self.pages()[first..first + n].iter().enumerate() {
+            let found = p.pin(h);
+            if found != PagePin::Held {
+                out.volatile += 1;
+            }
+            if found == PagePin::Purged {
+                out.purged += 1;
+                run = match run {
+                    Some((at, len)) if at + len == first + i => Some((at, len + 1)),
+                    Some((at, len)) => {
+                        lost(at, len);
+                        Some((first + i, 1))
+                    }
+                    None => Some((first + i, 1)),
+                };
+            }
+        }
+        if let Some((at, len)) = run {
+            lost(at, len);
+        }
+        out
+    }
+
+    /// Unpins pages `[first, first + n)` for holder `h`, last used at `now`. Returns the pages
+    /// that became volatile.
+    pub fn unpin(&self, h: u32, first: usize, n: usize, now: u64) -> usize {
+        self.pages()[first..first + n]
+            .iter()
+            .filter(|p| p.unpin(h, now) == PageUnpin::Now)
+            .count()
+    }
+
+    /// Counts pages `[first, first + n)` by state (`mine`: those holder `h` pins).
+    pub fn census(&self, h: Option<u32>, first: usize, n: usize) -> Census {
+        let mut c = Census::default();
+        for p in &self.pages()[first..first + n] {
+            let word = p.load();
+            match state::tag(word) {
+                state::VOLATILE => c.volatile += 1,
+                state::PURGING | state::PURGED => c.purged += 1,
+                _ => {
+                    c.pinned += 1;
+                    if h.is_some_and(|h| p.is_held_by(h)) {
+                        c.mine += 1;
+                    }
+                }
+            }
+        }
+        c
+    }
+
+    /// Calls `f(first, pages, used)` for every run of volatile pages last used at the same
+    /// moment (one unmark's, typically): the purge candidates of the region, in page order.
+    pub fn volatile_runs(&self, mut f: impl FnMut(usize, usize, u64)) {
+        let mut run: Option<(usize, usize, u64)> = None;
+        for (i, p) in self.pages().iter().enumerate() {
+            let page = (state::tag(p.load()) == state::VOLATILE).then(|| p.used());
+            run = match (run, page) {
+                (Some((at, n, used)), Some(u)) if u == used => Some((at, n + 1, used)),
+                (Some((at, n, used)), next) => {
+                    f(at, n, used);
+                    next.map(|u| (i, 1, u))
+                }
+                (None, next) => next.map(|u| (i, 1, u)),
+            };
+        }
+        if let Some((at, n, used)) = run {
+            f(at, n, used);
+        }
+    }
+
+    /// Purges the pages of `[first, first + n)` that are still volatile (and, if `used` is
+    /// given, still last used then: the age the purger chose them by), for every process:
+    /// each contiguous run of them moves to `PURGING` (no holder can pin it until it leaves),
+    /// `punch(first, pages)` frees its data, and the pages become `PURGED` with every holder's
+    /// lost bit set. A run `punch` fails for goes back to volatile, intact. Returns the pages
+    /// purged.
+    pub fn purge_run<E>(
+        &self,
+        first: usize,
+        n: usize,
+        used: Option<u64>,
+        mut punch: impl FnMut(usize, usize) -> Result<(), E>,
+    ) -> usize {
+        let pages = &self.pages()[first..first + n];
+        let mut purged = 0;
+        let mut i = 0;
+        while i < pages.len() {
+            let start = i;
+            while i < pages.len() {
+                let p = &pages[i];
+                let seen = p.load();
+                let chosen = used.is_none_or(|u| p.used() == u);
+                if !(chosen && p.begin_purge(seen)) {
+                    break;
+                }
+                i += 1;
+            }
+            let taken = &pages[start..i];
+            if !taken.is_empty() {
+                if punch(first + start, taken.len()).is_ok() {
+                    self.epoch.fetch_add(1, Release);
+                    taken.iter().for_each(SharedPage::finish_purge);
+                    purged += taken.len();
+                } else {
+                    taken.iter().for_each(SharedPage::abort_purge);
+                }
+            }
+            // The page that ended the run (pinned, or used since) is skipped.
+            i += usize::from(i == start);
+        }
+        purged
+    }
+
+    /// The live holders other than the calling process's, by identity, into `out` (at most
+    /// its length, each once); returns how many were written.
+    pub fn others(&self, me: &Identity, out: &mut [Identity], mut n: usize) -> usize {
+        for holder in &self.holders {
+            let Some(who) = holder.live() else {
+                continue;
+            };
+            if (who.pid == me.pid && who.pid_ns == me.pid_ns) || out[..n].contains(&who) {
+                continue;
+            }
+            if n == out.len() {
+                break;
+            }
+            out[n] = who;
+            n += 1;
+        }
+        n
+    }
+
+    /// Releases the pins of every holder that `dead` names (identities judged gone by
+    /// `vrange_sys::pid::is_gone`) and frees their numbers; `me` does the work (its pid is
+    /// recorded meanwhile, so that no other process starts on the same holder). Pages only
+    /// those holders pinned become volatile, last used at `now`. Returns the holders released.
+    pub fn reap(&self, dead: &[Identity], me: &Identity, now: u64) -> usize {
+        let mut released = 0;
+        for (h, holder) in self.holders.iter().enumerate() {
+            let Some(who) = holder.live() else {
+                continue;
+            };
+            if !dead.contains(&who) {
+                continue;
+            }
+            let claimed = holder
+                .word
+                .compare_exchange(
+                    LIVE | u64::from(who.pid),
+                    REAPING | u64::from(me.pid),
+                    AcqRel,
+                    Relaxed,
+                )
+                .is_ok();
+            if claimed {
+                self.release(h as u32, now);
+                released += 1;
+            }
+        }
+        released
+    }
+
+    /// Holders with a number now (live, or being released).
+    pub fn holders(&self) -> usize {
+        self.holders
+            .iter()
+            .filter(|h| h.word.load(Relaxed) != 0)
+            .count()
     }
 }
 
-/// The data bytes of the shared region file `fd` (its size less the header page), if it is
-/// sized like one.
-fn data_len(fd: BorrowedFd<'_>) -> Result<usize, Error> {
+/// The data bytes of the shared region file `fd`, and their offset, read from a mapping of
+/// its first page (unmapped again).
+fn layout(fd: BorrowedFd<'_>) -> Result<(usize, usize, usize), Error> {
     let page = mem::page_size();
     let total = shm::size(fd).map_err(Error::from)?;
     if total < 2 * page || total % page != 0 {
         return Err(Error::Unsupported);
     }
-    Ok(total - page)
+    let first = shm::map(fd, page).map_err(Error::from)?;
+    // SAFETY: a live shared mapping of one page, page-aligned; the header's first fields
+    // (atomics) fit in it. The table is not read.
+    let (len, valid) = unsafe {
+        let h = &*first.as_ptr().cast::<Header>();
+        let len = h.data_len.load(Acquire) as usize;
+        (
+            len,
+            h.magic.load(Acquire) == MAGIC && h.version.load(Acquire) == VERSION,
+        )
+    };
+    // SAFETY: mapped just above, referred to by nothing else.
+    unsafe { mem::unmap(first, page) };
+    let offset = data_offset(len).map_err(|_| Error::Unsupported)?;
+    if !valid || len == 0 || len % page != 0 || offset.checked_add(len) != Some(total) {
+        return Err(Error::Unsupported);
+    }
+    Ok((len, offset, total))
 }
 
-/// A shared mapping: header page, then `len` bytes of data.
+/// A shared mapping: header and page table, then `len` bytes of data.
 pub(crate) struct Mapping {
     pub base: NonNull<u8>,
     pub len: usize,
+    /// Bytes mapped: the data's offset plus `len`.
+    pub total: usize,
     pub fd: GuestFd,
 }
 
 impl Mapping {
     pub fn header(&self) -> &Header {
-        // SAFETY: base is the start of a live shared mapping of at least one page, page-aligned,
-        // and Header (atomics only) fits in a page.
+        // SAFETY: base is the start of a live shared mapping of the whole file, page-aligned;
+        // Header (atomics only) fits before the table.
         unsafe { &*self.base.as_ptr().cast::<Header>() }
     }
 
     pub fn data(&self) -> *mut u8 {
-        // SAFETY: the data follows the header page inside the mapping.
-        unsafe { self.base.as_ptr().add(mem::page_size()) }
+        // SAFETY: the data follows the table inside the mapping.
+        unsafe { self.base.as_ptr().add(self.total - self.len) }
     }
 
     /// Gives up the mapping's ownership to the registry: (header address, data, descriptor
@@ -110,18 +443,31 @@ impl Mapping {
     }
 }
 
-/// Creates a shared region of `len` bytes (a page multiple), pinned by this process.
-pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
-    let page = mem::page_size();
-    let total = len.checked_add(page).ok_or(Error::Overflow)?;
+/// Creates a shared region of `len` bytes (a page multiple), every page pinned by holder 0,
+/// claimed by `me`.
+pub(crate) fn create(len: usize, me: &Identity) -> Result<Mapping, Error> {
+    let offset = data_offset(len)?;
+    let total = len.checked_add(offset).ok_or(Error::Overflow)?;
     let fd = shm::create(NAME, total).map_err(Error::from)?;
     let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from)?;
     let base = map(&fd, total)?;
-    let m = Mapping { base, len, fd };
+    let m = Mapping {
+        base,
+        len,
+        total,
+        fd,
+    };
     let h = m.header();
     h.data_len.store(len as u64, Release);
-    h.version_and_len.store(u64::from(VERSION), Release);
-    h.state.reset();
+    h.data_offset.store(offset as u64, Release);
+    for p in h.pages() {
+        p.init(0);
+    }
+    let holder = &h.holders[0];
+    holder.start_ticks.store(me.start_ticks, Relaxed);
+    holder.pid_ns.store(me.pid_ns, Relaxed);
+    holder.word.store(LIVE | u64::from(me.pid), Release);
+    h.version.store(VERSION, Release);
     h.magic.store(MAGIC, Release);
     Ok(m)
 }
@@ -129,13 +475,17 @@ pub(crate) fn create(len: usize) -> Result<Mapping, Error> {
 /// Maps a shared region created by [`create`] (in this or another process) from its descriptor.
 /// The descriptor is duplicated; the caller keeps its own.
 pub(crate) fn open(fd: BorrowedFd<'_>) -> Result<Mapping, Error> {
-    let len = data_len(fd)?;
-    let total = len + mem::page_size();
+    let (len, _, total) = layout(fd)?;
     let fd = shm::dup(fd).map_err(Error::from)?;
     let fd = GuestFd::adopt(fd, Inherit::Keep).map_err(Error::from)?;
     let base = map(&fd, total)?;
-    let m = Mapping { base, len, fd };
-    if !m.header().is_valid(len) {
+    let m = Mapping {
+        base,
+        len,
+        total,
+        fd,
+    };
+    if !m.header().is_valid(len, total) {
         // SAFETY: the mapping was created above and nothing refers into it.
         unsafe { mem::unmap(m.base, total) };
         return Err(Error::Unsupported);
@@ -148,7 +498,7 @@ fn map(fd: &GuestFd, total: usize) -> Result<NonNull<u8>, Error> {
     shm::map(fd, total).map_err(Error::from)
 }
 
-/// Frees the data of a region being purged, for every process: a hole punched through this
+/// Frees data of a region being purged, for every process: a hole punched through this
 /// process's mapping (so that it works from a thread whose descriptor table holds none of the
 /// program's, and even after the program closed the region's descriptor).
 ///
@@ -156,34 +506,37 @@ fn map(fd: &GuestFd, total: usize) -> Result<NonNull<u8>, Error> {
 /// The errno of madvise(2) MADV_REMOVE.
 ///
 /// # Safety
-/// The caller must have moved the range to `PURGING`; `data..data + len` is the region's data
-/// in this process's mapping.
+/// The caller must have moved every page of `data..data + len` to `PURGING`; it lies in the
+/// region's data in this process's mapping.
 pub(crate) unsafe fn punch(data: usize, len: usize) -> Result<(), Error> {
-    // SAFETY: the range is PURGING: no process holds it pinned, and none can pin it until the
-    // purge finishes; the mapping is shared and writable (see `map`).
+    // SAFETY: the pages are PURGING: no process holds them pinned, and none can pin them until
+    // the purge finishes; the mapping is shared and writable (see `map`).
     unsafe { shm::punch_mapped(data as *mut u8, len) }.map_err(Error::from)
 }
 
-/// The header page of a shared region's file, mapped alone (a coordinator purging regions
-/// participants handed it, without mapping their data). Unmapped on drop.
+/// The header and page table of a shared region's file, mapped alone (a coordinator purging
+/// regions participants handed it, without mapping their data). Unmapped on drop.
 pub(crate) struct HeaderPage {
     base: NonNull<u8>,
-    /// Bytes of data after the header.
-    pub len: usize,
+    /// Bytes mapped: the header and the table.
+    mapped: usize,
 }
 
-// SAFETY: the page holds atomics only, shared with other processes anyway.
+// SAFETY: the pages hold atomics only, shared with other processes anyway.
 unsafe impl Send for HeaderPage {}
 // SAFETY: as above.
 unsafe impl Sync for HeaderPage {}
 
 impl HeaderPage {
-    /// Maps and checks the header of the shared region `fd`.
+    /// Maps and checks the header and table of the shared region `fd`.
     pub fn open(fd: BorrowedFd<'_>) -> Result<HeaderPage, Error> {
-        let len = data_len(fd)?;
-        let base = shm::map(fd, mem::page_size()).map_err(Error::from)?;
-        let h = HeaderPage { base, len };
-        if h.header().is_valid(len) {
+        let (len, offset, total) = layout(fd)?;
+        let base = shm::map(fd, offset).map_err(Error::from)?;
+        let h = HeaderPage {
+            base,
+            mapped: offset,
+        };
+        if h.header().is_valid(len, total) {
             Ok(h)
         } else {
             Err(Error::Unsupported)
@@ -191,14 +544,19 @@ impl HeaderPage {
     }
 
     pub fn header(&self) -> &Header {
-        // SAFETY: base is a live, page-aligned mapping of one page; Header (atomics) fits.
+        // SAFETY: base is a live, page-aligned mapping of the header and the whole table.
         unsafe { &*self.base.as_ptr().cast::<Header>() }
+    }
+
+    /// Where the data starts in the file.
+    pub fn data_offset(&self) -> usize {
+        self.mapped
     }
 }
 
 impl Drop for HeaderPage {
     fn drop(&mut self) {
         // SAFETY: mapped by `open`, referred to by nothing once the handle goes.
-        unsafe { mem::unmap(self.base, mem::page_size()) };
+        unsafe { mem::unmap(self.base, self.mapped) };
     }
 }

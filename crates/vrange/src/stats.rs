@@ -94,6 +94,9 @@ pub struct Stats {
     pub armed_total_bytes: u64,
     /// Unmarks that reported a loss.
     pub losses_reported: u64,
+    /// Holders of shared regions (other processes' mappings) whose process died, whose pins
+    /// this process released.
+    pub dead_holders_released: u64,
     /// Whether the reclaimer thread is running.
     pub reclaimer_running: bool,
     /// Descriptors vrange holds now (its pressure sources; shared regions' not included).
@@ -307,6 +310,7 @@ static SOURCES: [SourceCounters; 7] = [const {
 static PURGED_TOTAL: AtomicU64 = AtomicU64::new(0);
 static ARMED_TOTAL: AtomicU64 = AtomicU64::new(0);
 static LOSSES: AtomicU64 = AtomicU64::new(0);
+static HOLDERS_RELEASED: AtomicU64 = AtomicU64::new(0);
 
 /// A source fired and its response purged `ranges` ranges, `bytes` bytes, `reaction_ns` after
 /// the signal.
@@ -345,6 +349,10 @@ pub(crate) fn count_purge_seen() {
     LOSSES.fetch_add(1, Relaxed);
 }
 
+pub(crate) fn count_holders_released(n: usize) {
+    HOLDERS_RELEASED.fetch_add(n as u64, Relaxed);
+}
+
 /// Whether the reclaimer thread runs, as the reclaimer last said (it depends on this module,
 /// not the reverse).
 static RECLAIMER_RUNNING: AtomicBool = AtomicBool::new(false);
@@ -356,11 +364,25 @@ pub(crate) fn set_reclaimer_running(running: bool) {
 /// Takes a snapshot: gauges from the registry, counters since start.
 pub fn stats() -> Stats {
     let mut s = Stats::default();
-    // Shared ranges' words live in their mappings: read under the purge lock, which freeing a
+    // Shared regions' pages live in their mappings: read under the purge lock, which freeing a
     // shared region takes (see `registry::Slot::header`).
     let p = registry::pause();
     registry::for_each_live(|_, slot| {
         if slot.policy() == crate::Policy::Lazy {
+            return;
+        }
+        if let Some(h) = slot.header() {
+            // Each state the region's pages are in counts as one range of it.
+            let page = crate::page_size() as u64;
+            let c = h.census(None, 0, h.pages().len());
+            for (n, ranges, bytes) in [
+                (c.volatile, &mut s.volatile_ranges, &mut s.volatile_bytes),
+                (c.purged, &mut s.purged_ranges, &mut s.purged_bytes),
+                (c.pinned, &mut s.pinned_ranges, &mut s.pinned_bytes),
+            ] {
+                *ranges += u64::from(n > 0);
+                *bytes += n * page;
+            }
             return;
         }
         let len = slot.len.load(Relaxed) as u64;
@@ -389,6 +411,7 @@ pub fn stats() -> Stats {
     s.purged_total_bytes = PURGED_TOTAL.load(Relaxed);
     s.armed_total_bytes = ARMED_TOTAL.load(Relaxed);
     s.losses_reported = LOSSES.load(Relaxed);
+    s.dead_holders_released = HOLDERS_RELEASED.load(Relaxed);
     let fds = vrange_sys::fd::counts();
     s.descriptors_held = fds.held;
     s.descriptors_lost = fds.lost;

@@ -18,7 +18,7 @@
 // ci: host only: a model of the state machine, not of the kernel
 
 use loom::cell::UnsafeCell;
-use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -32,7 +32,7 @@ pub(crate) use loom_shim::sync;
 #[allow(dead_code)]
 mod state;
 
-use state::{Found, Marked, RangeState};
+use state::{Found, Marked, PagePin, PageUnpin, RangeState, SharedPage};
 
 /// Preemptions explored per execution of the scenarios with three threads, unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise. The two-thread scenarios are explored exhaustively.
@@ -107,7 +107,7 @@ fn mark_unmark_vs_purge() {
             thread::spawn(move || {
                 page.write(CONTENT); // the owner's last use before marking
                 assert_eq!(s.mark(), Marked::Now);
-                let found = s.unmark(false);
+                let found = s.unmark();
                 match found {
                     Found::Intact => {
                         assert!(
@@ -239,7 +239,7 @@ fn hybrid_arm_with_cancellation() {
             thread::spawn(move || {
                 unmarking.store(true, Ordering::Relaxed);
                 let mut reported = [None; ARM_PAGES]; // Some(purged) for each proved page
-                match s.unmark(false) {
+                match s.unmark() {
                     Found::Intact => {
                         assert_eq!(armed.load(Ordering::Relaxed), 0, "intact, but armed");
                     }
@@ -404,7 +404,7 @@ fn stale_snapshot_cannot_purge() {
         let owner = {
             let (s, page) = (s.clone(), page.clone());
             thread::spawn(move || {
-                let first = s.unmark(false);
+                let first = s.unmark();
                 let expect = match first {
                     Found::Intact => CONTENT,
                     Found::Purged => 0,
@@ -413,7 +413,7 @@ fn stale_snapshot_cannot_purge() {
                 assert_eq!(page.read(), expect);
                 page.write(CONTENT + 1);
                 assert_eq!(s.mark(), Marked::Now);
-                let second = s.unmark(false);
+                let second = s.unmark();
                 assert_eq!(
                     second,
                     Found::Intact,
@@ -435,80 +435,128 @@ fn stale_snapshot_cannot_purge() {
     });
 }
 
-/// Scenario 5: a shared range pinned by two processes (threads here), each of which marks and
-/// later unmarks (joining) once, while a reclaimer purges from a snapshot. The purge bumps the
-/// shared epoch before leaving `PURGING`, as `managed::purge` does, and each process reports a
-/// loss if its unmark found `Purged` or the epoch moved since it last looked.
-///
-/// - A purge starts only when both processes have dropped their pins, so it never races with a
-///   process using the page.
-/// - A process whose unmark comes after a purge finds `Purged` (the first) or the range pinned
-///   again (the other), and both report the loss; neither reports one that did not happen.
-#[test]
-fn shared_pins() {
-    check(Some(THREE_THREAD_PREEMPTIONS), || {
-        let s = Arc::new(RangeState::new_pinned());
-        assert_eq!(s.unmark(true), Found::Pinned); // the second process joins
-        assert_eq!(state::pins(s.load()), 2);
-        let page = Arc::new(Page::new());
-        let epoch = Arc::new(AtomicU64::new(0));
+/// A purger of a shared page in a thread of the model: from a snapshot, discarding the page's
+/// content (it writes zeros) between `begin_purge` and `finish_purge`. Returns whether it
+/// purged.
+fn purge_page(p: &Arc<SharedPage>, page: &Arc<Page>) -> thread::JoinHandle<bool> {
+    let (p, page) = (p.clone(), page.clone());
+    thread::spawn(move || {
+        let seen = p.load();
+        if !p.begin_purge(seen) {
+            return false;
+        }
+        page.write(0);
+        p.finish_purge();
+        true
+    })
+}
 
-        let process = {
-            let (s, page, epoch) = (s.clone(), page.clone(), epoch.clone());
+/// Holder `h` pins the shared page it had unpinned and reads it: zero if the pin reported a
+/// purge, the content otherwise (the read races with no discard: loom checks it). Returns
+/// whether it reported a purge.
+fn pin_and_read(p: &SharedPage, h: u32, page: &Page) -> bool {
+    let found = p.pin(h);
+    assert_ne!(found, PagePin::Held, "it had unpinned");
+    let lost = found == PagePin::Purged;
+    assert_eq!(
+        page.read(),
+        if lost { 0 } else { CONTENT },
+        "found {found:?}"
+    );
+    lost
+}
+
+/// Scenario 5: a shared page of two holders (processes; threads here): holder 0 has unpinned
+/// it already and pins it again; holder 1 unpins it and pins it again; a purger purges it from
+/// a snapshot meanwhile.
+///
+/// - A purge starts only when both holders have dropped their pins, so it never races with a
+///   holder using the page.
+/// - A holder whose pin comes after a purge reports it purged, whether it finds the page
+///   `PURGED` (the first) or pinned again by the other (which may have refilled it): neither
+///   reports a loss that did not happen, and neither misses one (the purge's lost bits are
+///   set before its word leaves `PURGING`: set after, the second pin misses the purge within
+///   two preemptions).
+#[test]
+fn shared_page_pins() {
+    check(Some(THREE_THREAD_PREEMPTIONS), || {
+        let p = Arc::new(SharedPage::new_pinned(0));
+        assert_eq!(p.pin(1), PagePin::Intact); // the second holder maps it and pins
+        assert_eq!(p.unpin(0, 1), PageUnpin::StillPinned);
+        assert_eq!(state::holders(p.load()), 0b10);
+        let page = Arc::new(Page::new());
+
+        let holder = |h: u32, unpin: bool| {
+            let (p, page) = (p.clone(), page.clone());
             move || {
-                let marked = s.mark();
-                assert!(
-                    matches!(marked, Marked::Now | Marked::StillPinned),
-                    "mark: {marked:?}"
-                );
-                let found = s.unmark(true);
-                let lost = found == Found::Purged || epoch.load(Ordering::Acquire) != 0;
-                match found {
-                    Found::Purged | Found::Pinned | Found::Intact => {}
-                    Found::Armed => panic!("a shared range was armed"),
+                if unpin {
+                    let unpinned = p.unpin(h, 2);
+                    assert!(
+                        matches!(unpinned, PageUnpin::Now | PageUnpin::StillPinned),
+                        "unpin: {unpinned:?}"
+                    );
                 }
-                assert_eq!(
-                    page.read(),
-                    if lost { 0 } else { CONTENT },
-                    "found {found:?}, lost {lost}"
-                );
-                (found, lost)
+                pin_and_read(&p, h, &page)
             }
         };
 
-        let reclaimer = {
-            let (s, page, epoch) = (s.clone(), page.clone(), epoch.clone());
+        let purger = purge_page(&p, &page);
+        let b = thread::spawn(holder(1, true));
+        let a = thread::spawn(holder(0, false));
+
+        let lost_a = a.join().unwrap();
+        let lost_b = b.join().unwrap();
+        let purged = purger.join().unwrap();
+
+        assert_eq!(lost_a, purged, "holder 0");
+        assert_eq!(lost_b, purged, "holder 1");
+        let word = p.load();
+        assert_eq!(state::tag(word), state::PINNED);
+        assert_eq!(state::holders(word), 0b11);
+    });
+}
+
+/// Scenario 6: holder 0 died holding the page; another process releases its pin for it (the
+/// reaper) while the live holder 1 unpins and pins again and a purger purges from a snapshot.
+///
+/// - The reaper drops only the dead holder's pin: the live holder's pin is never lost (the
+///   page ends pinned by holder 1 alone).
+/// - The page is purged only once both pins are gone, never while holder 1 uses it, and
+///   holder 1 reports the loss exactly when it happened.
+#[test]
+fn dead_holder_released_while_the_other_pins() {
+    check(Some(THREE_THREAD_PREEMPTIONS), || {
+        let p = Arc::new(SharedPage::new_pinned(0));
+        assert_eq!(p.pin(1), PagePin::Intact);
+        let page = Arc::new(Page::new());
+
+        let reaper = {
+            let p = p.clone();
             thread::spawn(move || {
-                let seen = s.load();
-                if !(state::is_purgeable(seen) && s.begin_purge(seen)) {
-                    return false;
-                }
-                page.write(0);
-                epoch.fetch_add(1, Ordering::Release);
-                s.finish_purge();
-                true
+                let released = p.unpin(0, 7);
+                assert_ne!(released, PageUnpin::NotHeld, "the dead holder pinned it");
+                p.forget(0);
             })
         };
-        let other = thread::spawn(process.clone());
-        let first = thread::spawn(process);
+        let purger = purge_page(&p, &page);
+        let live = {
+            let (p, page) = (p.clone(), page.clone());
+            thread::spawn(move || {
+                p.unpin(1, 3);
+                pin_and_read(&p, 1, &page)
+            })
+        };
 
-        let (found_a, lost_a) = first.join().unwrap();
-        let (found_b, lost_b) = other.join().unwrap();
-        let purged = reclaimer.join().unwrap();
-
-        assert_eq!(lost_a, purged, "process A found {found_a:?}");
-        assert_eq!(lost_b, purged, "process B found {found_b:?}");
-        let purged_reports = [found_a, found_b]
-            .iter()
-            .filter(|f| **f == Found::Purged)
-            .count();
-        assert_eq!(
-            purged_reports,
-            usize::from(purged),
-            "{found_a:?} {found_b:?}"
-        );
-        let word = s.load();
+        let lost = live.join().unwrap();
+        reaper.join().unwrap();
+        let purged = purger.join().unwrap();
+        assert_eq!(lost, purged);
+        let word = p.load();
         assert_eq!(state::tag(word), state::PINNED);
-        assert_eq!(state::pins(word), 2);
+        assert_eq!(
+            state::holders(word),
+            0b10,
+            "the live holder's pin was released"
+        );
     });
 }

@@ -29,7 +29,8 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 use vrange::{page_size, Options, Policy, Priority, VolatileRegion};
 use vrange_sys::procfs;
-use vrange_testkit::pattern::{check_at, fill, is_zero};
+use vrange_testkit::fork::{fork_linked, Forked, Link};
+use vrange_testkit::pattern::{check_at, fill, fill_at, is_zero};
 use vrange_testkit::proc::{inherit_fd, Exit};
 use vrange_testkit::role::{command, role, role_command, say, Reply, Role};
 use vrange_testkit::serial;
@@ -57,16 +58,22 @@ struct Census {
 }
 
 fn census(ptr: *const u8, len: usize, seed: u64) -> Census {
+    census_at(ptr, 0, len / page_size(), seed)
+}
+
+/// [`census`] of pages `[first, first + n)` of the region at `base`, against what
+/// `fill(base, _, seed)` writes there.
+fn census_at(base: *const u8, first: usize, n: usize, seed: u64) -> Census {
     let page = page_size();
     let mut c = Census {
         zero: 0,
         matching: 0,
         other: 0,
     };
-    for off in (0..len).step_by(page) {
-        if is_zero(ptr.wrapping_add(off), page) {
+    for off in (first * page..(first + n) * page).step_by(page) {
+        if is_zero(base.wrapping_add(off), page) {
             c.zero += 1;
-        } else if check_at(ptr, off, page, seed) {
+        } else if check_at(base, off, page, seed) {
             c.matching += 1;
         } else {
             c.other += 1;
@@ -169,6 +176,85 @@ fn recv_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
     ))
 }
 
+/// What one process's side of the concurrent lock and unlock test saw (see
+/// [`chromium_lock_unlock_of_sub_ranges_from_two_processes_at_once`]).
+#[derive(Debug, Default)]
+struct Hammered {
+    /// Pins (unmarks of a range).
+    pins: u64,
+    /// Pins that reported pages purged.
+    purged: u64,
+    /// Times its own pages were found purged and refilled.
+    refills: u64,
+    /// Broken promises, and the first one.
+    violations: u64,
+    first: String,
+}
+
+impl Hammered {
+    fn violated(&mut self, what: String) {
+        if self.violations == 0 {
+            self.first = what;
+        }
+        self.violations += 1;
+    }
+}
+
+/// For `time`, pins each of `ranges` (pages) of `r` in turn, as a renderer locks the spans it
+/// draws (Chromium's `DiscardableSharedMemory::Lock(offset, length)`), checks it, uses it a
+/// moment and unpins it again. Only this process writes its `own` pages (filled with `seed`
+/// relative to the region's start); the ranges reach into the other process's pages too.
+/// Checks, on its own pages: a pin that reports nothing purged finds them all intact; pages
+/// found zero are among those reported purged; nothing is ever half written; and pages
+/// stay intact while the range is pinned, whatever the purger does meanwhile.
+fn hammer(
+    r: &VolatileRegion,
+    time: Duration,
+    seed: u64,
+    own: (usize, usize),
+    ranges: &[(usize, usize)],
+) -> Hammered {
+    let page = page_size();
+    let mut h = Hammered::default();
+    let end = Instant::now() + time;
+    while Instant::now() < end {
+        for &(first, n) in ranges {
+            let u = r
+                .unmark_range(first * page, n * page)
+                .expect("unmark_range");
+            h.pins += 1;
+            h.purged += u64::from(u.purged > 0);
+            let lo = first.max(own.0);
+            let hi = (first + n).min(own.0 + own.1);
+            if lo < hi {
+                let c = census_at(r.as_ptr(), lo, hi - lo, seed);
+                if c.other > 0 {
+                    h.violated(format!("pages {lo}..{hi} half written: {c:?}"));
+                }
+                if c.zero > u.purged as u64 {
+                    h.violated(format!(
+                        "pages {lo}..{hi}: {} zero, {} reported purged in {first}+{n}",
+                        c.zero, u.purged
+                    ));
+                }
+                if c.zero > 0 {
+                    fill_at(r.as_ptr(), lo * page, (hi - lo) * page, seed);
+                    h.refills += 1;
+                }
+                // In use a moment: a purge now must not touch the pinned pages.
+                std::thread::yield_now();
+                let c = census_at(r.as_ptr(), lo, hi - lo, seed);
+                if c.matching != (hi - lo) as u64 {
+                    h.violated(format!("pages {lo}..{hi} lost while pinned: {c:?}"));
+                }
+            }
+            // SAFETY: no reference into the pages is held while they are volatile.
+            unsafe { r.mark_range(first * page, n * page) }.expect("mark_range");
+        }
+    }
+    h
+}
+
 // ---- The peer ----
 
 /// The peer (see the module documentation).
@@ -193,22 +279,24 @@ fn peer() {
         r.len(),
         r.policy()
     ));
+    let mut child: Option<(Forked, Link)> = None;
     while let Some(cmd) = command() {
         let mut words = cmd.split_whitespace();
         let verb = words.next().unwrap_or_default();
-        let mut seed = || -> u64 { words.next().and_then(|w| w.parse().ok()).expect("seed") };
+        let args: Vec<u64> = words.map(|w| w.parse().expect("a number")).collect();
+        let arg = |i: usize| args[i];
+        let page = page_size();
         match verb {
             "unmark" => {
-                let seed = seed();
                 let u = r.unmark().expect("unmark");
-                let c = census(r.as_ptr(), r.len(), seed);
+                let c = census(r.as_ptr(), r.len(), arg(0));
                 say(format_args!(
                     "UNMARKED pages={} volatile={} purged={} zero={} match={} other={}",
                     u.pages, u.volatile, u.purged, c.zero, c.matching, c.other
                 ));
             }
             "check" => {
-                let c = census(r.as_ptr(), r.len(), seed());
+                let c = census(r.as_ptr(), r.len(), arg(0));
                 say(format_args!(
                     "CHECKED zero={} match={} other={}",
                     c.zero, c.matching, c.other
@@ -218,6 +306,111 @@ fn peer() {
                 // SAFETY: this process holds no reference into the region until it unmarks.
                 unsafe { r.mark() }.expect("mark");
                 say("MARKED");
+            }
+            "pin" => {
+                let (first, n) = (arg(0) as usize, arg(1) as usize);
+                let u = r
+                    .unmark_range(first * page, n * page)
+                    .expect("unmark_range");
+                let c = census_at(r.as_ptr(), first, n, arg(2));
+                say(format_args!(
+                    "PINNED pages={} volatile={} purged={} zero={} match={} other={}",
+                    u.pages, u.volatile, u.purged, c.zero, c.matching, c.other
+                ));
+            }
+            "unpin" => {
+                // SAFETY: this process holds no reference into those pages until it pins them.
+                unsafe { r.mark_range(arg(0) as usize * page, arg(1) as usize * page) }
+                    .expect("mark_range");
+                say("UNPINNED");
+            }
+            "fill" => {
+                let (first, n) = (arg(0) as usize, arg(1) as usize);
+                fill_at(r.as_ptr(), first * page, n * page, arg(2));
+                say("FILLED");
+            }
+            "look" => {
+                let c = census_at(r.as_ptr(), arg(0) as usize, arg(1) as usize, arg(2));
+                say(format_args!(
+                    "LOOKED zero={} match={} other={}",
+                    c.zero, c.matching, c.other
+                ));
+            }
+            "hammer" => {
+                // hammer MILLIS SEED OWN_FIRST OWN_PAGES (FIRST PAGES)...
+                let ranges: Vec<(usize, usize)> = args[4..]
+                    .chunks(2)
+                    .map(|c| (c[0] as usize, c[1] as usize))
+                    .collect();
+                let h = hammer(
+                    &r,
+                    Duration::from_millis(arg(0)),
+                    arg(1),
+                    (arg(2) as usize, arg(3) as usize),
+                    &ranges,
+                );
+                say(format_args!(
+                    "HAMMERED pins={} purged={} refills={} violations={} first={}",
+                    h.pins,
+                    h.purged,
+                    h.refills,
+                    h.violations,
+                    h.first.replace(' ', "_")
+                ));
+            }
+            "spin" => {
+                // Pins and unpins the pages for ever, until killed.
+                let (at, len) = (arg(0) as usize * page, arg(1) as usize * page);
+                say("SPINNING");
+                loop {
+                    r.unmark_range(at, len).expect("unmark_range");
+                    // SAFETY: no reference into the pages is held while they are volatile.
+                    unsafe { r.mark_range(at, len) }.expect("mark_range");
+                }
+            }
+            "forkpin" => {
+                // A fork child pins the pages, says what it found, and waits to be killed.
+                let (first, n, seed) = (arg(0) as usize, arg(1) as usize, arg(2));
+                let (forked, link) = fork_linked(|link| {
+                    let Ok(u) = r.unmark_range(first * page, n * page) else {
+                        return 1;
+                    };
+                    let c = census_at(r.as_ptr(), first, n, seed);
+                    let words = [
+                        u.pages as u64,
+                        u.volatile as u64,
+                        u.purged as u64,
+                        c.zero,
+                        c.matching,
+                        c.other,
+                    ];
+                    if !link.send(&words) {
+                        return 2;
+                    }
+                    let _ = link.recv::<1>(Duration::from_secs(600));
+                    0
+                });
+                let w: [u64; 6] = link.recv(SYNC).expect("the fork child's report");
+                say(format_args!(
+                    "FORKPINNED child={} pages={} volatile={} purged={} zero={} match={} \
+                     other={}",
+                    forked.pid(),
+                    w[0],
+                    w[1],
+                    w[2],
+                    w[3],
+                    w[4],
+                    w[5]
+                ));
+                // The child waits on the link: it stays open until the child is killed.
+                child = Some((forked, link));
+            }
+            "forkkill" => {
+                let (mut forked, _link) = child.take().expect("a fork child");
+                // SAFETY: the pid is this process's unreaped child.
+                unsafe { libc::kill(forked.pid(), libc::SIGKILL) };
+                let exit = forked.wait(SYNC);
+                say(format_args!("FORKKILLED exit={}", exit.encode()));
             }
             "purge" => {
                 let bytes = vrange::purge(usize::MAX);
@@ -357,6 +550,37 @@ impl Peer {
 
     fn mark(&mut self) {
         self.ask("mark", "MARKED");
+    }
+
+    /// Pins pages `[first, first + n)` in the peer: ((pages, volatile, purged), census of them
+    /// for `seed`).
+    fn pin(&mut self, first: usize, n: usize, seed: u64) -> ((u64, u64, u64), Census) {
+        let r = self.ask(&format!("pin {first} {n} {seed}"), "PINNED");
+        (
+            (r.u64("pages"), r.u64("volatile"), r.u64("purged")),
+            Census {
+                zero: r.u64("zero"),
+                matching: r.u64("match"),
+                other: r.u64("other"),
+            },
+        )
+    }
+
+    fn unpin(&mut self, first: usize, n: usize) {
+        self.ask(&format!("unpin {first} {n}"), "UNPINNED");
+    }
+
+    fn fill(&mut self, first: usize, n: usize, seed: u64) {
+        self.ask(&format!("fill {first} {n} {seed}"), "FILLED");
+    }
+
+    fn look(&mut self, first: usize, n: usize, seed: u64) -> Census {
+        let r = self.ask(&format!("look {first} {n} {seed}"), "LOOKED");
+        Census {
+            zero: r.u64("zero"),
+            matching: r.u64("match"),
+            other: r.u64("other"),
+        }
     }
 
     fn purge(&mut self) -> Reply {
@@ -539,13 +763,22 @@ fn pin_in_one_process_blocks_purge_by_the_other_fd_over_unix_socket() {
     pin_blocks_purge(SOCKET_TEST, Pass::Socket);
 }
 
-/// Allocated bytes of the file behind `fd` (st_blocks).
-fn file_bytes(fd: BorrowedFd<'_>) -> u64 {
+fn fstat(fd: BorrowedFd<'_>) -> libc::stat {
     // SAFETY: an all-zero stat is a valid out-parameter.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fd is valid for the borrow; st is writable.
     assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
-    st.st_blocks as u64 * 512
+    st
+}
+
+/// Allocated bytes of the file behind `fd` (st_blocks).
+fn file_bytes(fd: BorrowedFd<'_>) -> u64 {
+    fstat(fd).st_blocks as u64 * 512
+}
+
+/// The size of the file behind `fd`.
+fn file_size(fd: BorrowedFd<'_>) -> u64 {
+    fstat(fd).st_size as u64
 }
 
 /// A purge in the peer really frees the memory, for both processes: the memfd's allocated
@@ -615,13 +848,19 @@ fn purge_by_other_process_frees_memory() {
         after.3,
         p.u64("reaction_ns") / 1000
     );
+    // The header and the page table come before the data, in the file and in each mapping.
+    let header = file_size(fd) - LEN as u64;
     assert!(
-        after.0 <= page,
-        "the memfd keeps at most its header page allocated: {} bytes",
+        header < LEN as u64 / 100,
+        "header and page table: {header} bytes for {LEN}"
+    );
+    assert!(
+        after.0 <= header,
+        "the memfd keeps at most its header and page table allocated: {} of {header} bytes",
         after.0
     );
     assert!(
-        after.1 <= page / 1024 && after.2 <= page / 1024,
+        after.1 <= header / 1024 && after.2 <= header / 1024,
         "no data page stays resident in either process: here {} kB, in the peer {} kB",
         after.1,
         after.2
@@ -748,4 +987,424 @@ fn freeing_shared_regions_while_other_threads_scan_every_range() {
         scans.load(std::sync::atomic::Ordering::Relaxed) > 0,
         "the scanners ran"
     );
+}
+
+// ---- Page ranges: the semantics ashmem and Chromium's discardable memory give ----
+
+const ASHMEM_TEST: &str = "ashmem_pin_and_unpin_of_overlapping_page_ranges";
+const CHROMIUM_TEST: &str = "chromium_lock_unlock_of_sub_ranges_from_two_processes_at_once";
+const KILLED_TEST: &str = "a_holder_sigkilled_while_pinning_releases_its_pages_within_a_tick";
+const FORK_TEST: &str = "fork_with_a_pinned_shared_range";
+
+/// Pins pages `[first, first + n)` of `r` here: ((pages, volatile, purged), census for `seed`).
+fn pin_here(r: &VolatileRegion, first: usize, n: usize, seed: u64) -> ((u64, u64, u64), Census) {
+    let page = page_size();
+    let u = r
+        .unmark_range(first * page, n * page)
+        .expect("unmark_range");
+    (
+        (u.pages as u64, u.volatile as u64, u.purged as u64),
+        census_at(r.as_ptr(), first, n, seed),
+    )
+}
+
+fn unpin_here(r: &VolatileRegion, first: usize, n: usize) {
+    let page = page_size();
+    // SAFETY: the test holds no reference into the pages while they are volatile.
+    unsafe { r.mark_range(first * page, n * page) }.expect("mark_range");
+}
+
+/// `n` pages holding the pattern.
+fn intact(n: u64) -> Census {
+    Census {
+        zero: 0,
+        matching: n,
+        other: 0,
+    }
+}
+
+/// `n` pages reading zero.
+fn zeros(n: u64) -> Census {
+    Census {
+        zero: n,
+        matching: 0,
+        other: 0,
+    }
+}
+
+/// What each page-range test starts from: the tests' serial guard, this process's reclaimer
+/// quiet, a shared region of `pages` pages filled with `seed` (pinned here, as made) and a
+/// peer (of test `test`) that maps it and pins nothing yet.
+fn setup(
+    test: &str,
+    pages: usize,
+    seed: u64,
+    pass: Pass,
+) -> (std::sync::MutexGuard<'static, ()>, VolatileRegion, Peer) {
+    let serial = serial();
+    quiet_reclaimer();
+    let r = shared_region(pages * page_size());
+    fill(r.as_ptr(), r.len(), seed);
+    let peer = Peer::start(test, &r, pass);
+    (serial, r, peer)
+}
+
+/// Android's ashmem semantics over page ranges of one region, between two processes (each
+/// mapping pins as ashmem's ASHMEM_PIN and ASHMEM_UNPIN do, with a page range): a range
+/// pinned in the middle of a region nobody else pins keeps the purge off it and only it; an
+/// unpin across two pinned ranges (and the gap between them) leaves their outer parts pinned;
+/// a purge is reported by the next pin of each process, page by page, even after the other
+/// process pinned and refilled the pages, and only once.
+#[test]
+fn ashmem_pin_and_unpin_of_overlapping_page_ranges() {
+    if let Some(role) = role() {
+        return play(&role);
+    }
+    const N: usize = 16;
+    const SEED: u64 = 51;
+    const SEED2: u64 = 52;
+    let (_serial, r, mut peer) = setup(ASHMEM_TEST, N, SEED, Pass::Inherit);
+    let page = page_size();
+
+    // A range pinned in the middle of a region nobody else pins.
+    unpin_here(&r, 0, N);
+    assert_eq!(
+        peer.pin(6, 4, SEED),
+        ((4, 4, 0), intact(4)),
+        "the peer pins pages 6..10: intact"
+    );
+    assert_eq!(
+        vrange::purge(usize::MAX),
+        12 * page,
+        "a purge takes the 12 pages no process pins, not the middle"
+    );
+    assert_eq!(peer.look(6, 4, SEED), intact(4), "the middle stays intact");
+    assert_eq!(
+        peer.pin(4, 8, SEED),
+        (
+            (8, 4, 4),
+            Census {
+                zero: 4,
+                matching: 4,
+                other: 0
+            }
+        ),
+        "a pin over the middle and beyond: 4 pages were not pinned, all 4 of them purged"
+    );
+    assert_eq!(
+        pin_here(&r, 0, N, SEED),
+        (
+            (16, 16, 12),
+            Census {
+                zero: 12,
+                matching: 4,
+                other: 0
+            }
+        ),
+        "here: every page volatile, the 12 purged ones reported, the middle intact"
+    );
+    fill(r.as_ptr(), r.len(), SEED);
+
+    // An unpin across two pinned ranges.
+    peer.unpin(4, 8);
+    assert_eq!(
+        peer.pin(2, 3, SEED),
+        ((3, 3, 2), intact(3)),
+        "pages 2 and 3 were purged since the peer last held them: reported, though refilled"
+    );
+    assert_eq!(
+        peer.pin(9, 3, SEED),
+        ((3, 3, 0), intact(3)),
+        "the peer held 9..12 through the purge"
+    );
+    peer.unpin(4, 6);
+    unpin_here(&r, 0, N);
+    assert_eq!(
+        vrange::purge(usize::MAX),
+        12 * page,
+        "after the peer unpinned 4..10 across its two ranges, it still pins 2..4 and 10..12"
+    );
+    assert_eq!(peer.look(2, 2, SEED), intact(2));
+    assert_eq!(peer.look(10, 2, SEED), intact(2));
+    assert_eq!(
+        peer.pin(0, N, SEED),
+        (
+            (16, 12, 12),
+            Census {
+                zero: 12,
+                matching: 4,
+                other: 0
+            }
+        ),
+        "the peer pins everything: 12 pages were not pinned, all purged"
+    );
+
+    // Purge, then a pin reports it in each process, even after the other refilled.
+    peer.fill(0, N, SEED2);
+    peer.unpin(4, 4);
+    assert_eq!(vrange::purge(usize::MAX), 4 * page, "the 4 pages unpinned");
+    assert_eq!(
+        pin_here(&r, 4, 4, SEED2),
+        ((4, 4, 4), zeros(4)),
+        "here: purged, zero"
+    );
+    fill_at(r.as_ptr(), 4 * page, 4 * page, SEED2);
+    assert_eq!(
+        peer.pin(4, 4, SEED2),
+        ((4, 4, 4), intact(4)),
+        "the peer's pin reports the purge, and finds our refill"
+    );
+    assert_eq!(
+        peer.pin(4, 4, SEED2),
+        ((4, 0, 0), intact(4)),
+        "reported once: pinned again, nothing to report"
+    );
+    assert_eq!(peer.pin(0, N, SEED2), ((16, 0, 0), intact(16)));
+    assert_eq!(
+        vrange::purge(usize::MAX),
+        0,
+        "every page pinned by one process or both"
+    );
+    let losses = peer.finish();
+    println!("{ASHMEM_TEST}: the peer reported {losses} losses");
+    assert_eq!(losses, 4, "the peer's pins that reported a purge");
+}
+
+/// Chromium's discardable shared memory, locked and unlocked by page ranges from two
+/// processes at once while a third thread purges in a loop: each process owns (writes) half
+/// of a region and locks ranges that reach into the other half, as a renderer and the browser
+/// lock the spans they use (`DiscardableSharedMemory::Lock(offset, length)` and `Unlock`).
+/// Each checks, on its own pages: a lock that reports nothing purged finds them intact, pages
+/// found zero were reported purged, no page is half written, and nothing is lost while locked.
+#[test]
+fn chromium_lock_unlock_of_sub_ranges_from_two_processes_at_once() {
+    if let Some(role) = role() {
+        return play(&role);
+    }
+    const N: usize = 16;
+    const SEED: u64 = 61;
+    const MILLIS: u64 = 1500;
+    let (_serial, r, mut peer) = setup(CHROMIUM_TEST, N, SEED, Pass::Socket);
+    unpin_here(&r, 0, N);
+    // Ours: pages 0..8; the peer's: 8..16; the ranges overlap each other and both halves.
+    assert!(peer
+        .0
+        .send(&format!("hammer {MILLIS} {SEED} 8 8 8 4 6 8 12 4 4 6")));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (ours, freed) = std::thread::scope(|s| {
+        let purger = s.spawn(|| {
+            let mut freed = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                freed += vrange::purge(usize::MAX);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            freed
+        });
+        let ours = hammer(
+            &r,
+            Duration::from_millis(MILLIS),
+            SEED,
+            (0, 8),
+            &[(0, 4), (2, 8), (6, 6), (1, 10)],
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (ours, purger.join().expect("the purger"))
+    });
+    let theirs = peer.0.expect("HAMMERED", SYNC);
+    println!(
+        "{CHROMIUM_TEST}: {MILLIS} ms; here {} pins, {} reporting purges, {} refills; the peer \
+         {} pins, {} reporting purges, {} refills; the purger freed {} KiB",
+        ours.pins,
+        ours.purged,
+        ours.refills,
+        theirs.u64("pins"),
+        theirs.u64("purged"),
+        theirs.u64("refills"),
+        freed / 1024
+    );
+    assert_eq!(ours.violations, 0, "here: {}", ours.first);
+    assert_eq!(
+        theirs.u64("violations"),
+        0,
+        "in the peer: {}",
+        theirs.str("first")
+    );
+    assert!(
+        freed > 0,
+        "the purger never purged: the test proved nothing"
+    );
+    assert!(
+        ours.purged + theirs.u64("purged") > 0,
+        "no lock reported a purge: the test proved nothing"
+    );
+    assert!(ours.pins > 0 && theirs.u64("pins") > 0);
+    peer.finish();
+}
+
+/// A process holding pins (one range pinned, another pinned and unpinned in a loop) is killed
+/// with SIGKILL: its pins die with it. While it lives, no purge touches what it pins; once it
+/// is dead (a zombie: nobody has waited for it yet), this process's reclaimer releases its
+/// pins within one tick (100 ms here, plus the time a loaded machine takes to run the thread),
+/// and the next purge takes those pages; this process's next pin reports them purged.
+#[test]
+fn a_holder_sigkilled_while_pinning_releases_its_pages_within_a_tick() {
+    if let Some(role) = role() {
+        return play(&role);
+    }
+    const N: usize = 16;
+    const SEED: u64 = 71;
+    let (_serial, r, mut peer) = setup(KILLED_TEST, N, SEED, Pass::Inherit);
+    let tick = vrange::Config::current().poll_interval;
+    let page = page_size();
+    assert_eq!(peer.pin(4, 4, SEED), ((4, 4, 0), intact(4)));
+    peer.ask("spin 8 4", "SPINNING");
+    unpin_here(&r, 0, N);
+    let released_before = vrange::stats().dead_holders_released;
+
+    // Alive: its pins hold, tick after tick.
+    let mut freed = 0;
+    let alive_until = Instant::now() + 3 * tick;
+    while Instant::now() < alive_until {
+        freed += vrange::purge(usize::MAX);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(freed >= 8 * page, "the 8 pages nobody pins were purged");
+    assert_eq!(
+        census_at(r.as_ptr(), 4, 4, SEED),
+        intact(4),
+        "pages a live holder pins are never purged"
+    );
+    assert_eq!(vrange::stats().dead_holders_released, released_before);
+
+    // Killed while pinning: the pages it pinned become purgeable within a tick of its death.
+    let pid = peer.0.pid();
+    // SAFETY: the peer is this process's child, not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    let deadline = killed + tick + Duration::from_secs(2);
+    let mut dead_at = None;
+    let released_at = loop {
+        if dead_at.is_none()
+            && procfs::stat(Some(pid as u32)).is_ok_and(|s| matches!(s.state, 'Z' | 'X'))
+        {
+            dead_at = Some(Instant::now());
+        }
+        vrange::purge(usize::MAX);
+        if census_at(r.as_ptr(), 4, 8, SEED).zero == 8 {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead holder's pages were not purgeable {:?} after the kill",
+            deadline - killed
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let dead_at = dead_at.unwrap_or(released_at);
+    println!(
+        "{KILLED_TEST}: tick {tick:?}; killed → zombie {:?}, zombie → pages purged {:?}",
+        dead_at - killed,
+        released_at.saturating_duration_since(dead_at)
+    );
+    assert_eq!(
+        vrange::stats().dead_holders_released,
+        released_before + 1,
+        "this process's reclaimer released the dead holder"
+    );
+    assert!(
+        released_at.saturating_duration_since(dead_at) <= tick + Duration::from_secs(1),
+        "released {:?} after the death (tick {tick:?})",
+        released_at.saturating_duration_since(dead_at)
+    );
+    assert_eq!(
+        pin_here(&r, 0, N, SEED),
+        ((16, 16, 16), zeros(16)),
+        "every page purged, and reported here"
+    );
+    assert_eq!(peer.0.wait(SYNC), Exit::Signal(libc::SIGKILL));
+}
+
+/// A process pins a range and forks: the child's inherited mapping holds none of its parent's
+/// pins, takes a holder number of its own at its first pin, and its death (SIGKILL) releases
+/// its pins only: the pages the parent pins stay intact and pinned, the pages only the child
+/// pinned become purgeable.
+#[test]
+fn fork_with_a_pinned_shared_range() {
+    if let Some(role) = role() {
+        return play(&role);
+    }
+    const N: usize = 16;
+    const SEED: u64 = 81;
+    let (_serial, r, mut peer) = setup(FORK_TEST, N, SEED, Pass::Inherit);
+    let tick = vrange::Config::current().poll_interval;
+    let page = page_size();
+    assert_eq!(peer.pin(0, 8, SEED), ((8, 8, 0), intact(8)));
+    unpin_here(&r, 0, N);
+    assert_eq!(
+        vrange::purge(usize::MAX),
+        8 * page,
+        "pages 8..16: nobody pins them"
+    );
+
+    // The peer forks; its child pins 4..12.
+    let child = peer.ask(&format!("forkpin 4 8 {SEED}"), "FORKPINNED");
+    assert_eq!(
+        (
+            child.u64("pages"),
+            child.u64("volatile"),
+            child.u64("purged"),
+            child.u64("zero"),
+            child.u64("match"),
+            child.u64("other")
+        ),
+        (8, 8, 4, 4, 4, 0),
+        "the child holds none of its parent's pins (all 8 were volatile to it), sees the \
+         parent's pinned pages intact and the 4 purged ones purged: {child:?}"
+    );
+    assert_eq!(
+        vrange::purge(usize::MAX),
+        0,
+        "0..8 pinned by the parent, 8..12 by the child, 12..16 purged already"
+    );
+
+    // The child dies: its pins go, its parent's stay.
+    let killed = peer.ask("forkkill", "FORKKILLED");
+    assert_eq!(
+        Exit::decode(killed.u64("exit")),
+        Exit::Signal(libc::SIGKILL),
+        "the child was killed"
+    );
+    let deadline = Instant::now() + tick + Duration::from_secs(2);
+    let mut freed = 0;
+    while freed < 4 * page {
+        freed += vrange::purge(usize::MAX);
+        assert!(
+            Instant::now() < deadline,
+            "the dead child's pages were not purgeable in time ({freed} bytes)"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(freed, 4 * page, "only the pages the child alone pinned");
+    assert_eq!(
+        peer.look(0, 8, SEED),
+        intact(8),
+        "the parent's pages are intact"
+    );
+    assert_eq!(
+        peer.pin(0, 8, SEED),
+        ((8, 0, 0), intact(8)),
+        "and still pinned by the parent: the child's death released none of its pins"
+    );
+    peer.unpin(0, 8);
+    assert_eq!(
+        vrange::purge(usize::MAX),
+        8 * page,
+        "once the parent unpins them"
+    );
+    assert_eq!(
+        peer.pin(0, N, SEED),
+        ((16, 16, 16), zeros(16)),
+        "every page purged, and reported to the parent"
+    );
+    peer.finish();
 }

@@ -1,6 +1,7 @@
 //! coordinate: several processes with volatile caches and a neighbour whose demand ramps up,
 //! in one memory cgroup, under three ways of making room: each process's own reclaimer, the
-//! coordinator (one purge order for the whole cgroup), and the kernel's OOM killer alone.
+//! coordinator (one purge order for the whole cgroup), and the kernel's OOM killer alone; the
+//! first two with the caches in private memory and in shared memory.
 //!
 //! Every configuration runs in a fresh child memory cgroup, with the same processes (this
 //! executable again, `vrange-bench role ...`):
@@ -11,6 +12,8 @@
 //!   and unpins it. The participants differ in load: a busy service and ever quieter ones, so
 //!   that the oldest data of the container is the quiet ones' and the youngest the busy one's.
 //!   `MODE` `volatile`: the chunks are managed `VolatileRegion`s, volatile while unpinned;
+//!   `shared`: the chunks are page ranges of one shared region, pinned and unpinned range by
+//!   range, which a partner process (`coordinate-partner END_NS`) maps too until the end;
 //!   `plain`: ordinary memory (the kill-based baseline: only an OOM kill makes room). Every
 //!   participant makes itself the OOM killer's first choice (`oom_score_adj` 1000), so the
 //!   neighbour is spared, and a killed one is started again after [`RESTART`] with an empty
@@ -25,7 +28,10 @@
 //! Configurations: per-process reclaimers (`VRANGE_COORDINATOR=off`), the coordinator
 //! (`vrange_coordinator::run` in a thread of this process, watching the child cgroup, with
 //! the daemon's default settings; the participants get `VRANGE_COORDINATOR=<its socket>`),
-//! and kill-based (plain memory). Reported per configuration: OOM kills (the cgroup's
+//! the same two with shared memory (without swap the kernel cannot drop shared pages: every
+//! byte the neighbour gets back comes from a purge, so the time from pressure to headroom
+//! back is how fast a purge reaches it), and kill-based (plain memory). Reported per
+//! configuration: OOM kills (the cgroup's
 //! `oom_kill` counter), participants killed and their time without service, the youngest and
 //! the median age of the data purged, the time from pressure to memory returned (sampled: the
 //! cgroup's headroom under the reclaimers' threshold until it is back above it; and as the
@@ -67,7 +73,7 @@ const SCAN: Duration = Duration::from_millis(5);
 mod roles;
 mod scenario;
 
-pub use roles::participant_role;
+pub use roles::{participant_role, partner_role};
 use scenario::*;
 
 /// "45 ms" or "1.23 s" from milliseconds.
@@ -126,8 +132,14 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
          per-process reclaimers (managed volatile regions, VRANGE_COORDINATOR=off, default \
          settings: VRANGE_HEADROOM=auto, {} here), the coordinator (the same regions; \
          vrange_coordinator::run in a thread of the bench, watching the cgroup with the \
-         daemon's defaults: headroom auto, {} here, a 50 ms tick), and kill-based (the same \
-         data in ordinary memory: only an OOM kill makes room).",
+         daemon's defaults: headroom auto, {} here, a 50 ms tick), the same two with the \
+         caches in shared memory (each participant's chunks are page ranges of one shared \
+         region, pinned and unpinned range by range, which a partner process maps too, as a \
+         browser maps a renderer's discardable memory: without swap the kernel cannot drop \
+         shared pages by itself, so the room comes from the reclaimers or the coordinator \
+         alone, and 'pressure → headroom back' is how fast their purge reaches the \
+         neighbour), and kill-based (the same data in ordinary memory: only an OOM kill makes \
+         room).",
         mib(limit),
         s.chunks,
         CHUNK as u64 / MIB,
@@ -264,9 +276,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             None => "–".into(),
         };
         let reaction = match config {
-            Config::PerProcess => median_cell(&run.reactions, 1.0),
-            Config::Coordinator => median_cell(&run.rounds, 1.0),
             Config::Kill => "–".into(),
+            c if c.coordinated() => median_cell(&run.rounds, 1.0),
+            _ => median_cell(&run.reactions, 1.0),
         };
         table.row(vec![
             config.label().into(),
@@ -314,15 +326,17 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             report::opt(report::median(&mut run.episodes.clone()), 3),
             report::opt(run.episodes.iter().copied().reduce(f64::max), 3),
             report::opt(run.open_episode, 3),
-            match config {
-                Config::Coordinator => run.rounds.len(),
-                _ => run.reactions.len(),
+            if config.coordinated() {
+                run.rounds.len()
+            } else {
+                run.reactions.len()
             }
             .to_string(),
             report::opt(
-                report::median(&mut match config {
-                    Config::Coordinator => run.rounds.clone(),
-                    _ => run.reactions.clone(),
+                report::median(&mut if config.coordinated() {
+                    run.rounds.clone()
+                } else {
+                    run.reactions.clone()
                 }),
                 0,
             ),
@@ -480,6 +494,45 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             events.join(", "),
             coord.obeyed,
             coord.deferred
+        ));
+    }
+    // How fast a purge of shared memory reaches the neighbour, beside the same data private.
+    let back = |r: &Run| {
+        report::median(&mut r.episodes.clone()).map_or("–".to_string(), |m| report::ns(m * 1e9))
+    };
+    let reacted = |c: Config, r: &Run| {
+        report::median(&mut if c.coordinated() {
+            r.rounds.clone()
+        } else {
+            r.reactions.clone()
+        })
+        .map_or("–".to_string(), report::ns)
+    };
+    ctx.say(format!(
+        "How fast a purge reaches the neighbour with the caches in shared memory (which the \
+         kernel cannot drop by itself here): the headroom was back {} after it fell under the \
+         threshold with the per-process reclaimers ({} with private memory), {} with the \
+         coordinator ({} private); the purgers' reaction {} and {} ({} and {} private). The \
+         partners (one per participant, about 4 MiB resident each, most of it the program's \
+         shared text) are in the cgroup too. Shared pages are punched out 4 KiB at a time \
+         (shmem_enabled is never by default), the private chunks are THP-advised: a purge of \
+         shared memory costs the kernel more per byte.",
+        back(&runs[2]),
+        back(&runs[0]),
+        back(&runs[3]),
+        back(&runs[1]),
+        reacted(Config::SharedPerProcess, &runs[2]),
+        reacted(Config::SharedCoordinator, &runs[3]),
+        reacted(Config::PerProcess, &runs[0]),
+        reacted(Config::Coordinator, &runs[1]),
+    ));
+    if let Some((rounds, requests, freed)) = runs[3].coordinator {
+        ctx.say(format!(
+            "The coordinator with shared regions: {rounds} rounds, {requests} purge requests \
+             (the participants' private memory: none here), {} freed, the shared regions' \
+             pages purged by the coordinator itself, in holes punched for both processes \
+             mapping each.",
+            mib(freed),
         ));
     }
     let per_process = &runs[0];

@@ -1,5 +1,6 @@
 //! The participant of the coordinate suite: a cache of volatile (or plain) chunks serving
-//! requests. (Its neighbour is the cache suite's too: `neighbour.rs`.)
+//! requests, and in the shared configurations its partner, a second process mapping its
+//! shared region. (Its neighbour is the cache suite's too: `neighbour.rs`.)
 
 use super::*;
 // ---------------------------------------------------------------------------------------
@@ -34,6 +35,8 @@ pub(super) fn check(key: u64, buf: &[u8]) -> bool {
 pub(super) struct Slot {
     pub(super) volatile: Option<VolatileRegion>,
     pub(super) plain: Option<Vec<u8>>,
+    /// Shared mode: whether the chunk's range of the shared region was filled once.
+    pub(super) filled: bool,
     /// When it was last made volatile, and when a scan last found it intact (ns).
     pub(super) marked_at: u64,
     pub(super) intact_at: u64,
@@ -42,6 +45,17 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// The chunk was unpinned after a request (which found it `purged` or not): volatile
+    /// again from now.
+    pub(super) fn unpinned(&mut self, k: usize, purged: bool) {
+        if purged {
+            self.report_purge(k);
+        }
+        self.marked_at = now_ns();
+        self.intact_at = self.marked_at;
+        self.reported = false;
+    }
+
     /// Reports the chunk's purge once: how long it had been volatile when last seen intact.
     pub(super) fn report_purge(&mut self, k: usize) -> bool {
         if self.reported {
@@ -64,6 +78,9 @@ pub(super) struct Participant {
     pub(super) index: u64,
     pub(super) slots: Vec<Slot>,
     pub(super) volatile: bool,
+    /// Shared mode: one shared region holding every chunk, chunk k its k-th range of
+    /// [`CHUNK`] bytes, pinned and unpinned on its own.
+    pub(super) shared: Option<VolatileRegion>,
 }
 
 impl Participant {
@@ -75,6 +92,9 @@ impl Participant {
     pub(super) fn request(&mut self, k: usize) -> Result<Outcome, String> {
         let key = self.key(k);
         let slot = &mut self.slots[k];
+        if let Some(region) = &self.shared {
+            return shared_request(region, slot, k, key);
+        }
         if !self.volatile {
             return Ok(match &slot.plain {
                 Some(buf) if check(key, buf) => Outcome::Hit,
@@ -101,22 +121,10 @@ impl Participant {
         };
         let mut pinned = region.pin().map_err(|e| format!("pin: {e}"))?;
         let purged = pinned.was_purged();
-        let outcome = if fresh || purged {
-            fill(key, &mut pinned);
-            Outcome::Miss
-        } else if check(key, &pinned) {
-            Outcome::Hit
-        } else {
-            Outcome::Wrong
-        };
+        let outcome = serve(key, &mut pinned, fresh || purged);
         // Unpinned: volatile again from now.
         drop(pinned);
-        if purged {
-            slot.report_purge(k);
-        }
-        slot.marked_at = now_ns();
-        slot.intact_at = slot.marked_at;
-        slot.reported = false;
+        slot.unpinned(k, purged);
         Ok(outcome)
     }
 
@@ -124,8 +132,12 @@ impl Participant {
     pub(super) fn scan(&mut self, now: u64) -> u64 {
         let mut found = 0;
         for (k, slot) in self.slots.iter_mut().enumerate() {
-            let Some(r) = &slot.volatile else { continue };
-            if r.is_purged() {
+            let purged = match (&self.shared, &slot.volatile) {
+                (Some(r), _) if slot.filled => r.is_purged_range(k * CHUNK, CHUNK) == Ok(true),
+                (None, Some(r)) => r.is_purged(),
+                _ => continue,
+            };
+            if purged {
                 found += u64::from(slot.report_purge(k));
             } else {
                 slot.intact_at = now;
@@ -133,6 +145,96 @@ impl Participant {
         }
         found
     }
+}
+
+/// Serves a request for chunk `k` (`key`) of the shared region `region`: pins its range, checks
+/// or refills it, unpins it.
+fn shared_request(
+    region: &VolatileRegion,
+    slot: &mut Slot,
+    k: usize,
+    key: u64,
+) -> Result<Outcome, String> {
+    let off = k * CHUNK;
+    let u = region
+        .unmark_range(off, CHUNK)
+        .map_err(|e| format!("pin: {e}"))?;
+    // SAFETY: the range lies in the region, is pinned by this mapping until the mark below,
+    // and only this thread of this process writes it.
+    let buf = unsafe { std::slice::from_raw_parts_mut(region.as_ptr().add(off), CHUNK) };
+    let purged = u.was_purged();
+    let outcome = serve(key, buf, !slot.filled || purged);
+    slot.filled = true;
+    // SAFETY: `buf` is not used from here on: the range may be purged once unpinned.
+    unsafe { region.mark_range(off, CHUNK) }.map_err(|e| format!("unpin: {e}"))?;
+    slot.unpinned(k, purged);
+    Ok(outcome)
+}
+
+/// One request's work on pinned chunk `key`: fills it when it must be (`refill`: new, or
+/// purged: a miss), else checks it (a hit, or a wrong value).
+fn serve(key: u64, buf: &mut [u8], refill: bool) -> Outcome {
+    if refill {
+        fill(key, buf);
+        Outcome::Miss
+    } else if check(key, buf) {
+        Outcome::Hit
+    } else {
+        Outcome::Wrong
+    }
+}
+
+/// The shared region of a participant in shared mode, and its partner: a second process that
+/// maps it (as a browser maps its renderers' discardable memory) until `end`.
+fn shared_region(chunks: usize, end: u64) -> Result<(VolatileRegion, std::process::Child), String> {
+    use std::os::fd::AsRawFd;
+    let opts = vrange::Options {
+        shared: true,
+        ..vrange::Options::default()
+    };
+    let region = VolatileRegion::new(chunks * CHUNK, opts).map_err(|e| format!("region: {e}"))?;
+    let fd = region.shared_fd().ok_or("no descriptor")?.as_raw_fd();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["role", "coordinate-partner", &end.to_string()])
+        .env(PARTNER_FD, fd.to_string());
+    vrange_testkit::proc::inherit_fd(&mut cmd, fd);
+    let partner = cmd.spawn().map_err(|e| format!("partner: {e}"))?;
+    Ok((region, partner))
+}
+
+/// The variable that gives the partner its descriptor's number.
+const PARTNER_FD: &str = "VRANGE_BENCH_SHARED_FD";
+
+/// `coordinate-partner END_NS`: maps the shared region whose descriptor it inherited (number in
+/// `VRANGE_BENCH_SHARED_FD`), pins nothing, and keeps it mapped until `END_NS`.
+pub fn partner_role(args: &[String]) -> i32 {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    let usage = "usage: vrange-bench role coordinate-partner END_NS (descriptor in \
+                 VRANGE_BENCH_SHARED_FD)";
+    let (Some(end), Some(fd)) = (
+        args.first().and_then(|a| a.parse::<u64>().ok()),
+        std::env::var(PARTNER_FD)
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok()),
+    ) else {
+        eprintln!("{usage}");
+        return 2;
+    };
+    // SAFETY: the participant kept this descriptor open across exec for this process; nothing
+    // else here owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let region = match VolatileRegion::open_shared(fd.as_fd(), vrange::Priority::Normal) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("partner: {e}");
+            return 1;
+        }
+    };
+    drop(fd);
+    sleep_until(end);
+    drop(region);
+    0
 }
 
 /// Reaction times of the process's own reclaimer since the last call: one line per source
@@ -152,7 +254,7 @@ pub(super) fn print_reactions(last: &mut [(u64, u64); 7]) {
 /// `coordinate-participant INDEX CHUNKS RATE EPOCH_NS FILL_NS END_NS MODE PREFILL`.
 pub fn participant_role(args: &[String]) -> i32 {
     let usage = "usage: vrange-bench role coordinate-participant INDEX CHUNKS RATE EPOCH_NS \
-                 FILL_NS END_NS volatile|plain PREFILL";
+                 FILL_NS END_NS volatile|shared|plain PREFILL";
     let [index, chunks, rate, epoch, fill_at, end, mode, prefill] = args else {
         eprintln!("{usage}");
         return 2;
@@ -165,9 +267,10 @@ pub fn participant_role(args: &[String]) -> i32 {
         eprintln!("{usage}");
         return 2;
     };
-    let volatile = match mode.as_str() {
-        "volatile" => true,
-        "plain" => false,
+    let (volatile, shared) = match mode.as_str() {
+        "volatile" => (true, false),
+        "shared" => (true, true),
+        "plain" => (false, false),
         _ => {
             eprintln!("{usage}");
             return 2;
@@ -176,10 +279,22 @@ pub fn participant_role(args: &[String]) -> i32 {
     // The OOM killer's first choice, so that the neighbour is spared (lowering the
     // neighbour's score instead would need CAP_SYS_RESOURCE).
     let _ = vrange_testkit::hog::prefer_oom_kill();
+    let (region, mut partner) = if shared {
+        match shared_region(chunks as usize, end) {
+            Ok((r, p)) => (Some(r), Some(p)),
+            Err(e) => {
+                eprintln!("participant {index}: {e}");
+                return 1;
+            }
+        }
+    } else {
+        (None, None)
+    };
     let mut p = Participant {
         index,
         slots: (0..chunks).map(|_| Slot::default()).collect(),
         volatile,
+        shared: region,
     };
     sleep_until(fill_at);
     if prefill == 1 {
@@ -250,6 +365,9 @@ pub fn participant_role(args: &[String]) -> i32 {
         "end connections={} requests={} deferred={} bytes={}",
         st.connections, st.requests, st.deferred, st.bytes
     );
+    if let Some(partner) = partner.as_mut() {
+        let _ = partner.wait();
+    }
     0
 }
 

@@ -6,16 +6,29 @@ use super::*;
 pub(super) enum Config {
     PerProcess,
     Coordinator,
+    /// The same caches in shared regions (a chunk: a range of one region per participant,
+    /// mapped by a partner process too), each process's reclaimer purging them.
+    SharedPerProcess,
+    /// The same, the coordinator purging the shared regions itself, in the global order.
+    SharedCoordinator,
     Kill,
 }
 
 impl Config {
-    pub(super) const ALL: [Config; 3] = [Config::PerProcess, Config::Coordinator, Config::Kill];
+    pub(super) const ALL: [Config; 5] = [
+        Config::PerProcess,
+        Config::Coordinator,
+        Config::SharedPerProcess,
+        Config::SharedCoordinator,
+        Config::Kill,
+    ];
 
     pub(super) fn label(self) -> &'static str {
         match self {
             Config::PerProcess => "per-process reclaimers",
             Config::Coordinator => "coordinator",
+            Config::SharedPerProcess => "shared, per-process reclaimers",
+            Config::SharedCoordinator => "shared, coordinator",
             Config::Kill => "kill-based (kernel OOM killer)",
         }
     }
@@ -24,6 +37,8 @@ impl Config {
         match self {
             Config::PerProcess => "per-process",
             Config::Coordinator => "coordinator",
+            Config::SharedPerProcess => "shared per-process",
+            Config::SharedCoordinator => "shared coordinator",
             Config::Kill => "kill-based",
         }
     }
@@ -31,8 +46,14 @@ impl Config {
     pub(super) fn mode(self) -> &'static str {
         match self {
             Config::Kill => "plain",
+            Config::SharedPerProcess | Config::SharedCoordinator => "shared",
             _ => "volatile",
         }
+    }
+
+    /// Whether a coordinator orders the purges.
+    pub(super) fn coordinated(self) -> bool {
+        matches!(self, Config::Coordinator | Config::SharedCoordinator)
     }
 }
 
@@ -207,13 +228,15 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         .tempdir()
         .map_err(|e| format!("temporary directory: {e}"))?;
     let socket: PathBuf = dir.path().join("coordinator.sock");
-    let mut coordinator = match config {
-        Config::Coordinator => Some(InProcess::start(&socket, cg.cgroup().path())?),
-        _ => None,
+    let mut coordinator = if config.coordinated() {
+        Some(InProcess::start(&socket, cg.cgroup().path())?)
+    } else {
+        None
     };
-    let setting = match config {
-        Config::Coordinator => socket.display().to_string(),
-        _ => "off".to_string(),
+    let setting = if config.coordinated() {
+        socket.display().to_string()
+    } else {
+        "off".to_string()
     };
     let spawn = |args: &[String]| -> Result<Proc, String> {
         let mut cmd = clean_command(&exe);

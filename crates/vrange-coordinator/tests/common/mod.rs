@@ -13,6 +13,8 @@ use vrange_testkit::role::{command, role_command, say, Role};
 pub const MIB: usize = 1 << 20;
 /// Bytes of one chunk a participant holds.
 pub const CHUNK: usize = 4 * MIB;
+/// Chunks of the shared region a participant makes for `range`.
+pub const RANGES: usize = 8;
 
 pub fn seed(i: usize) -> u64 {
     i as u64 * 7919 + 11
@@ -23,8 +25,9 @@ pub fn seed(i: usize) -> u64 {
 /// Commands: `mark` (one more chunk, filled, then volatile), `fill N [T]` (N more chunks as
 /// fast as it can, in T threads, each after `make_room` for it: what vrange-cache does before
 /// it maps a slab),
-/// `share` (the same in a shared region), `pin` (one more chunk, filled and kept pinned),
-/// `report`, `exit`.
+/// `share` (the same in a shared region), `range` (one more chunk as the next page range of a
+/// shared region of [`RANGES`] chunks, made at the first, filled, then unpinned), `pin` (one
+/// more chunk, filled and kept pinned), `report`, `exit`.
 pub fn participant() {
     let managed = Options {
         policy: Policy::Managed,
@@ -33,6 +36,8 @@ pub fn participant() {
     let mut volatile: Vec<VolatileRegion> = Vec::new();
     let mut pinned: Vec<(VolatileRegion, u64)> = Vec::new();
     let mut shared: Vec<VolatileRegion> = Vec::new();
+    let mut ranged: Option<VolatileRegion> = None;
+    let mut ranges = 0;
     while let Some(cmd) = command() {
         match cmd.as_str() {
             "mark" => {
@@ -119,7 +124,33 @@ pub fn participant() {
                 shared.push(r);
                 say(format!("SHARED i={}", shared.len() - 1));
             }
+            "range" => {
+                let r = ranged.get_or_insert_with(|| {
+                    let opts = Options {
+                        shared: true,
+                        ..managed
+                    };
+                    VolatileRegion::new(RANGES * CHUNK, opts).expect("shared region")
+                });
+                assert!(ranges < RANGES, "{RANGES} ranges at most");
+                // Pinned since the region was made: filled, then unpinned alone.
+                vrange_testkit::pattern::fill_at(r.as_ptr(), ranges * CHUNK, CHUNK, seed(ranges));
+                // SAFETY: nothing refers into the range while it is volatile.
+                unsafe { r.mark_range(ranges * CHUNK, CHUNK) }.expect("mark_range");
+                ranges += 1;
+                say(format!("RANGED i={}", ranges - 1));
+            }
             "report" => {
+                let range_bits: String = (0..ranges)
+                    .map(|i| {
+                        let r = ranged.as_ref().expect("the ranges' region");
+                        if r.is_purged_range(i * CHUNK, CHUNK) == Ok(true) {
+                            '1'
+                        } else {
+                            '0'
+                        }
+                    })
+                    .collect();
                 let shared_bits: String = shared
                     .iter()
                     .map(|r| if r.is_purged() { '1' } else { '0' })
@@ -134,7 +165,7 @@ pub fn participant() {
                 let all = vrange::stats();
                 let st = all.coordinator;
                 say(format!(
-                    "REPORT purged={bits} shared={shared_bits} pinned_ok={} coordinated={} connections={} requests={} deferred={} own_bytes={}",
+                    "REPORT purged={bits} shared={shared_bits} ranges={range_bits} pinned_ok={} coordinated={} connections={} requests={} deferred={} own_bytes={}",
                     u8::from(pinned_ok),
                     u8::from(st.connected),
                     st.connections,
@@ -246,6 +277,19 @@ pub fn await_connected(socket: &Path, n: u64, timeout: Duration) -> Result<(), S
 
 /// Waits until the coordinator at `socket` has `n` participants that reported an inventory.
 pub fn await_participants(socket: &Path, n: u64, timeout: Duration) -> Result<(), String> {
+    await_with_data(socket, n, n, timeout)
+}
+
+/// Waits until `n` participants are connected, `with_data` of them with private volatile data
+/// in their inventories (a participant whose data is all in shared regions it passed has none
+/// there: [`await_shared`]).
+pub fn await_with_data(
+    socket: &Path,
+    n: u64,
+    with_data: u64,
+    timeout: Duration,
+) -> Result<(), String> {
+    let wanted = with_data;
     let t0 = Instant::now();
     loop {
         let seen = vrange_coordinator::query(socket).map(|(s, rows)| {
@@ -255,13 +299,32 @@ pub fn await_participants(socket: &Path, n: u64, timeout: Duration) -> Result<()
             )
         });
         if let Ok((p, with_data)) = seen {
-            if p >= n && with_data as u64 >= n {
+            if p >= n && with_data as u64 >= wanted {
                 return Ok(());
             }
         }
         if t0.elapsed() > timeout {
             return Err(format!(
                 "{n} participants not connected after {timeout:?}: {seen:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the coordinator holds `n` shared regions with volatile pages: its participants
+/// passed them, and leave their bytes out of their own inventories.
+pub fn await_shared(socket: &Path, n: usize, timeout: Duration) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let seen = vrange_coordinator::query_all(socket)
+            .map(|(_, _, regions)| regions.iter().filter(|r| r.volatile > 0).count());
+        if seen.as_ref().is_ok_and(|&k| k >= n) {
+            return Ok(());
+        }
+        if t0.elapsed() > timeout {
+            return Err(format!(
+                "{n} shared regions not held after {timeout:?}: {seen:?}"
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -297,5 +360,10 @@ impl Drop for InProcess {
 
 /// Parses a `REPORT` answer's purged bits.
 pub fn purged_bits(r: &vrange_testkit::role::Reply) -> Vec<bool> {
-    r.str("purged").chars().map(|c| c == '1').collect()
+    bits(r, "purged")
+}
+
+/// The purged bits of field `key` of a participant's report.
+pub fn bits(r: &vrange_testkit::role::Reply, key: &str) -> Vec<bool> {
+    r.str(key).chars().map(|c| c == '1').collect()
 }

@@ -5,7 +5,8 @@
 //!
 //! Never use it on a hot path or from a signal handler: it reads whole files into freshly
 //! allocated strings. What must not allocate reads /proc elsewhere, without parsing into
-//! strings: `vma` (/proc/self/maps through a stack buffer), `pagemap`; `cgroup` parses
+//! strings: `vma` (/proc/self/maps through a stack buffer), `pagemap`, `pid` (the start time
+//! in /proc/self/stat, through a stack buffer); `cgroup` parses
 //! /proc/PID/cgroup and mountinfo with the cgroup rules it serves.
 //!
 //! # Contract

@@ -29,8 +29,11 @@
 //!   (its round waits for a participant that works at an older purge), or the link lost (or
 //!   three ping intervals of silence), and the caller purges on its own.
 //! - Shared regions: their descriptors are passed to the coordinator once each (at most
-//!   16), so that it can purge them while this process is stopped; every inventory lists the
-//!   inodes still mapped, and the coordinator closes the others.
+//!   16); every inventory lists the inodes still mapped, and the coordinator closes the others.
+//!   The coordinator counts and purges the regions passed itself, once for every process that
+//!   maps them, in the global order with everything else (it maps their headers and page
+//!   tables); this process's inventory leaves them out and its obedience leaves them alone.
+//!   Regions not passed (beyond the 16) are counted and purged here like private ranges.
 //! - The descriptor is a guest's (`vrange_sys::fd::GuestFd`: above the floor, close-on-exec, verified
 //!   before every use, closed in a fork child) and exists only while connected.
 
@@ -393,7 +396,7 @@ impl Link {
                     class,
                     min_age_ms,
                 }) if self.welcomed => {
-                    let (ranges, bytes, youngest_ms) = obey(class, min_age_ms);
+                    let (ranges, bytes, youngest_ms) = obey(class, min_age_ms, &self.passed);
                     let done = Message::Purged {
                         id,
                         bytes,
@@ -428,7 +431,7 @@ impl Link {
 
 impl Link {
     /// Passes the shared regions not passed yet on this connection (their descriptors, with
-    /// `Share`), at most [`MAX_SHARED`]; returns the inodes of those live now.
+    /// `Share`), at most [`MAX_SHARED`]; returns the inodes of those passed and mapped now.
     fn share(&mut self) -> [u64; MAX_SHARED] {
         let mut live = [0u64; MAX_SHARED];
         let mut n = 0;
@@ -445,22 +448,24 @@ impl Link {
                 return;
             };
             let ino = guest.ident().ino();
-            live[n] = ino;
-            n += 1;
-            if self.passed.contains(&ino) {
-                return;
-            }
-            let m = Message::Share {
-                class: (slot.priority() as u8).min(CLASSES as u8 - 1),
-                len: slot.len.load(Relaxed) as u64,
-                ino,
-            };
-            let len = m.encode(&mut buf);
-            // The thread's own table holds no copy of the region's memfd: it opens one.
-            if let (Some(sock), Some(fd)) = (self.sock.get(), guest.for_this_thread()) {
-                if matches!(sock::send_fd(sock, &buf[..len], fd.as_fd()), Ok(true)) {
-                    self.passed.push(ino);
+            if !self.passed.contains(&ino) {
+                let m = Message::Share {
+                    class: (slot.priority() as u8).min(CLASSES as u8 - 1),
+                    len: slot.len.load(Relaxed) as u64,
+                    ino,
+                };
+                let len = m.encode(&mut buf);
+                // The thread's own table holds no copy of the region's memfd: it opens one.
+                if let (Some(sock), Some(fd)) = (self.sock.get(), guest.for_this_thread()) {
+                    if matches!(sock::send_fd(sock, &buf[..len], fd.as_fd()), Ok(true)) {
+                        self.passed.push(ino);
+                    }
                 }
+            }
+            // Only a region the coordinator holds is its to count and purge.
+            if self.passed.contains(&ino) {
+                live[n] = ino;
+                n += 1;
             }
         });
         drop(p);
@@ -469,7 +474,8 @@ impl Link {
 }
 
 /// This process's inventory now: volatile bytes by class and age, and its totals. One pass over
-/// the registry.
+/// the registry. The shared regions the coordinator holds (`shared`: their inodes) are its to
+/// count.
 fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
     let now = now_ns();
     let mut inv = Box::new(Inventory {
@@ -477,14 +483,25 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
         shared,
         ..Inventory::default()
     });
-    // Shared ranges' words live in their mappings: read under the purge lock (see
+    // Shared regions' pages live in their mappings: read under the purge lock (see
     // `registry::Slot::header`).
+    let page = crate::page_size() as u64;
     let p = pause();
     registry::for_each_live(|_, slot| {
+        let class = (slot.priority() as usize).min(CLASSES - 1);
+        if let Some(h) = slot.header() {
+            let ino = slot.shared_ino();
+            if ino == 0 || !shared.contains(&ino) {
+                h.volatile_runs(|_, n, used| {
+                    let age_ms = now.saturating_sub(used) / 1_000_000;
+                    inv.volatile[class][bucket_of(age_ms)] += n as u64 * page;
+                });
+            }
+            return;
+        }
         let word = slot.state().load();
         if managed::purgeable(slot, word) {
             let age_ms = now.saturating_sub(slot.last_used()) / 1_000_000;
-            let class = (slot.priority() as usize).min(CLASSES - 1);
             inv.volatile[class][bucket_of(age_ms)] += slot.len.load(Relaxed) as u64;
         }
     });
@@ -500,14 +517,16 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
 
 /// Purges everything before the coordinator's cut (`class`, `min_age_ms`) of the global order
 /// (`crate::order::Cut`): every volatile range of a lower class, and those of `class` volatile
-/// for at least `min_age_ms`. Returns (ranges, bytes, age in ms of the youngest range purged).
-fn obey(class: u8, min_age_ms: u64) -> (u64, u64, u64) {
+/// for at least `min_age_ms`, except the shared regions passed to the coordinator (`passed`:
+/// their inodes), which it purges itself. Returns (ranges, bytes, age in ms of the youngest
+/// range purged).
+fn obey(class: u8, min_age_ms: u64, passed: &[u64]) -> (u64, u64, u64) {
     let cut = Cut::after(Place::new(class, min_age_ms)).scaled(1_000_000);
     let victims = super::purge::candidates(u64::MAX);
     let now = now_ns();
     let chosen: Vec<victims::Candidate> = victims
         .into_iter()
-        .filter(|c| cut.admits(c.place(now)))
+        .filter(|c| cut.admits(c.place(now)) && (c.ino == 0 || !passed.contains(&c.ino)))
         .collect();
     let youngest = chosen.iter().map(|c| c.last_used).max();
     let p = pause();

@@ -109,7 +109,8 @@ pub(super) fn run() {
         if reasons & WAKE_CONFIG != 0 && watch.is_none() {
             ACTIVE.store(sources_without_descriptors(), Relaxed);
         }
-        let volatile = stats::volatile_resident();
+        // A pressure share of everything this process could purge, shared regions included.
+        let volatile = || stats::volatile_resident() + crate::managed::shared_volatile_bytes();
         let share = cfg.pressure_share.load(Relaxed);
         let gap = cfg.poll_ms.load(Relaxed).saturating_mul(1_000_000);
         for (i, (signal, source)) in [
@@ -143,13 +144,18 @@ pub(super) fn run() {
                 } else if coordinated {
                     stats::count_deferred();
                 } else {
-                    respond(source, t, victims::amount(source, volatile, share));
+                    respond(source, t, victims::amount(source, volatile(), share));
                 }
             }
         }
         // Opening files (sources, /proc, the statistics file) waits for the thread's own table
         // (see `waker`).
         let files_ok = waker::files_ok();
+        // Shared regions' holders whose process died: their pins released once per tick, so
+        // that what only they pinned is purgeable from then on, by this process or another.
+        if files_ok {
+            crate::managed::reap_dead();
+        }
         if let Some(w) = watch.as_mut().filter(|_| files_ok) {
             let mut reopen = ready.broken().iter().any(|s| s != Signal::Coordinator)
                 || reasons & WAKE_CONFIG != 0;
@@ -372,7 +378,8 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
     let Some(h) = watch.headroom.as_ref() else {
         return;
     };
-    if setting == 0 || stats::volatile_resident() == 0 {
+    // Nothing to purge, unless shared regions hold some (their bytes are not counted there).
+    if setting == 0 || (stats::volatile_resident() == 0 && !crate::managed::maps_shared()) {
         return;
     }
     // Two preads (usage, memory.stat) on open descriptors: cheap enough for every tick.

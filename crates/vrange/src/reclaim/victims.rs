@@ -9,7 +9,9 @@ use crate::stats::Source;
 use std::sync::atomic::Ordering::Relaxed;
 use vrange_sys::clock::now_ns;
 
-/// A range the reclaimer may purge, as seen in one pass over the registry.
+/// A range the reclaimer may purge, as seen in one pass over the registry: a private range
+/// (its snapshot `word`), or a run of a shared region's volatile pages last used at the same
+/// moment (`ino` the region's file, `page` its first page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Candidate {
     pub priority: Priority,
@@ -17,6 +19,9 @@ pub(crate) struct Candidate {
     pub idx: u32,
     pub word: u64,
     pub len: usize,
+    pub page: usize,
+    /// 0 for a private range.
+    pub ino: u64,
 }
 
 impl Candidate {
@@ -26,11 +31,11 @@ impl Candidate {
     }
 }
 
-/// Orders victims by the one victim order (`crate::order`); ties by slot, so the order is
-/// total.
+/// Orders victims by the one victim order (`crate::order`); ties by slot and page, so the
+/// order is total.
 pub(crate) fn order(c: &mut [Candidate]) {
     let now = now_ns();
-    c.sort_unstable_by_key(|c| (c.place(now), c.idx));
+    c.sort_unstable_by_key(|c| (c.place(now), c.idx, c.page));
 }
 
 /// How many bytes a pressure signal asks to purge, given the resident volatile bytes now
@@ -46,13 +51,32 @@ pub(crate) fn amount(source: Source, volatile: u64, share_percent: u64) -> u64 {
 
 fn collect(out: &mut Vec<Candidate>) {
     out.clear();
-    // Room for every slot there is now, allocated before the purge lock is taken (see
-    // [`candidates`]); a range created during the scan is the youngest and waits for the next.
-    out.reserve(registry::slots());
-    // A shared range's word and last use live in its region's mapping, which freeing unmaps
-    // under the purge lock (see `registry::Slot::header`).
+    // Room for every slot there is now and a run per page of the shared regions mapped,
+    // allocated before the purge lock is taken (see [`candidates`]); a range created during
+    // the scan is the youngest and waits for the next.
+    out.reserve(registry::slots() + managed::shared_pages());
+    let page = crate::page_size();
+    // A shared region's pages live in its mapping, which freeing unmaps under the purge lock
+    // (see `registry::Slot::header`).
     let _p = registry::pause();
     registry::for_each_live(|idx, slot| {
+        if let Some(h) = slot.header() {
+            let ino = slot.shared_ino();
+            h.volatile_runs(|first, n, used| {
+                if out.len() < out.capacity() {
+                    out.push(Candidate {
+                        priority: slot.priority(),
+                        last_used: used,
+                        idx,
+                        word: 0,
+                        len: n * page,
+                        page: first,
+                        ino,
+                    });
+                }
+            });
+            return;
+        }
         let word = slot.state().load();
         if managed::purgeable(slot, word) && out.len() < out.capacity() {
             out.push(Candidate {
@@ -60,7 +84,9 @@ fn collect(out: &mut Vec<Candidate>) {
                 last_used: slot.last_used(),
                 idx,
                 word,
-                len: slot.len.load(std::sync::atomic::Ordering::Relaxed),
+                len: slot.len.load(Relaxed),
+                page: 0,
+                ino: 0,
             });
         }
     });
@@ -84,7 +110,14 @@ pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
         if bytes >= target {
             break;
         }
-        if let Some(n) = managed::purge(c.idx, registry::slot(c.idx), c.word) {
+        let slot = registry::slot(c.idx);
+        let purged = if c.ino != 0 {
+            let pages = c.len / crate::page_size();
+            managed::purge_shared(slot, c.page, pages, Some(c.last_used))
+        } else {
+            managed::purge(c.idx, slot, c.word)
+        };
+        if let Some(n) = purged {
             ranges += 1;
             bytes += n as u64;
         }
@@ -121,6 +154,8 @@ pub(crate) fn reserve(now: u64, verify: bool) -> Reserve {
             idx,
             word,
             len,
+            page: 0,
+            ino: 0,
         };
         let recorded = managed::armed_bytes(slot, word);
         if recorded > 0 {
@@ -197,6 +232,8 @@ mod tests {
             idx,
             word: 0,
             len: 4096,
+            page: 0,
+            ino: 0,
         }
     }
 

@@ -149,6 +149,13 @@ pub mod sync {
                             Inner::Plain(a) => a.fetch_max(value, order),
                         }
                     }
+
+                    pub fn fetch_and(&self, value: $t, order: Ordering) -> $t {
+                        match &self.0 {
+                            Inner::Model(a) => a.fetch_and(value, order),
+                            Inner::Plain(a) => a.fetch_and(value, order),
+                        }
+                    }
                 }
             };
         }
