@@ -782,6 +782,8 @@ extern "C" {
 #define VRANGE_FEATURE_MEMCG (UINT64_C(1) << 10)
 /** PAGEMAP_SCAN ioctl (Linux 6.7): one write proves a whole huge page at unmark. */
 #define VRANGE_FEATURE_PAGEMAP_SCAN (UINT64_C(1) << 11)
+/** UFFDIO_MOVE (Linux 6.8): refill regions move pages into place instead of copying them. */
+#define VRANGE_FEATURE_UFFDIO_MOVE (UINT64_C(1) << 12)
 
 /**
  * Marks (mode VRANGE_VOLATILE) or unmarks (mode VRANGE_NOVOLATILE) the pages of
