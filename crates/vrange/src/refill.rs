@@ -342,16 +342,17 @@ fn no_regions_left() -> bool {
 /// Blocks looked at per fill for one the kernel has not taken.
 const RECYCLE_LOOK: usize = 8;
 
-/// Keeps the pages: when memory is short for the block about to be filled (at `current`,
-/// `need` bytes; `crate::short`: it would leave the memory cgroup's free memory under the
-/// headroom threshold), gives back the pages of the region's
+/// Keeps the pages: near the memory cgroup's limit for the block about to be filled (at
+/// `current`, `need` bytes; `crate::short::Room::recycle_for`: it would leave the headroom
+/// under twice its threshold, or its charge would pass the limit), gives back the pages of
+/// the region's
 /// oldest blocks that the kernel has not taken (MADV_DONTNEED: they are made again when
 /// touched, as if the kernel had taken them) until a block's worth is free. The fill's pages
 /// are then charged without reclaim, in place of the cgroup reclaiming at every fill whatever
 /// its scan finds first (this region's newest blocks, the program's file pages). Returns the
 /// bytes given back.
 fn recycle(w: &mut Work, at: Extent, current: usize, need: usize) -> usize {
-    if !crate::reclaim::room().is_some_and(|room| room.short_for(need as u64)) {
+    if !crate::reclaim::room().is_some_and(|room| room.recycle_for(need as u64)) {
         return 0;
     }
     let page = mem::page_size();

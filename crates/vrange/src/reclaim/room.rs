@@ -89,9 +89,11 @@ pub fn room() -> Option<Room> {
 /// to keep under (or its files cannot be read).
 fn measure(headroom: &mut OwnHeadroom, setting: u64, now: u64) -> Option<Room> {
     let h = headroom.get(now)?;
+    let read = h.read().ok()?;
     Some(Room {
-        headroom: h.bytes().ok()?,
+        headroom: read.headroom,
         threshold: short::threshold(setting, h.ceiling()),
+        free: read.free,
     })
 }
 

@@ -300,12 +300,13 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
         return;
     }
     // Two preads (usage, memory.stat) on open descriptors: cheap enough for every tick.
-    let Ok(headroom) = h.bytes() else {
+    let Ok(read) = h.read() else {
         return;
     };
     let room = short::Room {
-        headroom,
+        headroom: read.headroom,
         threshold: short::threshold(setting, h.ceiling()),
+        free: read.free,
     };
     let deficit = room.deficit_after(0);
     if deficit > 0 && coordinated {
