@@ -51,14 +51,16 @@ pub struct VrangeStats {
     pub refill_failures: u64,
     // Version 3 (appended).
     pub refill_recycled_bytes: u64,
+    // Version 4 (appended).
+    pub refill_moved_bytes: u64,
 }
 
 /// The size of the first version of the struct (up to `sources`): the smallest `size` a caller
 /// built against an older header passes.
 const FIRST_VERSION_SIZE: usize = std::mem::offset_of!(VrangeStats, scratch_regions);
 
-// The header's layout: 14 counters, then 7 sources of 7 counters, then 6 counters, no padding.
-const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 6));
+// The header's layout: 14 counters, then 7 sources of 7 counters, then 7 counters, no padding.
+const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 7));
 const _: () = assert!(FIRST_VERSION_SIZE == 8 * (14 + 7 * 7));
 const _: () = assert!(SOURCES == 7);
 
@@ -100,6 +102,7 @@ impl VrangeStats {
             refill_bytes: s.refill_bytes,
             refill_failures: s.refill_failures,
             refill_recycled_bytes: s.refill_recycled_bytes,
+            refill_moved_bytes: s.refill_moved_bytes,
         }
     }
 }
