@@ -164,13 +164,17 @@
  *     as it lives and is never marked: a block is made when a thread first touches it, handed
  *     to the kernel's lazy-free path at once (so the system may take it back whenever memory
  *     is short, and a region may be far larger than the memory the process may use), and made
- *     again when a thread touches it after that. When the process's memory cgroup is within
- *     4 MiB (plus a block) of its limit, a fill first gives back the pages of the region's
- *     oldest blocks that the kernel has not taken, so that the new block is charged without
- *     reclaim (counted in refill_recycled_bytes). The touching thread waits in the page fault
- *     while libvrange's thread "vrange-refill" calls fill with a buffer of its own and installs
- *     the whole block in one step (UFFDIO_COPY), then simply continues. A page that was not
- *     taken back costs nothing on access. If fill fails, the access raises SIGBUS in the
+ *     again when a thread touches it after that. Near the memory cgroup's limit (the block
+ *     would leave less than twice the VRANGE_HEADROOM threshold, or its charge would pass the
+ *     limit, making the kernel reclaim), a fill first takes the pages of the region's oldest
+ *     blocks that the kernel has not taken (counted in refill_recycled_bytes): moved into its
+ *     buffer where the kernel moves pages (UFFDIO_MOVE, Linux 6.8), so that the new block is
+ *     made in them and charged nothing, else given back, so that it is charged without
+ *     reclaim. The touching thread waits in the page fault while libvrange's thread
+ *     "vrange-refill" calls fill with a buffer of the region's and puts the whole block in
+ *     place in one step (UFFDIO_COPY, or near the limit UFFDIO_MOVE of the buffer's pages:
+ *     refill_moved_bytes; VRANGE_REFILL_MOVE=off in the environment keeps to the copy), then
+ *     simply continues. A page that was not taken back costs nothing on access. If fill fails, the access raises SIGBUS in the
  *     touching thread with si_addr the address touched (si_code SI_QUEUE: the refill thread
  *     raises it on the touching thread's behalf); a handler may place the content with
  *     vrange_fill() and return, or return without: the access is retried, and fill with it.
@@ -183,8 +187,8 @@
  *
  *     With VRANGE_FILL_HERE the touching thread fills the block itself: a touch of a missing
  *     page raises SIGBUS on it (userfaultfd's SIGBUS feature), and libvrange's SIGBUS handler
- *     calls fill there with a buffer of the region's, installs the block and returns, so the
- *     access is retried and succeeds; no other thread wakes. The first such region installs
+ *     calls fill there with a buffer of the region's, puts the block in place and returns, so
+ *     the access is retried and succeeds; no other thread wakes. The first such region installs
  *     that handler for the process (SA_SIGINFO | SA_RESTART, on the thread's own stack), in
  *     front of the SIGBUS action the program had then, to which every other SIGBUS goes:
  *     a signal at another address, and the fault of a failing fill (si_code BUS_ADRERR, si_addr
@@ -193,8 +197,10 @@
  *     on several threads at once: it must not touch a refill region, and it may allocate or
  *     take a lock only if the code touching the region never holds it while doing so. A
  *     program that installs its own SIGBUS handler later must pass on the signals it does not
- *     handle to the action it replaced. These fills do not give back the oldest blocks near
- *     the cgroup's limit (the kernel reclaims the lazy-free blocks). At most 64 such regions
+ *     handle to the action it replaced. These fills take the oldest blocks' pages near the
+ *     cgroup's limit as the refill thread's do, judging the memory short by the headroom
+ *     libvrange's reclaimer thread reads at each tick (the first such region starts it; a
+ *     signal handler cannot read it) less what fills charged since. At most 64 such regions
  *     live at once (ENOMEM).
  *
  *   Regions
@@ -681,6 +687,11 @@
  *                            and critical events.
  *     VRANGE_PRESSURE_SHARE  1 to 100 (default 25): percent of the volatile bytes purged per
  *                            PSI or medium event (critical purges everything).
+ *     VRANGE_REFILL_MOVE     on | off (default on). off: refill regions copy each block into
+ *                            place (UFFDIO_COPY) and give their oldest blocks back near the
+ *                            limit, as before Linux 6.8, instead of moving pages
+ *                            (UFFDIO_MOVE). Read once, at the first refill region; not an
+ *                            option of vrange_set_option().
  *
  * EXAMPLE
  *     #include <stdio.h>
@@ -796,6 +807,8 @@ extern "C" {
 #define VRANGE_FEATURE_MEMCG (UINT64_C(1) << 10)
 /** PAGEMAP_SCAN ioctl (Linux 6.7): one write proves a whole huge page at unmark. */
 #define VRANGE_FEATURE_PAGEMAP_SCAN (UINT64_C(1) << 11)
+/** UFFDIO_MOVE (Linux 6.8): refill regions move pages into place instead of copying them. */
+#define VRANGE_FEATURE_UFFDIO_MOVE (UINT64_C(1) << 12)
 
 /**
  * Marks (mode VRANGE_VOLATILE) or unmarks (mode VRANGE_NOVOLATILE) the pages of
@@ -925,6 +938,7 @@ struct vrange_stats {
     uint64_t refill_recycled_bytes; /**< refill blocks' pages given back before a fill */
     /* Version 4 (appended) */
     uint64_t reserve_bytes;      /**< the armed reserve kept at the reclaimer's last look */
+    uint64_t refill_moved_bytes; /**< refill blocks put in place by moving pages (UFFDIO_MOVE) */
 };
 
 /**

@@ -34,11 +34,13 @@ static_assert(VRANGE_SOURCE_PSI == 0 && VRANGE_SOURCE_EXPLICIT == 6 && VRANGE_SO
 
 // The layout libvrange writes: 64-bit counters, no padding.
 static_assert(sizeof(struct vrange_source_stats) == 7 * 8, "vrange_source_stats size");
-static_assert(sizeof(struct vrange_stats) == (14 + 7 * 7 + 7) * 8, "vrange_stats size");
+static_assert(sizeof(struct vrange_stats) == (14 + 7 * 7 + 8) * 8, "vrange_stats size");
 static_assert(offsetof(struct vrange_stats, scratch_regions) == (14 + 7 * 7) * 8, "version 2 appended");
 static_assert(offsetof(struct vrange_stats, refill_recycled_bytes) == (14 + 7 * 7 + 5) * 8,
               "version 3 appended");
 static_assert(offsetof(struct vrange_stats, reserve_bytes) == (14 + 7 * 7 + 6) * 8,
+               "version 4 appended");
+static_assert(offsetof(struct vrange_stats, refill_moved_bytes) == (14 + 7 * 7 + 7) * 8,
               "version 4 appended");
 static_assert(offsetof(struct vrange_cache_stats, promoted) == (10 + 4 * 8 + 2) * 8,
               "cache stats: promoted appended");

@@ -644,7 +644,7 @@ static void test_features(uint64_t flags)
 	      "vrange_features truncates like snprintf and returns the full length");
 
 	check((flags & VRANGE_FEATURE_MADV_FREE) != 0, "vrange_feature_flags has MADV_FREE");
-	check((flags >> 12) == 0, "no feature bits above VRANGE_FEATURE_PAGEMAP_SCAN (flags %#llx)",
+	check((flags >> 13) == 0, "no feature bits above VRANGE_FEATURE_UFFDIO_MOVE (flags %#llx)",
 	      (unsigned long long)flags);
 
 	/* Each bit agrees with its row of the report: the bit order of the header is right. */
@@ -671,6 +671,7 @@ static void test_features(uint64_t flags)
 		{"PSI", VRANGE_FEATURE_PSI, starts(row(buf, "PSI"), "yes")},
 		{"memory cgroup", VRANGE_FEATURE_MEMCG, memcg != NULL && !starts(memcg, "none")},
 		{"PAGEMAP_SCAN", VRANGE_FEATURE_PAGEMAP_SCAN, starts(row(buf, "PAGEMAP_SCAN"), "yes")},
+		{"UFFDIO_MOVE", VRANGE_FEATURE_UFFDIO_MOVE, starts(row(buf, "UFFDIO_MOVE"), "yes")},
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
 		check(((flags & rows[i].bit) != 0) == (rows[i].on != 0),

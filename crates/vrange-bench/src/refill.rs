@@ -282,7 +282,7 @@ pub fn role(args: &[String]) -> i32 {
         (t_rand, t1.elapsed().as_secs_f64(), sum)
     };
     let faults0 = procfs::page_faults();
-    let fills0 = vrange::stats().refill_fills;
+    let stats0 = vrange::stats();
     let (t_rand, t_seq, sum) = match method.as_str() {
         "ordinary" => {
             let mut all = vec![0u8; size];
@@ -362,11 +362,15 @@ pub fn role(args: &[String]) -> i32 {
         }
     };
     let faults = procfs::page_faults();
+    let stats = vrange::stats();
     println!(
-        "done rand_secs={t_rand:.4} seq_secs={t_seq:.4} sum={sum} minflt={} majflt={} fills={}",
+        "done rand_secs={t_rand:.4} seq_secs={t_seq:.4} sum={sum} minflt={} majflt={} fills={} \
+         recycled={} moved={}",
         faults.0 - faults0.0,
         faults.1 - faults0.1,
-        vrange::stats().refill_fills - fills0
+        stats.refill_fills - stats0.refill_fills,
+        stats.refill_recycled_bytes - stats0.refill_recycled_bytes,
+        stats.refill_moved_bytes - stats0.refill_moved_bytes
     );
     0
 }
@@ -437,6 +441,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         "major faults",
         "fills",
         "per fill",
+        "recycled / moved",
         "peak memory",
         "OOM kills",
     ]);
@@ -450,6 +455,8 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         "majflt",
         "fills",
         "us_per_fill",
+        "recycled_bytes",
+        "moved_bytes",
         "peak_bytes",
         "oom_kills",
         "status",
@@ -483,6 +490,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 String::new(),
                 String::new(),
                 String::new(),
+                String::new(),
                 peak,
                 kills.clone(),
             ]);
@@ -493,6 +501,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         let get = |k| field::<f64>(&line, k).ok_or_else(|| format!("{method}: no {k}"));
         let (rs, ss) = (get("rand_secs")?, get("seq_secs")?);
         let (minflt, majflt, fills) = (get("minflt")?, get("majflt")?, get("fills")?);
+        let (recycled, moved) = (get("recycled")?, get("moved")?);
         sums.push((method, field::<u64>(&line, "sum").unwrap_or(0)));
         let rate = random as f64 / rs;
         let mbs = (size / 4096) as f64 * 4096.0 / 1e6 / ss;
@@ -505,6 +514,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             format!("{majflt:.0}"),
             format!("{fills:.0}"),
             per_fill.map_or("–".into(), |u| format!("{u:.1} µs")),
+            if fills > 0.0 {
+                let mib = |b: f64| b / f64::from(1u32 << 20);
+                format!("{:.0} / {:.0} MiB", mib(recycled), mib(moved))
+            } else {
+                "–".into()
+            },
             peak,
             kills,
         ]);
@@ -518,6 +533,8 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             format!("{majflt:.0}"),
             format!("{fills:.0}"),
             per_fill.map_or(String::new(), |u| format!("{u:.2}")),
+            format!("{recycled:.0}"),
+            format!("{moved:.0}"),
             o.peak.map_or(String::new(), |p| p.to_string()),
             o.oom_kills.map_or(String::new(), |k| k.to_string()),
             "ok".into(),

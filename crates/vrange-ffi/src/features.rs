@@ -46,6 +46,7 @@ pub extern "C" fn vrange_feature_flags() -> u64 {
             f.psi,
             f.cgroup.is_some(),
             f.pagemap_scan,
+            f.uffd_move,
         ]
         .iter()
         .enumerate()

@@ -53,6 +53,7 @@ pub struct VrangeStats {
     pub refill_recycled_bytes: u64,
     // Version 4 (appended).
     pub reserve_bytes: u64,
+    pub refill_moved_bytes: u64,
 }
 
 /// The size of the first version of the struct (up to `sources`): the smallest `size` a caller
@@ -60,7 +61,7 @@ pub struct VrangeStats {
 const FIRST_VERSION_SIZE: usize = std::mem::offset_of!(VrangeStats, scratch_regions);
 
 // The header's layout: 14 counters, then 7 sources of 7 counters, then 7 counters, no padding.
-const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 7));
+const _: () = assert!(std::mem::size_of::<VrangeStats>() == 8 * (14 + 7 * 7 + 8));
 const _: () = assert!(FIRST_VERSION_SIZE == 8 * (14 + 7 * 7));
 const _: () = assert!(SOURCES == 7);
 
@@ -103,6 +104,7 @@ impl VrangeStats {
             refill_failures: s.refill_failures,
             refill_recycled_bytes: s.refill_recycled_bytes,
             reserve_bytes: s.reserve_bytes,
+            refill_moved_bytes: s.refill_moved_bytes,
         }
     }
 }

@@ -26,8 +26,8 @@
 //!
 //! - Functions marked async-signal-safe make only system calls, never allocate and never lock:
 //!   [`mem::page_size`] after first use, [`vma::check_private_anon`], [`pagemap::huge_runs`],
-//!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::unregister`],
-//!   [`pid::identity`].
+//!   [`pressure::Waker::wake`], [`uffd::copy`], [`uffd::zero`], [`uffd::move_pages`],
+//!   [`uffd::unregister`], [`pid::identity`].
 //! - Kernel features are probed by [`probe`]; the core calls each probe once and reports the
 //!   answers and fallbacks (`vrange::features()`).
 //!

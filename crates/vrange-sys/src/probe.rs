@@ -55,6 +55,22 @@ pub fn userfaultfd_kernel() -> Result<(), Unavailable> {
     })
 }
 
+/// UFFDIO_MOVE (Linux 6.8): pages of the process's own anonymous memory move into a
+/// userfaultfd-registered range without a copy (`uffd::move_works`, one real move on a scratch
+/// mapping). Probed once, then cached; allocates nothing after that, so a refill region's
+/// creation may ask. Without it refill regions copy each block into place (UFFDIO_COPY).
+pub fn uffd_move() -> bool {
+    static MOVES: AtomicU8 = AtomicU8::new(u8::MAX);
+    match MOVES.load(Ordering::Relaxed) {
+        u8::MAX => {
+            let works = crate::uffd::move_works().is_ok();
+            MOVES.store(u8::from(works), Ordering::Relaxed);
+            works
+        }
+        known => known == 1,
+    }
+}
+
 /// `/proc/pressure/memory` is readable (PSI).
 pub fn psi_readable() -> bool {
     std::fs::read_to_string("/proc/pressure/memory").is_ok()

@@ -2,11 +2,14 @@
 //! a userfaultfd opened with `UFFD_FEATURE_SIGBUS` raises SIGBUS (at the faulting address)
 //! when a thread touches a page that is not there (purged by MADV_DONTNEED, or discarded by the
 //! kernel after MADV_FREE), instead of faulting in a zero page; `UFFDIO_COPY` and
-//! `UFFDIO_ZEROPAGE` install pages atomically without faulting.
+//! `UFFDIO_ZEROPAGE` install pages atomically without faulting, and `UFFDIO_MOVE` (Linux 6.8)
+//! moves pages of the process's own private anonymous memory into place by their page-table
+//! entries: no copy, no allocation, no charge.
 //!
 //! Owns the userfaultfd system call, `/dev/userfaultfd` and the `UFFDIO_*` ioctls. The
-//! functions taking a raw descriptor ([`copy`], [`zero`], [`unregister`]) are async-signal-safe
-//! (one ioctl per call, stack values only); the caller verifies the descriptor first.
+//! functions taking a raw descriptor ([`copy`], [`zero`], [`move_pages`], [`unregister`]) are
+//! async-signal-safe (ioctls only, stack values only); the caller verifies the descriptor
+//! first.
 //!
 //! They take a `RawFd`, not a `BorrowedFd`, on purpose: the descriptor lives in the program's
 //! table, which may close it (or reuse its number) at any moment, so vrange cannot promise what
@@ -34,14 +37,18 @@ const UFFDIO_UNREGISTER: libc::c_ulong = 0x8010_aa01;
 const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_aa02;
+const UFFDIO_MOVE: libc::c_ulong = 0xc028_aa05;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xaa00;
 const UFFD_FEATURE_MISSING_SHMEM: u64 = 1 << 5;
 const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
 const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 const UFFD_FEATURE_EXACT_ADDRESS: u64 = 1 << 11;
+const UFFD_FEATURE_MOVE: u64 = 1 << 16;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+const UFFDIO_REGISTER_MODE_WP: u64 = 2;
+const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
 #[repr(C)]
 struct Api {
@@ -74,6 +81,15 @@ struct Copy {
 }
 
 #[repr(C)]
+struct Move {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+#[repr(C)]
 struct Zeropage {
     range: Range,
     mode: u64,
@@ -85,6 +101,7 @@ const _: () = assert!(std::mem::size_of::<Register>() == 32);
 const _: () = assert!(std::mem::size_of::<Range>() == 16);
 const _: () = assert!(std::mem::size_of::<Copy>() == 40);
 const _: () = assert!(std::mem::size_of::<Zeropage>() == 32);
+const _: () = assert!(std::mem::size_of::<Move>() == 40);
 
 /// How the descriptor was obtained: what a system call touching a missing page gets depends
 /// on it (see the module documentation).
@@ -117,11 +134,13 @@ fn ioctl<T>(fd: RawFd, request: libc::c_ulong, arg: &mut T) -> io::Result<()> {
 /// ENOSYS (no userfaultfd), EPERM or EACCES (not allowed), EINVAL (no SIGBUS feature), the
 /// errno of the last way tried otherwise.
 pub fn open_sigbus() -> io::Result<(OwnedFd, Reach)> {
-    // Shared memory (memfd) too, where the kernel offers it (Linux 4.11).
-    match open(UFFD_FEATURE_SIGBUS | UFFD_FEATURE_MISSING_SHMEM) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(UFFD_FEATURE_SIGBUS),
-        r => r,
-    }
+    // Shared memory (memfd) too, where the kernel offers it (Linux 4.11), and moves (6.8).
+    let base = UFFD_FEATURE_SIGBUS;
+    open_first(&[
+        base | UFFD_FEATURE_MISSING_SHMEM | UFFD_FEATURE_MOVE,
+        base | UFFD_FEATURE_MISSING_SHMEM,
+        base,
+    ])
 }
 
 /// A new userfaultfd whose faults wait for a thread that reads them ([`next_faults`], with
@@ -131,11 +150,27 @@ pub fn open_sigbus() -> io::Result<(OwnedFd, Reach)> {
 /// # Errors
 /// As [`open_sigbus`].
 pub fn open_handled() -> io::Result<(OwnedFd, Reach)> {
-    // The exact address (Linux 6.1) rather than the page's, where the kernel offers it.
-    match open(UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_EXACT_ADDRESS) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(UFFD_FEATURE_THREAD_ID),
-        r => r,
+    // The exact address (Linux 6.1) rather than the page's, and moves (6.8), where the kernel
+    // offers them.
+    let base = UFFD_FEATURE_THREAD_ID;
+    open_first(&[
+        base | UFFD_FEATURE_EXACT_ADDRESS | UFFD_FEATURE_MOVE,
+        base | UFFD_FEATURE_EXACT_ADDRESS,
+        base,
+    ])
+}
+
+/// Opens with the first set of features the kernel accepts (it refuses one it lacks with
+/// EINVAL), best first.
+fn open_first(choices: &[u64]) -> io::Result<(OwnedFd, Reach)> {
+    let mut last = io::Error::from_raw_os_error(libc::EINVAL);
+    for &features in choices {
+        match open(features) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = e,
+            r => return r,
+        }
     }
+    Err(last)
 }
 
 fn open(features: u64) -> io::Result<(OwnedFd, Reach)> {
@@ -191,6 +226,27 @@ pub fn register_missing(fd: RawFd, start: usize, len: usize) -> io::Result<()> {
             len: len as u64,
         },
         mode: UFFDIO_REGISTER_MODE_MISSING,
+        ioctls: 0,
+    };
+    ioctl(fd, UFFDIO_REGISTER, &mut r)
+}
+
+/// Registers `[start, start + len)` (page-aligned private anonymous memory) as a place
+/// [`move_pages`] may move pages into (the kernel moves only into memory registered on the
+/// descriptor), without taking any of its faults: the registration is for write-protect faults,
+/// and nothing there is ever write-protected, so a missing page faults in as it would
+/// unregistered. Linux 5.7 on x86-64 (anonymous write-protect registration).
+///
+/// # Errors
+/// EINVAL for memory userfaultfd does not serve or a kernel without write-protect
+/// registration, EBUSY if another userfaultfd holds part of it, ENOMEM for holes.
+pub fn register_move_target(fd: RawFd, start: usize, len: usize) -> io::Result<()> {
+    let mut r = Register {
+        range: Range {
+            start: start as u64,
+            len: len as u64,
+        },
+        mode: UFFDIO_REGISTER_MODE_WP,
         ioctls: 0,
     };
     ioctl(fd, UFFDIO_REGISTER, &mut r)
@@ -278,6 +334,121 @@ fn fill_missing(
         }
     }
     Ok(total)
+}
+
+/// What [`move_pages`] does across from a source page that is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SrcHole {
+    /// Leaves the destination page missing.
+    Skip,
+    /// Installs the zero page there (as [`zero`]): the destination reads what the source read.
+    Zero,
+}
+
+/// Where [`move_pages`] stopped, and why: everything before `at` (bytes from the start) was
+/// done.
+#[derive(Debug)]
+pub struct Stopped {
+    pub at: usize,
+    pub error: io::Error,
+}
+
+/// Moves the pages of `[src, src + len)` to the missing pages of `[dst, dst + len)`
+/// (page-aligned; `dst` registered on `fd`, in MISSING mode or by [`register_move_target`]) by
+/// their page-table entries: no copy, no allocation, no charge to the memory cgroup; a thread
+/// waiting on a missing destination page is woken. A present destination page is kept, and the
+/// source page across from it stays where it is; a missing source page as `hole` says. Returns
+/// the bytes that left the source (the pages moved; with [`SrcHole::Skip`], the holes too).
+/// Async-signal-safe.
+///
+/// # Errors
+/// [`Stopped`] at the first page that could not be moved: EBUSY for a source page that is not
+/// this mapping's alone (shared with a fork child, pinned), EINVAL where the kernel has no
+/// `UFFDIO_MOVE` (before Linux 6.8), `dst` is not registered on `fd`, or the two mappings
+/// differ (protection, mlock, not private anonymous), ENOMEM; EAGAIN if the address space kept
+/// changing under it.
+///
+/// # Safety
+/// The source's pages leave it: `[src, src + len)` must be memory the caller owns, whose
+/// content it no longer needs there (those pages are missing afterwards), with no reference
+/// into it live.
+pub unsafe fn move_pages(
+    fd: RawFd,
+    dst: usize,
+    src: usize,
+    len: usize,
+    hole: SrcHole,
+) -> Result<usize, Stopped> {
+    /// Tries that move nothing (EAGAIN: the address space changed meanwhile) before giving up.
+    const STILL: u32 = 8;
+    let page = crate::mem::page_size();
+    let mode = match hole {
+        SrcHole::Skip => UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES,
+        SrcHole::Zero => 0,
+    };
+    let (mut done, mut moved, mut still) = (0usize, 0usize, 0u32);
+    while done < len {
+        let mut m = Move {
+            dst: (dst + done) as u64,
+            src: (src + done) as u64,
+            len: (len - done) as u64,
+            mode,
+            moved: 0,
+        };
+        let result = ioctl(fd, UFFDIO_MOVE, &mut m);
+        // The bytes moved before it stopped, or a negative errno when none were.
+        let n = usize::try_from(m.moved).unwrap_or(0).min(len - done);
+        moved += n;
+        done += n;
+        let error = match result {
+            Ok(()) => return Ok(moved),
+            Err(e) => e,
+        };
+        match error.raw_os_error() {
+            // Stopped short: the next call says why, from where it stopped.
+            Some(libc::EAGAIN) if n > 0 => still = 0,
+            Some(libc::EAGAIN) if still < STILL => still += 1,
+            // A present destination page: kept, and its source page stays.
+            Some(libc::EEXIST) => done += page,
+            // A missing source page (not skipped by the mode): the zero page across from it.
+            Some(libc::ENOENT) if hole == SrcHole::Zero => {
+                zero(fd, dst + done, page).map_err(|error| Stopped { at: done, error })?;
+                done += page;
+            }
+            _ => return Err(Stopped { at: done, error }),
+        }
+    }
+    Ok(moved)
+}
+
+/// Whether `UFFDIO_MOVE` works here (Linux 6.8): moves one page of a scratch mapping into
+/// another, on a descriptor of its own, and reads it there. For the feature probe.
+///
+/// # Errors
+/// The errno of the first step that failed (EINVAL where the kernel has no moves, EPERM or
+/// ENOSYS without userfaultfd); EIO if the page did not arrive intact.
+pub fn move_works() -> io::Result<()> {
+    let page = crate::mem::page_size();
+    let (fd, _) = open(UFFD_FEATURE_MOVE)?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let area = crate::mem::map_anon(2 * page, page)?;
+    let (src, dst) = (area.as_ptr() as usize, area.as_ptr() as usize + page);
+    let moved = register_missing(fd, dst, page).and_then(|()| {
+        // SAFETY: the first page of the probe's own mapping.
+        unsafe { (src as *mut u64).write_volatile(0x5eed) };
+        // SAFETY: the probe's own page, whose content it reads at the destination.
+        unsafe { move_pages(fd, dst, src, page, SrcHole::Skip) }.map_err(|s| s.error)?;
+        // SAFETY: the second page of the mapping, present now.
+        let arrived = unsafe { (dst as *const u64).read_volatile() } == 0x5eed;
+        if arrived {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        }
+    });
+    // SAFETY: the probe's own mapping; nothing refers into it.
+    unsafe { crate::mem::unmap(area, 2 * page) };
+    moved
 }
 
 /// Wakes the threads waiting on faults in `[start, start + len)` (they retry the access).

@@ -81,6 +81,10 @@ pub struct Features {
     pub userfaultfd_kernel: Result<(), Unavailable>,
     /// `/dev/userfaultfd` can be opened by this process; otherwise why not.
     pub userfaultfd_dev: Result<(), Unavailable>,
+    /// UFFDIO_MOVE (6.8): refill regions move the pages of their fill buffer into place, and
+    /// near the memory cgroup's limit fill it with their oldest blocks' pages (no copy, no
+    /// charge). Without it (or with `VRANGE_REFILL_MOVE=off`) they copy each block into place.
+    pub uffd_move: bool,
     /// MAP_DROPPABLE (6.11) mappings can be created.
     pub map_droppable: bool,
     /// process_madvise(2) on our own pidfd (5.10) works.
@@ -129,6 +133,7 @@ fn probe() -> Features {
         userfaultfd: sys::userfaultfd_user_mode(),
         userfaultfd_kernel: sys::userfaultfd_kernel().map_err(unavailable),
         userfaultfd_dev: sys::userfaultfd_dev().map_err(unavailable),
+        uffd_move: sys::uffd_move(),
         map_droppable: sys::map_droppable_works(),
         process_madvise: sys::process_madvise_works(),
         psi: sys::psi_readable(),
@@ -241,7 +246,7 @@ impl fmt::Display for Features {
                  only while 0, 1 and 2 are open"
             ),
         };
-        let rows: [(&str, String); 19] = [
+        let rows: [(&str, String); 20] = [
             ("page size", format!("{} bytes", self.page_size)),
             ("MADV_FREE", yes(self.madv_free, "marking keeps every page")),
             (
@@ -277,6 +282,13 @@ impl fmt::Display for Features {
                 allowed(&self.userfaultfd_kernel),
             ),
             ("/dev/userfaultfd", allowed(&self.userfaultfd_dev)),
+            (
+                "UFFDIO_MOVE",
+                yes(
+                    self.uffd_move,
+                    "refill regions copy each block into place (UFFDIO_COPY)",
+                ),
+            ),
             ("MAP_DROPPABLE", yes(self.map_droppable, "")),
             (
                 "process_madvise",

@@ -7,16 +7,20 @@
 //!   process's handled userfaultfd (`vrange_sys::uffd::open_handled`).
 //! - A thread that touches a missing page (never filled, or taken back) waits in the kernel;
 //!   the `vrange-refill` thread reads the fault, calls the region's fill function for the
-//!   whole block with a buffer of its own, installs the block in one `UFFDIO_COPY` (pages
-//!   present meanwhile are kept) and hands it back to the kernel with MADV_FREE: clean lazy
-//!   pages, the first the kernel drops under pressure, so a region may be far larger than its
-//!   memory cgroup's limit. The faulting thread then simply continues.
-//! - Keeping the pages: when memory is short for the block (`crate::short`: filling it would
-//!   leave the memory cgroup's free memory under the headroom threshold), a fill first gives
-//!   back the pages of the region's oldest blocks that the kernel has not taken
-//!   (MADV_DONTNEED; made again when touched), so that the new block is charged without
-//!   reclaim. The region recycles the memory it has, oldest block first,
-//!   instead of the cgroup reclaiming at every fill whatever its scan finds (`recycle`).
+//!   whole block with the region's fill buffer, puts the block in place (`crate::refill_block`:
+//!   one `UFFDIO_COPY`, or one `UFFDIO_MOVE` of the buffer's pages; pages present meanwhile
+//!   are kept) and hands it back to the kernel with MADV_FREE: clean lazy pages, the first the
+//!   kernel drops under pressure, so a region may be far larger than its memory cgroup's
+//!   limit. The faulting thread then simply continues.
+//! - Keeping the pages: near the memory cgroup's limit (`crate::short::Room::recycle_for`,
+//!   asked through `crate::reclaim::room` before each fill: memory is short by the headroom
+//!   rule, or the block's charge would pass the limit and the kernel would reclaim in the
+//!   fill's path), a fill first takes the pages of the region's oldest blocks that the kernel
+//!   has not taken: moved into its buffer where the kernel moves pages (no charge, no copy),
+//!   else given back (MADV_DONTNEED) so that the new block is charged without reclaim. Those
+//!   blocks are made again when touched. The region recycles the memory it has, oldest block
+//!   first, instead of the cgroup reclaiming at every fill whatever its scan finds
+//!   (`crate::refill_block`).
 //! - A page never purged costs nothing on access; a purged one costs one fault and the fill.
 //! - A fill that fails (returns false or panics) makes the access raise SIGBUS in the faulting
 //!   thread, with `si_addr` the address and `si_code` SI_QUEUE (raised by the refill thread on
@@ -36,12 +40,11 @@
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
 
 use crate::extents::Kind;
+use crate::refill_block::{self, Blocks, Buffer};
 use crate::regions;
 use crate::userfault::Held;
 use crate::Error;
 use std::cell::UnsafeCell;
-use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -59,22 +62,29 @@ type FillFn = Box<dyn FnMut(usize, &mut [u8]) -> bool + Send>;
 /// What a refill region filled by the refill thread keeps, in its region table entry.
 struct Filler {
     block: usize,
-    /// The fields below are the refill thread's alone (see the `Sync` impl).
+    /// Its blocks in the order they were filled, and whether it moves pages.
+    blocks: Blocks,
+    /// The refill thread's alone (see the `Sync` impl).
     work: UnsafeCell<Work>,
 }
 
 struct Work {
     fill: FillFn,
-    buf: Vec<u8>,
-    /// Indices of the blocks filled, oldest first (a block made again is listed again), at
-    /// most one per block: the order [`recycle`] goes by.
-    filled: VecDeque<u32>,
+    /// `block` bytes mapped for the region (`refill_block::map_buffers`), unmapped with it.
+    buffer: Buffer,
 }
 
 // SAFETY: `work` is touched by the refill thread only (one per process, serving one fault at a
 // time), inside the region (`regions::enter`), and by the dropping handle after the region was
 // removed and drained; the fill function is `Send`.
 unsafe impl Sync for Filler {}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `create` for this region alone; nothing refers into it any more.
+        unsafe { mem::unmap(self.work.get_mut().buffer.at, self.block) };
+    }
+}
 
 /// The refill thread's life: regions it serves and whether it runs, changed together under
 /// [`LIFE`], so that a region is never left without a thread. A short lock (no fill runs under
@@ -114,6 +124,7 @@ impl RefillRegion {
         fill: impl FnMut(usize, &mut [u8]) -> bool + Send + 'static,
     ) -> Result<RefillRegion, Error> {
         let (len, block) = checked(len, block)?;
+        refill_block::decide_moves();
         // A descriptor the program closed is replaced here; the refill thread registers the
         // live regions on the new one (see `run`).
         let fd = UFFD.ensure(uffd::open_handled)?.fd;
@@ -121,21 +132,31 @@ impl RefillRegion {
         // A huge page would be filled (and dropped) whole, not by block.
         let _ = mem::advise_huge(start.as_ptr(), len, false);
         let at = start.as_ptr() as usize;
-        if let Err(e) = uffd::register_missing(fd, at, len) {
-            // SAFETY: just mapped, never handed out.
-            unsafe { mem::unmap(start, len) };
-            return Err(e.into());
-        }
+        let buffer =
+            uffd::register_missing(fd, at, len).and_then(|()| refill_block::map_buffers(fd, block));
+        let (buffer, target) = match buffer {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: just mapped, never handed out.
+                unsafe { mem::unmap(start, len) };
+                return Err(e.into());
+            }
+        };
         let filler = Box::into_raw(Box::new(Filler {
             block,
+            blocks: Blocks::new(len, block, target),
             work: UnsafeCell::new(Work {
                 fill: Box::new(fill),
-                buf: vec![0; block],
-                filled: VecDeque::new(),
+                buffer: Buffer {
+                    at: buffer,
+                    target: true,
+                    holds: false,
+                },
             }),
         }));
         if let Err(e) = regions::record(Kind::Refill, at, len, filler.cast()) {
-            // SAFETY: never published; the mapping was never handed out.
+            // SAFETY: never published (the filler unmaps its buffer); the mapping was never
+            // handed out.
             unsafe {
                 drop(Box::from_raw(filler));
                 mem::unmap(start, len);
@@ -178,7 +199,7 @@ impl RefillRegion {
         let at = start.as_ptr() as usize;
         let published = uffd::register_missing(fd, at, len)
             .map_err(Error::from)
-            .and_then(|()| crate::refill_here::add(at, len, block, fill));
+            .and_then(|()| crate::refill_here::add(fd, at, len, block, fill));
         if let Err(e) = published {
             // SAFETY: just mapped, never handed out.
             unsafe { mem::unmap(start, len) };
@@ -320,10 +341,19 @@ fn run() {
 /// The program closed the descriptor this thread served (closefrom), and a new region opened
 /// another. The old one's file lived until this thread's poll(2) on it returned; its release
 /// dropped every region's registration, and until now their missing pages read zero (counted
-/// in `descriptors_lost`). Registers the live regions on the new descriptor.
+/// in `descriptors_lost`). Registers the live regions, and their fill buffers, on the new
+/// descriptor.
 fn reregister(fd: i32) {
     regions::each(Kind::Refill, |start, len| {
         let _ = uffd::register_missing(fd, start, len);
+        let Some(inside) = regions::enter(start) else {
+            return;
+        };
+        // SAFETY: recorded by `create` as a `Filler`, alive while this thread is inside.
+        let filler = unsafe { &*inside.entry.state().cast::<Filler>() };
+        // SAFETY: the refill thread alone reaches `work` while the region is published.
+        let w = unsafe { &mut *filler.work.get() };
+        refill_block::target_again(fd, &filler.blocks, w.buffer.at, filler.block);
     });
 }
 
@@ -337,56 +367,6 @@ fn no_regions_left() -> bool {
         }
         empty
     })
-}
-
-/// Blocks looked at per fill for one the kernel has not taken.
-const RECYCLE_LOOK: usize = 8;
-
-/// Keeps the pages: when memory is short for the block about to be filled (at `current`,
-/// `need` bytes; `crate::short`: it would leave the memory cgroup's free memory under the
-/// headroom threshold), gives back the pages of the region's
-/// oldest blocks that the kernel has not taken (MADV_DONTNEED: they are made again when
-/// touched, as if the kernel had taken them) until a block's worth is free. The fill's pages
-/// are then charged without reclaim, in place of the cgroup reclaiming at every fill whatever
-/// its scan finds first (this region's newest blocks, the program's file pages). Returns the
-/// bytes given back.
-fn recycle(w: &mut Work, at: Extent, current: usize, need: usize) -> usize {
-    if !crate::reclaim::room().is_some_and(|room| room.short_for(need as u64)) {
-        return 0;
-    }
-    let page = mem::page_size();
-    let mut freed = 0;
-    for _ in 0..RECYCLE_LOOK {
-        if freed >= need {
-            break;
-        }
-        let Some(b) = w.filled.pop_front() else {
-            break;
-        };
-        let offset = b as usize * at.block;
-        if offset == current || offset >= at.len {
-            continue;
-        }
-        let len = at.block.min(at.len - offset);
-        let addr = (at.start + offset) as *mut u8;
-        let resident = mem::resident_pages(addr, len).unwrap_or(0);
-        // SAFETY: a block of this live region (the refill thread is inside it: it is not
-        // freed meanwhile), whose content is the fill's, made again when a thread touches it; a page
-        // the program wrote goes with it (documented: refill regions are meant to be read).
-        if resident > 0 && unsafe { mem::purge_forced(addr, len) }.is_ok() {
-            freed += resident * page;
-        }
-    }
-    crate::stats::count_refill_recycled(freed);
-    freed
-}
-
-/// Where a region lies and its block.
-#[derive(Debug, Clone, Copy)]
-struct Extent {
-    start: usize,
-    len: usize,
-    block: usize,
 }
 
 fn serve(fd: i32, f: uffd::Fault) {
@@ -405,59 +385,34 @@ fn serve(fd: i32, f: uffd::Fault) {
             let filler = unsafe { &*inside.entry.state().cast::<Filler>() };
             // SAFETY: the refill thread alone reaches `work` while the region is published.
             let w = unsafe { &mut *filler.work.get() };
-            let region = Extent {
+            let region = refill_block::Region {
+                fd,
                 start: inside.start,
                 len: inside.len,
                 block: filler.block,
+                blocks: &filler.blocks,
             };
-            fill_block(fd, f.addr, region, w)
+            // Runs the program's fill function with no lock held.
+            refill_block::make(
+                &region,
+                f.addr,
+                &mut w.buffer,
+                |need| crate::reclaim::room().is_some_and(|room| room.recycle_for(need)),
+                |offset, buf| (w.fill)(offset, buf),
+            )
         });
     match served {
         None => {
             // Not a live region (freed meanwhile): let the thread go on.
             let _ = uffd::wake(fd, at, page);
         }
-        Some((true, dst, len)) => {
-            // Clean lazy pages: the first the kernel drops when memory is short.
-            // SAFETY: the block's content is the fill's, made again at the next fault.
-            let _ = unsafe { mem::purge_lazy(dst as *mut u8, len) };
-        }
-        Some((false, _, _)) => {
-            crate::stats::count_refill_failure();
+        Some(true) => {}
+        Some(false) => {
             // The faulting thread gets SIGBUS as a fault would give it (its wait in the kernel
             // is interrupted by the signal); if it is gone, nothing to do.
             let _ = vrange_sys::process::raise_sigbus(f.tid, f.addr);
         }
     }
-}
-
-/// Fills the block of `region` holding `addr` and installs it. Returns (installed, its
-/// address, its length). Runs the program's fill function with no lock held.
-fn fill_block(fd: i32, addr: usize, region: Extent, w: &mut Work) -> (bool, usize, usize) {
-    let offset = (addr - region.start) / region.block * region.block;
-    let len = region.block.min(region.len - offset);
-    recycle(w, region, offset, len);
-    let buf = &mut w.buf[..len];
-    let fill = &mut w.fill;
-    let ok = catch_unwind(AssertUnwindSafe(|| fill(offset, buf))).unwrap_or(false);
-    if ok {
-        // Counted before the install, which lets the faulting thread go on.
-        crate::stats::count_refill(len);
-    }
-    let dst = region.start + offset;
-    // SAFETY: buf holds len bytes; dst..dst+len lies in the region, registered on fd.
-    let installed = ok && unsafe { uffd::copy(fd, dst, w.buf.as_ptr(), len) }.is_ok();
-    if installed {
-        if w.filled.len() >= (region.len / region.block).max(1) {
-            w.filled.pop_front();
-        }
-        // Blocks past index u32::MAX (a region of more than 2^32 blocks) are not listed:
-        // never recycled, only taken by the kernel.
-        if let Ok(b) = u32::try_from(offset / region.block) {
-            w.filled.push_back(b);
-        }
-    }
-    (installed, dst, len)
 }
 
 /// Tries the refill descriptor for [`crate::fill`] (a SIGBUS handler patching a block whose

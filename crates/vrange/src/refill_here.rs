@@ -3,32 +3,42 @@
 //! userfaultfd (`crate::sigbus`), so a touch of a missing page raises SIGBUS on the touching
 //! thread itself; vrange's SIGBUS handler (`vrange_sys::process::hook_sigbus`, installed by the
 //! first such region, in front of the program's action) finds the region, calls its fill
-//! function there with a buffer of the region's, installs the block (`UFFDIO_COPY`, pages
-//! present meanwhile kept), hands it to the lazy-free path and returns: the access is retried
-//! and succeeds. No other thread wakes: a fault costs the signal's delivery and return, the
-//! fill and the install. A SIGBUS at any other address, and one whose fill fails, goes to the
+//! function there with a buffer of the region's, puts the block in place (`UFFDIO_COPY` or
+//! `UFFDIO_MOVE`, pages present meanwhile kept), hands it to the lazy-free path and returns:
+//! the access is retried and succeeds. No other thread wakes: a fault costs the signal's
+//! delivery and return, the fill and the install. A SIGBUS at any other address, and one whose fill fails, goes to the
 //! program's own action (its handler may place the page with [`crate::fill`] and return).
 //!
 //! Each region's entry in the region table (`crate::regions`) keeps a [`Here`]: its block, fill
-//! function and fill buffers. The handler finds the region by one lock-free lookup there and is
-//! counted inside it while it fills; removing a region unpublishes it and waits until no
-//! handler is inside before its fill function is dropped. Each region keeps up to [`BUFFERS`]
-//! fill buffers, mapped at first need (mmap is async-signal-safe) and claimed by swapping them
-//! out of their cell; when all are in use a fault maps one of its own and unmaps it after.
+//! function, fill buffers and the blocks it filled. The handler finds the region by one
+//! lock-free lookup there and is counted inside it while it fills; removing a region
+//! unpublishes it and waits until no handler is inside before its fill function is dropped.
+//! Each region has [`BUFFERS`] fill buffers, one mapping made with the region (a move target
+//! on the descriptor where the kernel moves pages), claimed by swapping them out of their cell;
+//! when all are in use a fault maps one of its own (mmap is async-signal-safe), fills it and
+//! unmaps it after.
+//!
+//! A block is made as the refill thread makes it (`crate::refill_block`): near the cgroup's
+//! limit (`crate::short::Room::recycle_for`) the region's oldest blocks give their pages first
+//! (moved into the buffer, or given back), taken from a lock-free list of the blocks filled
+//! (`crate::refill_order`). How memory stands comes from the last headroom reading
+//! (`crate::reclaim::recent`: the reclaimer thread reads it at each tick while such regions
+//! live, and every fill counts what it charges since), because reading it takes a lock and
+//! files, neither of which a signal handler may touch; the first region starts the reclaimer
+//! thread for that.
 //!
 //! Differences from the refill thread's regions: the fill function runs on the touching thread,
 //! inside its SIGBUS handler, several at once (it must be `Sync`, must not touch a refill
 //! region, and may allocate or lock only what the touching code does not hold at that
-//! instant); and a fill does not first give back the region's oldest blocks near the
-//! cgroup's limit (that needs the headroom read and a list of blocks: the kernel's reclaim
-//! takes the lazy-free blocks instead).
+//! instant); and memory counts as short by a reading up to one reclaimer tick old, adjusted by
+//! this process's own fills, rather than by a reading before each fill.
 
 use crate::extents::Kind;
+use crate::refill_block::{self, Blocks, Buffer};
 use crate::regions;
 use crate::Error;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::AtomicPtr;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use vrange_sys::{mem, uffd};
 
@@ -38,26 +48,62 @@ pub(crate) type SharedFill = Box<dyn Fn(usize, &mut [u8]) -> bool + Send + Sync>
 /// Fill buffers a region keeps (faults filled at once beyond this map their own).
 const BUFFERS: usize = 4;
 
+/// A buffer's cell holding it while it is not claimed: its address, this bit set while it
+/// holds pages (buffers are page-aligned).
+const HOLDS: usize = 1;
+
 /// What a region filled on the faulting thread keeps, in its region table entry.
 struct Here {
     block: usize,
     fill: SharedFill,
-    /// Kept fill buffers of `block` bytes (null: none kept there, or claimed).
-    buffers: [AtomicPtr<u8>; BUFFERS],
+    /// Its fill buffers: one mapping of [`BUFFERS`] blocks, unmapped with the region.
+    area: NonNull<u8>,
+    /// The buffers not claimed: address | [`HOLDS`]; 0 while claimed.
+    buffers: [AtomicUsize; BUFFERS],
+    /// Its blocks in the order they were filled, and whether it moves pages.
+    blocks: Blocks,
 }
 
-/// Publishes a region (mapped and registered by the caller) with its fill function.
-/// `Error::Os(ENOMEM)` when the region table is full.
-pub(crate) fn add(start: usize, len: usize, block: usize, fill: SharedFill) -> Result<(), Error> {
+/// Regions live now (the reclaimer keeps their headroom reading while any is).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any region filled on the faulting thread lives.
+pub(crate) fn live() -> bool {
+    LIVE.load(Relaxed) > 0
+}
+
+/// Publishes a region (mapped and registered on `fd` by the caller) with its fill function,
+/// and maps its fill buffers. `Error::Os(ENOMEM)` when the region table is full.
+pub(crate) fn add(
+    fd: i32,
+    start: usize,
+    len: usize,
+    block: usize,
+    fill: SharedFill,
+) -> Result<(), Error> {
+    refill_block::decide_moves();
+    let (area, target) = refill_block::map_buffers(fd, BUFFERS * block)?;
     let here = Box::into_raw(Box::new(Here {
         block,
         fill,
-        buffers: [const { AtomicPtr::new(null_mut()) }; BUFFERS],
+        area,
+        buffers: std::array::from_fn(|i| AtomicUsize::new(area.as_ptr() as usize + i * block)),
+        blocks: Blocks::new(len, block, target),
     }));
-    regions::record(Kind::RefillHere, start, len, here.cast()).inspect_err(|_| {
-        // SAFETY: from `Box::into_raw` just above, never published.
-        drop(unsafe { Box::from_raw(here) });
-    })
+    if let Err(e) = regions::record(Kind::RefillHere, start, len, here.cast()) {
+        // SAFETY: from `Box::into_raw` just above, never published; its area was never used.
+        unsafe {
+            drop(Box::from_raw(here));
+            mem::unmap(area, BUFFERS * block);
+        }
+        return Err(e);
+    }
+    LIVE.fetch_add(1, Relaxed);
+    // Its fills read the headroom the reclaimer thread reads: a first reading now, then each
+    // tick.
+    crate::reclaim::ensure_running();
+    let _ = crate::reclaim::room();
+    Ok(())
 }
 
 /// Unpublishes the region at `start..start + len`, waits for the handlers inside it, unmaps its
@@ -65,20 +111,24 @@ pub(crate) fn add(start: usize, len: usize, block: usize, fill: SharedFill) -> R
 /// region is published.
 pub(crate) fn remove(start: usize, len: usize) -> Option<SharedFill> {
     let here = regions::remove(Kind::RefillHere, start, len)?.cast::<Here>();
+    LIVE.fetch_sub(1, Relaxed);
     // SAFETY: recorded by `add` from `Box::into_raw`; no handler is inside the region any more.
     let here = unsafe { Box::from_raw(here) };
-    for b in &here.buffers {
-        if let Some(p) = NonNull::new(b.swap(null_mut(), Relaxed)) {
-            // SAFETY: a buffer this region mapped, claimed by no handler (none is inside).
-            unsafe { mem::unmap(p, here.block) };
-        }
-    }
+    // SAFETY: the region's buffers, claimed by no handler (none is inside).
+    unsafe { mem::unmap(here.area, BUFFERS * here.block) };
     Some(here.fill)
 }
 
-/// Calls `f(start, len)` for every published region (a new SIGBUS descriptor registers them).
-pub(crate) fn for_each(f: impl FnMut(usize, usize)) {
-    regions::each(Kind::RefillHere, f);
+/// Registers every published region, and its fill buffers, on a new SIGBUS descriptor.
+pub(crate) fn reregister(fd: i32) {
+    regions::each(Kind::RefillHere, |start, len| {
+        let _ = uffd::register_missing(fd, start, len);
+        if let Some(inside) = regions::enter(start) {
+            // SAFETY: recorded by `add` as a `Here`, alive while this thread is inside.
+            let here = unsafe { &*inside.entry.state().cast::<Here>() };
+            refill_block::target_again(fd, &here.blocks, here.area, BUFFERS * here.block);
+        }
+    });
 }
 
 /// For the SIGBUS hook (`crate::refill`'s, which passes the SIGBUS-mode descriptor `fd`):
@@ -94,58 +144,62 @@ pub(crate) fn resolve(fd: i32, addr: usize) -> bool {
     // SAFETY: recorded by `add` as a `Here`, which lives until `remove` has waited for every
     // handler inside the region (this one is, until `inside` drops).
     let here = unsafe { &*inside.entry.state().cast::<Here>() };
-    serve(here, fd, inside.start, inside.len, addr)
-}
-
-/// Fills and installs the block of the region holding `addr` (registered on `fd`); whether it
-/// is in place now.
-fn serve(here: &Here, fd: i32, start: usize, len: usize, addr: usize) -> bool {
-    let block = here.block;
-    let offset = (addr - start) / block * block;
-    let n = block.min(len - offset);
-    let Some(buf) = claim(here) else {
+    let Some(mut buf) = claim(here) else {
         crate::stats::count_refill_failure();
         return false;
     };
-    // SAFETY: `buf` is a mapping of `block` >= `n` bytes that this handler alone holds.
-    let out = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), n) };
-    let ok = catch_unwind(AssertUnwindSafe(|| (here.fill)(offset, out))).unwrap_or(false);
-    let dst = start + offset;
-    // SAFETY: `buf` holds `n` bytes; `dst..dst + n` lies in the region, registered on `fd`.
-    let installed = ok && unsafe { uffd::copy(fd, dst, buf.as_ptr(), n) }.is_ok();
+    let region = refill_block::Region {
+        fd,
+        start: inside.start,
+        len: inside.len,
+        block: here.block,
+        blocks: &here.blocks,
+    };
+    let made = refill_block::make(
+        &region,
+        addr,
+        &mut buf,
+        |need| crate::reclaim::recent().is_some_and(|room| room.recycle_for(need)),
+        |offset, out| (here.fill)(offset, out),
+    );
     release(here, buf);
-    if installed {
-        crate::stats::count_refill(n);
-        // Clean lazy pages: the first the kernel drops when memory is short.
-        // SAFETY: the block's content is the fill's, made again at the next fault.
-        let _ = unsafe { mem::purge_lazy(dst as *mut u8, n) };
-    } else {
-        // The fill failed, or its block could not be installed (ENOMEM): the fault goes on
-        // to the program's action, counted as the refill thread counts it.
-        crate::stats::count_refill_failure();
-    }
-    installed
+    made
 }
 
-/// A fill buffer of the region's block: one it keeps, or a new mapping.
-fn claim(here: &Here) -> Option<NonNull<u8>> {
+/// A fill buffer of the region's block: one of its own, or a new mapping.
+fn claim(here: &Here) -> Option<Buffer> {
     for b in &here.buffers {
-        if let Some(p) = NonNull::new(b.swap(null_mut(), Acquire)) {
-            return Some(p);
+        let cell = b.swap(0, Acquire);
+        if cell != 0 {
+            return Some(Buffer {
+                // SAFETY: a cell holds a buffer's address, never 0, or 0.
+                at: unsafe { NonNull::new_unchecked((cell & !HOLDS) as *mut u8) },
+                target: true,
+                holds: cell & HOLDS != 0,
+            });
         }
     }
-    mem::map_anon(here.block, mem::page_size()).ok()
+    let at = mem::map_anon(here.block, mem::page_size()).ok()?;
+    Some(Buffer {
+        at,
+        target: false,
+        holds: false,
+    })
 }
 
-/// Gives `buf` back to the region's kept buffers, or unmaps it when they are all kept.
-fn release(here: &Here, buf: NonNull<u8>) {
-    for b in &here.buffers {
-        if b.compare_exchange(null_mut(), buf.as_ptr(), Release, Relaxed)
-            .is_ok()
-        {
-            return;
-        }
+/// Gives a buffer of the region's back to a free cell, or unmaps one mapped for one fill.
+fn release(here: &Here, buf: Buffer) {
+    if !buf.target {
+        // SAFETY: mapped by `claim` for this fill alone.
+        unsafe { mem::unmap(buf.at, here.block) };
+        return;
     }
-    // SAFETY: a buffer mapped by `claim`, held by this handler alone.
-    unsafe { mem::unmap(buf, here.block) };
+    let cell = buf.at.as_ptr() as usize | if buf.holds { HOLDS } else { 0 };
+    // There are as many empty cells as buffers claimed, this one's among them: a pass finds
+    // none only while other threads claim and release meanwhile.
+    while !here
+        .buffers
+        .iter()
+        .any(|b| b.compare_exchange(0, cell, Release, Relaxed).is_ok())
+    {}
 }

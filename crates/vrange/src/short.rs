@@ -11,7 +11,8 @@
 //! | question | rule | asked by |
 //! |---|---|---|
 //! | the threshold | `VRANGE_HEADROOM` bytes, or `auto`: the ceiling / 16, between 4 and 256 MiB ([`auto_threshold`]) | everything below |
-//! | is memory short for one about to take `bytes`? | headroom − `bytes` < twice the threshold, the level every purge restores ([`Room::short_for`]) | vrange-cache before a new slab (it recycles its oldest instead), the SQLite page cache before new pages (it reuses its oldest), a refill region before a fill (it gives back its oldest blocks) |
+//! | is memory short for one about to take `bytes`? | headroom − `bytes` < twice the threshold, the level every purge restores ([`Room::short_for`]) | vrange-cache before a new slab (it recycles its oldest instead), the SQLite page cache before new pages (it reuses its oldest) |
+//! | should one able to recycle its oldest for less than the kernel's reclaim costs do so before taking `bytes`? | memory is short for them, or taking them would pass the ceiling, so that the kernel reclaims in the taker's path (free = ceiling − usage, page cache not counted as free, < `bytes`) ([`Room::recycle_for`]) | a refill region before a fill (it makes the block in its oldest block's pages, or gives those back) |
 //! | by how much? | back to twice the threshold: 2 × threshold − (headroom − `bytes`), nothing while headroom − `bytes` ≥ threshold ([`deficit`]) | the reclaimer at each tick (`bytes` 0), [`make_room`](crate::reclaimer::make_room) before a client maps memory, the coordinator for its container |
 //! | how much a pressure event asks | vmpressure critical: every volatile byte; medium and PSI: `VRANGE_PRESSURE_SHARE` % of them, at least 2 MiB | the reclaimer |
 //! | is the machine short? (a stall on the system's PSI file purges only then) | MemAvailable < MemTotal / 10 (earlyoom's line) | the reclaimer |
@@ -58,6 +59,9 @@ pub struct Room {
     pub headroom: u64,
     /// The headroom to keep (`VRANGE_HEADROOM`).
     pub threshold: u64,
+    /// Bytes it can still charge before the kernel reclaims anything, page cache included (the
+    /// ceiling less the usage).
+    pub free: u64,
 }
 
 impl Room {
@@ -77,6 +81,19 @@ impl Room {
     /// which a client able to recycle must leave alone.
     pub fn short_for(&self, bytes: u64) -> bool {
         self.left() < bytes
+    }
+
+    /// Whether one about to take `bytes` more, who can recycle its own oldest memory for less
+    /// than the kernel's reclaim costs, should recycle it first: memory is short for them
+    /// ([`Room::short_for`]), or taking them would pass the ceiling, and the kernel would
+    /// reclaim in the taker's fault or copy, scanning for the oldest pages (this memory's
+    /// oldest, lazily freed, among them) while the taker waits. Clean page cache is room by
+    /// [`Room::short_for`], because the kernel drops it without anyone purging; it is not free
+    /// here, because the kernel drops it only by that reclaim. A refill region asks this before
+    /// each fill: its oldest block's pages become the new block (moved, not reclaimed and
+    /// allocated again). Not a reason to purge.
+    pub fn recycle_for(&self, bytes: u64) -> bool {
+        self.short_for(bytes) || self.free < bytes
     }
 
     /// Bytes to purge before `bytes` more are taken (see [`deficit`]).
@@ -172,10 +189,22 @@ mod tests {
         let room = Room {
             headroom: 20 * MIB,
             threshold: 8 * MIB,
+            free: 2 * MIB,
         };
         assert_eq!(room.left(), 4 * MIB);
         assert!(!room.short_for(4 * MIB));
         assert!(room.short_for(4 * MIB + 1));
+        // Page cache is room, not free: past 2 MiB the kernel reclaims in the taker's path.
+        assert!(!room.recycle_for(2 * MIB));
+        assert!(room.recycle_for(2 * MIB + 1));
+        assert!(
+            Room {
+                free: 64 * MIB,
+                ..room
+            }
+            .recycle_for(4 * MIB + 1),
+            "short"
+        );
         assert_eq!(room.deficit_after(0), 0);
         assert_eq!(room.deficit_after(12 * MIB), 0);
         // 16 MiB taken would leave 4: purge back to twice the threshold.
@@ -184,6 +213,7 @@ mod tests {
         let over = Room {
             headroom: 0,
             threshold: 8 * MIB,
+            free: 0,
         };
         assert!(over.short_for(1));
         assert_eq!(over.deficit_after(u64::MAX), 16 * MIB);

@@ -67,7 +67,7 @@ pub(crate) fn current() -> Option<RawFd> {
 }
 
 /// Registers every live managed SIGBUS range, and every refill region filled on the faulting
-/// thread, on a new descriptor.
+/// thread (with its fill buffers), on a new descriptor.
 fn reregister(fd: RawFd) {
     registry::for_each_live(|_, slot| {
         if slot.sigbus() && slot.policy() != Policy::Lazy {
@@ -75,9 +75,7 @@ fn reregister(fd: RawFd) {
             let _ = uffd::register_missing(fd, start, len);
         }
     });
-    crate::refill_here::for_each(|start, len| {
-        let _ = uffd::register_missing(fd, start, len);
-    });
+    crate::refill_here::reregister(fd);
 }
 
 /// Makes a new private region SIGBUS-armed: every page present, the whole region registered.

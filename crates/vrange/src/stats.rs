@@ -116,12 +116,16 @@ pub struct Stats {
     pub refill_bytes: u64,
     pub refill_failures: u64,
     /// Bytes of refill blocks the kernel had not taken that a fill gave back first, because
-    /// the memory cgroup could not take the new block without reclaim (the pages kept).
+    /// the memory cgroup could not take the new block without reclaim (the pages kept): moved
+    /// into the fill's buffer where the kernel moves pages (`UFFDIO_MOVE`), else dropped.
     pub refill_recycled_bytes: u64,
     /// The armed reserve the reclaimer kept at its last look: volatile bytes it made sure the
     /// kernel could take by itself (0 away from the limit; see README, "Against a neighbour
     /// writing at memory speed").
     pub reserve_bytes: u64,
+    /// Bytes of refill blocks put in place by moving the fill buffer's pages (`UFFDIO_MOVE`,
+    /// Linux 6.8) rather than copying them (`UFFDIO_COPY`).
+    pub refill_moved_bytes: u64,
     /// 2 MiB huge pages an unmark proved with one locked write, the rest of their pages read
     /// plainly, because one page-table entry mapped each (kernel path, PAGEMAP_SCAN).
     pub huge_proofs: u64,
@@ -256,8 +260,16 @@ static REFILLS: AtomicU64 = AtomicU64::new(0);
 static REFILL_BYTES: AtomicU64 = AtomicU64::new(0);
 static REFILL_FAILURES: AtomicU64 = AtomicU64::new(0);
 static REFILL_RECYCLED: AtomicU64 = AtomicU64::new(0);
+static REFILL_MOVED: AtomicU64 = AtomicU64::new(0);
 
-/// Bytes of refill blocks given back before a fill (`refill::recycle`).
+/// Bytes of a refill block put in place by moving pages (`refill_block`).
+pub(crate) fn count_refill_moved(bytes: usize) {
+    if bytes > 0 {
+        REFILL_MOVED.fetch_add(bytes as u64, Relaxed);
+    }
+}
+
+/// Bytes of refill blocks given back before a fill (`refill_block::recycle`).
 pub(crate) fn count_refill_recycled(bytes: usize) {
     if bytes > 0 {
         REFILL_RECYCLED.fetch_add(bytes as u64, Relaxed);
@@ -423,6 +435,7 @@ pub fn stats() -> Stats {
     s.refill_failures = REFILL_FAILURES.load(Relaxed);
     s.refill_recycled_bytes = REFILL_RECYCLED.load(Relaxed);
     s.reserve_bytes = crate::approach::reserve();
+    s.refill_moved_bytes = REFILL_MOVED.load(Relaxed);
     s.huge_proofs = HUGE_PROOFS.load(Relaxed);
     s.allocator = allocator_stats();
     s.coordinator = coordinator_stats();

@@ -1,9 +1,11 @@
 //! Refill regions on the real kernel: every byte read is what the fill function makes, blocks
 //! are made on first touch and again after the system took them back (forced with
 //! MADV_DONTNEED, and by real pressure in a memory cgroup a quarter of the region's size,
-//! without an OOM kill, the fills near the limit recycling the oldest blocks), threads touching blocks at once, and a failing fill raising SIGBUS at
-//! the address touched.
+//! without an OOM kill, the fills near the limit recycling the oldest blocks: moved into place
+//! where the kernel moves pages, copied with moves off or for pages shared with a fork child),
+//! threads touching blocks at once, and a failing fill raising SIGBUS at the address touched.
 
+#[macro_use]
 mod common;
 
 use common::{generate, next, read_word, refill_or_skip};
@@ -12,14 +14,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 use vrange::{Error, RefillRegion};
-use vrange_sys::cgroup::join_before_exec;
 use vrange_testkit::pattern::pattern;
-use vrange_testkit::proc::Exit;
-use vrange_testkit::role::{role, role_command, say, Role};
-use vrange_testkit::{cgroup, serial, skip};
+use vrange_testkit::{serial, skip};
 
 const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
 const BLOCK: usize = 64 * KIB;
 
 /// The generator: word `i` of the region.
@@ -194,80 +192,11 @@ fn bad_arguments_are_refused_and_from_raw_names_live_regions_only() {
 
 // ---- Larger than its memory cgroup ----
 
-const LIMIT: usize = 64 * MIB;
-const REGION: usize = 4 * LIMIT;
-const PRESSURE_TEST: &str = "a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom";
-const READER: &str = "refill-reader";
-
-/// In a role process: reads the whole region in order (four times the limit), then 1,000
-/// random words, each checked against the generator; says how many were wrong and the fills.
-fn reader() {
-    let (r, fills) = region(REGION, 8).expect("a refill region");
-    let mut wrong = 0u64;
-    for i in (0..REGION / 8).step_by(vrange::page_size() / 8) {
-        wrong += u64::from(read_word(&r, i) != word(8, i));
-    }
-    let mut dice = 0x1234_5678_9abc_def1u64;
-    for _ in 0..1000 {
-        let i = next(&mut dice) as usize % (REGION / 8);
-        wrong += u64::from(read_word(&r, i) != word(8, i));
-    }
-    say(format!(
-        "DONE wrong={wrong} fills={} blocks={} recycled={}",
-        fills.load(SeqCst),
-        REGION / BLOCK,
-        vrange::stats().refill_recycled_bytes
-    ));
-}
-
-#[test]
-fn a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom() {
-    if role().as_deref() == Some(READER) {
-        return reader();
-    }
-    let _s = serial();
-    if RefillRegion::new(BLOCK, BLOCK, |_, _| true).is_err() {
-        return skip("userfaultfd is not available to this process");
-    }
-    let child = match cgroup::child("vrange-refill-", LIMIT as u64) {
-        Ok(c) => c,
-        Err(why) => return skip(why),
-    };
-    let cg = child.cgroup().clone();
-    let mut cmd = role_command(PRESSURE_TEST, READER);
-    join_before_exec(&mut cmd, &cg.file("cgroup.procs")).expect("open cgroup.procs");
-    let mut p = Role::spawn("reader", cmd);
-    let reply = p.next(Duration::from_secs(120));
-    let exit = p.wait(Duration::from_secs(30));
-    let kills = cg.oom_kills().expect("the OOM kill count");
-    let diagnostics = p.diagnostics();
-    drop(p);
-    cgroup::remove(child);
-    let reply = reply.unwrap_or_else(|e| panic!("the reader: {e}; {exit}\n{diagnostics}"));
-    println!(
-        "refill: {} MiB region under a {} MiB limit: {} fills of {} blocks, {} MiB recycled, \
-         {} wrong words, OOM kills {kills}",
-        REGION >> 20,
-        LIMIT >> 20,
-        reply.u64("fills"),
-        reply.u64("blocks"),
-        reply.u64("recycled") >> 20,
-        reply.u64("wrong")
-    );
-    assert_eq!(exit, Exit::Code(0));
-    assert_eq!(kills, 0);
-    assert_eq!(reply.u64("wrong"), 0, "every word is the generator's");
-    assert!(
-        reply.u64("fills") > reply.u64("blocks"),
-        "blocks were taken back and made again"
-    );
-    // At the limit, fills give back the oldest blocks' pages first (the pages kept): the
-    // sequential pass alone fills three limits' worth past the first.
-    assert!(
-        reply.u64("recycled") >= LIMIT as u64,
-        "fills near the limit recycled the oldest blocks: {reply:?}"
-    );
-}
+pressure_tests!("refill-reader", BLOCK, |len| {
+    region(len, common::PRESSURE_SEED)
+        .expect("a refill region")
+        .0
+});
 
 #[test]
 fn the_refill_thread_leaves_with_the_last_region() {

@@ -1,7 +1,9 @@
 //! Refill regions filled on the faulting thread (`RefillRegion::filled_here`) on the real
 //! kernel: each block is made by the thread that touches it, on first touch and again after
-//! the system took it (forced with MADV_DONTNEED), by threads touching and a purger taking
-//! blocks at once; a failing fill and every SIGBUS that is not a region's go to the program's
+//! the system took it (forced with MADV_DONTNEED, and by real pressure in a memory cgroup a
+//! quarter of the region's size, without an OOM kill, the fills near the limit recycling the
+//! oldest blocks: moved where the kernel moves pages, copied with moves off or for pages
+//! shared with a fork child), by threads touching and a purger taking blocks at once; a failing fill and every SIGBUS that is not a region's go to the program's
 //! own handler (installed before the first region), or kill the process where it had none;
 //! regions are registered again after the program closed the descriptor; the table of such
 //! regions is bounded and freed entries are reused.
@@ -9,6 +11,7 @@
 //! The program's handler is installed once, before any region, by [`setup`]: vrange's handler
 //! keeps the action it found when the process's first region installed it.
 
+#[macro_use]
 mod common;
 
 use common::{generate, next, read_word, refill_or_skip};
@@ -386,6 +389,14 @@ fn the_table_is_bounded_and_reuses_freed_entries() {
     assert_eq!(read_word(&live[0], 1), word(2, 1));
     drop(again);
 }
+
+// ---- Larger than its memory cgroup ----
+
+pressure_tests!("refill-here-reader", BLOCK, |len| {
+    region(len, common::PRESSURE_SEED)
+        .expect("a refill region")
+        .0
+});
 
 /// A program that closes every descriptor above its own takes the SIGBUS descriptor with them
 /// and the kernel drops the registrations; the next region opens a new one and registers the

@@ -127,13 +127,31 @@ impl Headroom {
     /// # Errors
     /// As [`Headroom::usage`].
     pub fn bytes(&self) -> io::Result<u64> {
-        let usage = self.usage()?;
-        Ok(crate::cgroup::headroom(
-            self.ceiling,
-            usage,
-            self.reclaimable_cache(),
-        ))
+        self.read().map(|r| r.headroom)
     }
+
+    /// The headroom ([`Headroom::bytes`]) and, from the same usage, what can be charged before
+    /// the kernel reclaims anything; two preads.
+    ///
+    /// # Errors
+    /// As [`Headroom::usage`].
+    pub fn read(&self) -> io::Result<Reading> {
+        let usage = self.usage()?;
+        Ok(Reading {
+            headroom: crate::cgroup::headroom(self.ceiling, usage, self.reclaimable_cache()),
+            free: self.ceiling.saturating_sub(usage),
+        })
+    }
+}
+
+/// One reading of a [`Headroom`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// Bytes the cgroup can still take before anything but clean page cache must go.
+    pub headroom: u64,
+    /// Bytes it can still take before the kernel reclaims anything (page cache included): the
+    /// ceiling less the usage, 0 when over.
+    pub free: u64,
 }
 
 /// The [`Headroom`] of the calling process's memory cgroup, for a caller that asks now and then

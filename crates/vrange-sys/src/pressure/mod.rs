@@ -240,7 +240,7 @@ mod psi;
 mod vmpressure;
 mod waker;
 
-pub use headroom::{Headroom, OwnHeadroom};
+pub use headroom::{Headroom, OwnHeadroom, Reading};
 pub use poller::{AddError, Poller};
 pub use psi::{has_cap_sys_resource, psi_window_for, psi_window_us, PsiTrigger};
 pub use vmpressure::{Level, Propagation, VmPressure};

@@ -1,5 +1,6 @@
-//! The reclaimer: one thread per process, started by the first managed or hybrid region and
-//! stopped by [`stop`]. It waits on every pressure source the kernel and privileges offer (PSI
+//! The reclaimer: one thread per process, started by the first managed or hybrid region (or
+//! refill region filled on the faulting thread, whose fills use the headroom it reads each
+//! tick: `room::recent`) and stopped by [`stop`]. It waits on every pressure source the kernel and privileges offer (PSI
 //! triggers, cgroup v1 vmpressure events, a wake-up eventfd) with a timeout, and on each wake-up
 //! or tick purges whole volatile ranges, lowest class and least recently used first:
 //!
@@ -56,6 +57,7 @@ pub use budget::catch_up;
 pub(crate) use budget::noticed_mark;
 pub use purge::purge;
 pub(crate) use purge::purge_region;
+pub(crate) use room::{charged, recent};
 pub use room::{make_room, room};
 
 use waker::wake;

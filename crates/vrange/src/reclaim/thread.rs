@@ -1,5 +1,6 @@
 //! The reclaimer thread's loop: wait for a source or the tick, answer what fired, keep the
-//! headroom and the budget, arm hybrid ranges, publish statistics.
+//! headroom and the budget, arm hybrid ranges, read the headroom for refill fills that cannot,
+//! publish statistics.
 
 use super::budget::check_budget;
 use super::config;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use vrange_sys::cgroup::MemCgroup;
 use vrange_sys::clock::now_ns;
 use vrange_sys::futex;
+use vrange_sys::pressure::OwnHeadroom;
 use vrange_sys::pressure::Ready;
 use vrange_sys::pressure::Signal;
 
@@ -66,6 +68,9 @@ pub(super) fn run() {
     // once per poll interval.
     let mut answered = [0u64; 4];
     let mut coordinator = participant::Participant::default();
+    // The headroom read for refill regions filled on the faulting thread (in this thread's own
+    // descriptor table, never in the program's).
+    let mut refill_room = OwnHeadroom::new();
     // Before the first tick: a process that starts close to its limit arms at once.
     let mut measured = now_ns();
     let mut pace = Pace::default();
@@ -188,6 +193,11 @@ pub(super) fn run() {
             check_headroom(w, t, coordinated);
         }
         check_budget(reasons & WAKE_BUDGET != 0, t);
+        // Fills in a SIGBUS handler cannot read the headroom: they use this tick's reading
+        // (`room::recent`).
+        if files_ok && crate::refill_here::live() {
+            let _ = super::room::measure(&mut refill_room);
+        }
         // Headroom from the open source each tick; by short-lived reads once a second, or each
         // tick while tight (no limit: the machine's MemAvailable).
         let open = watch.as_ref().and_then(|w| w.headroom.as_ref());
@@ -383,12 +393,13 @@ fn check_headroom(watch: &Watch, t: u64, coordinated: bool) {
         return;
     }
     // Two preads (usage, memory.stat) on open descriptors: cheap enough for every tick.
-    let Ok(headroom) = h.bytes() else {
+    let Ok(read) = h.read() else {
         return;
     };
     let room = short::Room {
-        headroom,
+        headroom: read.headroom,
         threshold: short::threshold(setting, h.ceiling()),
+        free: read.free,
     };
     let deficit = room.deficit_after(0);
     if deficit > 0 && coordinated {

@@ -193,3 +193,175 @@ pub fn refill_refuses_bad_arguments(
     );
     assert_eq!(make(0, page).err(), Some(vrange::Error::NotRegion));
 }
+
+/// The memory cgroup limit of the refill kinds' pressure scenario, and their region: four times
+/// as large.
+pub const PRESSURE_LIMIT: usize = 64 << 20;
+pub const PRESSURE_REGION: usize = 4 * PRESSURE_LIMIT;
+/// The seed of its generator.
+pub const PRESSURE_SEED: u64 = 8;
+
+/// The pressure scenario's reader, in a role process inside the small cgroup: makes a region of
+/// [`PRESSURE_REGION`] bytes with `make(len)` (holding `pattern(PRESSURE_SEED, _)`), reads it
+/// whole in order (four times the limit), then 1,000 random words, each checked against the
+/// generator. With `forked`, a child forked after the first pass shares every page the region
+/// holds while the random words are read (the kernel refuses to move a shared page: those
+/// blocks are copied instead). Says how many words were wrong, the fills, the blocks, and the
+/// bytes recycled and moved.
+pub fn pressure_reader(
+    make: impl FnOnce(usize) -> vrange::RefillRegion,
+    block: usize,
+    forked: bool,
+) {
+    use vrange_testkit::pattern::pattern;
+    let before = vrange::stats();
+    let r = make(PRESSURE_REGION);
+    let mut wrong = 0u64;
+    for i in (0..PRESSURE_REGION / 8).step_by(vrange::page_size() / 8) {
+        wrong += u64::from(read_word(&r, i) != pattern(PRESSURE_SEED, i));
+    }
+    let child = forked.then(|| {
+        vrange_testkit::fork::fork_linked(|link| {
+            // Holds the parent's pages until it is done (or gone).
+            let _ = link.recv::<1>(std::time::Duration::from_secs(120));
+            0
+        })
+    });
+    let mut dice = 0x1234_5678_9abc_def1u64;
+    for _ in 0..1000 {
+        let i = next(&mut dice) as usize % (PRESSURE_REGION / 8);
+        wrong += u64::from(read_word(&r, i) != pattern(PRESSURE_SEED, i));
+    }
+    if let Some((mut child, link)) = child {
+        drop(link);
+        child.wait(std::time::Duration::from_secs(30));
+    }
+    let after = vrange::stats();
+    vrange_testkit::role::say(format_args!(
+        "DONE wrong={wrong} fills={} blocks={} recycled={} moved={}",
+        after.refill_fills - before.refill_fills,
+        PRESSURE_REGION / block,
+        after.refill_recycled_bytes - before.refill_recycled_bytes,
+        after.refill_moved_bytes - before.refill_moved_bytes,
+    ));
+}
+
+/// The pressure scenario's test: runs role `role` of test `test` (whose reader is
+/// [`pressure_reader`]) in a child memory cgroup of [`PRESSURE_LIMIT`], with `env` set
+/// (skips without userfaultfd or a cgroup), and checks that every word was the generator's, no process was OOM-killed, blocks were made
+/// again, the fills near the limit recycled the oldest blocks, and pages were moved into place
+/// where the kernel moves them and moves are not turned off (`moves`), else none.
+pub fn pressure_test(test: &str, role: &str, env: &[(&str, &str)], moves: bool) {
+    use vrange_testkit::{cgroup, role::Role};
+    if !vrange::features().userfaultfd && vrange::features().userfaultfd_dev.is_err() {
+        return vrange_testkit::skip("userfaultfd is not available to this process");
+    }
+    let child = match cgroup::child("vrange-refill-", PRESSURE_LIMIT as u64) {
+        Ok(c) => c,
+        Err(why) => return vrange_testkit::skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let mut cmd = vrange_testkit::role::role_command(test, role);
+    cmd.envs(env.iter().copied());
+    vrange_sys::cgroup::join_before_exec(&mut cmd, &cg.file("cgroup.procs"))
+        .expect("open cgroup.procs");
+    let mut p = Role::spawn(role, cmd);
+    let reply = p.next(std::time::Duration::from_secs(120));
+    let exit = p.wait(std::time::Duration::from_secs(30));
+    let kills = cg.oom_kills().expect("the OOM kill count");
+    let diagnostics = p.diagnostics();
+    drop(p);
+    cgroup::remove(child);
+    let reply = reply.unwrap_or_else(|e| panic!("the reader: {e}; {exit}\n{diagnostics}"));
+    println!(
+        "{role}: {} MiB region under a {} MiB limit: {} fills of {} blocks, {} MiB recycled, \
+         {} MiB moved, {} wrong words, OOM kills {kills}",
+        PRESSURE_REGION >> 20,
+        PRESSURE_LIMIT >> 20,
+        reply.u64("fills"),
+        reply.u64("blocks"),
+        reply.u64("recycled") >> 20,
+        reply.u64("moved") >> 20,
+        reply.u64("wrong")
+    );
+    assert_eq!(exit, vrange_testkit::proc::Exit::Code(0));
+    assert_eq!(kills, 0);
+    assert_eq!(reply.u64("wrong"), 0, "every word is the generator's");
+    assert!(
+        reply.u64("fills") > reply.u64("blocks"),
+        "blocks were taken back and made again"
+    );
+    // At the limit, fills take the oldest blocks' pages first (the pages kept): the
+    // sequential pass alone fills three limits' worth past the first.
+    assert!(
+        reply.u64("recycled") >= PRESSURE_LIMIT as u64,
+        "fills near the limit recycled the oldest blocks: {reply:?}"
+    );
+    if moves {
+        assert!(
+            reply.u64("moved") >= PRESSURE_LIMIT as u64,
+            "blocks were moved into place: {reply:?}"
+        );
+    } else {
+        assert_eq!(reply.u64("moved"), 0, "every block was copied: {reply:?}");
+    }
+}
+
+/// The pressure scenario with moves as the kernel allows (`VRANGE_REFILL_MOVE=on`, whatever
+/// the test process's own environment says) or turned off; `forked` as [`pressure_reader`].
+/// Runs the reader, `reader(forked)`, when this process is that role.
+pub fn pressure(test: &str, role: &str, moves: bool, forked: bool, reader: impl FnOnce(bool)) {
+    if vrange_testkit::role::role().as_deref() == Some(role) {
+        return reader(forked);
+    }
+    let _s = vrange_testkit::serial();
+    let setting = if moves { "on" } else { "off" };
+    pressure_test(
+        test,
+        role,
+        &[("VRANGE_REFILL_MOVE", setting)],
+        moves && vrange::features().uffd_move,
+    );
+}
+
+/// The pressure scenarios of a refill kind, as tests of the file that invokes it (with
+/// `#[macro_use] mod common;`): moves as the kernel allows, moves off, and a fork child sharing
+/// the region's pages. `$role` names the reader's role; `$make(len)` makes a region of the kind
+/// of `len` bytes in blocks of `$block`, holding `pattern(PRESSURE_SEED, _)`.
+#[allow(unused_macros)] // the refill kinds' files use it
+macro_rules! pressure_tests {
+    ($role:expr, $block:expr, $make:expr) => {
+        /// The reader of the pressure scenarios (`common::pressure_reader`).
+        fn pressure_reader(forked: bool) {
+            common::pressure_reader($make, $block, forked);
+        }
+
+        /// Four times the memory the region may use, read whole and at random: every word is
+        /// the generator's, nothing is OOM-killed, and near the limit each fill takes the oldest
+        /// block's pages, moved into its buffer and the buffer moved into place where the
+        /// kernel moves pages.
+        #[test]
+        fn a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom() {
+            let test = "a_region_four_times_its_cgroup_limit_reads_the_generator_without_oom";
+            common::pressure(test, $role, true, false, pressure_reader);
+        }
+
+        /// The same with moves turned off (`VRANGE_REFILL_MOVE=off`): the copy path of kernels
+        /// before 6.8, on any kernel. The oldest blocks are given back instead, and every block
+        /// is copied.
+        #[test]
+        fn with_moves_off_blocks_are_copied_and_the_oldest_given_back() {
+            let test = "with_moves_off_blocks_are_copied_and_the_oldest_given_back";
+            common::pressure(test, $role, false, false, pressure_reader);
+        }
+
+        /// The region's pages shared with a fork child while it is read again: the kernel
+        /// refuses to move a shared page (EBUSY), and those blocks are given back and copied
+        /// instead.
+        #[test]
+        fn pages_shared_with_a_fork_child_are_recycled_without_moving() {
+            let test = "pages_shared_with_a_fork_child_are_recycled_without_moving";
+            common::pressure(test, $role, true, true, pressure_reader);
+        }
+    };
+}
