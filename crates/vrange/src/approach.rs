@@ -49,8 +49,10 @@ pub(crate) const HOLD: Duration = Duration::from_secs(2);
 /// The reclaimer's longest tick while memory is tight.
 pub(crate) const TIGHT_POLL: Duration = Duration::from_millis(10);
 /// A range marked again within this of its previous mark is hot: armed only once idle this
-/// long. Five tight ticks.
-pub(crate) const HOT: Duration = Duration::from_millis(5 * TIGHT_POLL.as_millis() as u64);
+/// long. Five tight ticks. Public as `vrange::reclaimer::HOT`: a client that keeps memory its
+/// user let go a moment before marking it (SQLite's page cache holding a page just unpinned)
+/// keeps it at least this long, so that its marks are never hot ones.
+pub const HOT: Duration = Duration::from_millis(5 * TIGHT_POLL.as_millis() as u64);
 
 /// Whether a range marked at `now`, previously marked at `previous` (0: never), is hot.
 #[inline]

@@ -115,6 +115,7 @@ pub use vrange_sys::mem::page_size;
 /// The reclaimer thread: whether it runs, what it listens to, and stopping it. It starts by
 /// itself with the first managed or hybrid region (see the crate documentation).
 pub mod reclaimer {
+    pub use crate::approach::HOT;
     pub use crate::reclaim::{active_sources, catch_up, is_running, stop, FlushHook};
 
     /// Makes room, in the caller's thread, before it allocates `bytes` more: if its memory
