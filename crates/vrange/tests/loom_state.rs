@@ -61,6 +61,62 @@ impl Page {
     }
 }
 
+/// What the sides of scenario 1 share.
+#[derive(Clone)]
+struct Purging {
+    s: Arc<RangeState>,
+    page: Arc<Page>,
+    discarded: Arc<AtomicBool>,
+    finishing: Arc<AtomicBool>,
+}
+
+impl Purging {
+    /// The reclaimer's side: purge from a snapshot if it may.
+    fn purge(&self) -> bool {
+        let seen = self.s.load();
+        if state::is_purgeable(seen) && self.s.begin_purge(seen) {
+            self.page.write(0);
+            self.discarded.store(true, Ordering::Relaxed);
+            self.finishing.store(true, Ordering::Relaxed);
+            self.s.finish_purge();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The owner's side: use the page, mark, unmark, and check what the unmark found.
+    fn use_and_unmark(&self) -> Found {
+        self.page.write(CONTENT); // the owner's last use before marking
+        assert_eq!(self.s.mark(), Marked::Now);
+        let found = self.s.unmark();
+        match found {
+            Found::Intact => {
+                assert!(
+                    !self.discarded.load(Ordering::Relaxed),
+                    "intact, but the page was discarded"
+                );
+                assert_eq!(self.page.read(), CONTENT);
+                self.page.write(CONTENT + 1); // the owner uses the range again
+            }
+            Found::Purged => {
+                assert!(
+                    self.discarded.load(Ordering::Relaxed),
+                    "purged, but the discard is not visible"
+                );
+                assert!(
+                    self.finishing.load(Ordering::Relaxed),
+                    "returned before finish_purge ran"
+                );
+                assert_eq!(self.page.read(), 0);
+            }
+            other => panic!("unmark of a marked range found {other:?}"),
+        }
+        assert_eq!(state::tag(self.s.load()), state::PINNED);
+        found
+    }
+}
+
 /// Scenario 1: the owner marks and unmarks while a reclaimer purges from its snapshot.
 ///
 /// - The purge's discard never races with the owner's use of the page before the mark.
@@ -74,65 +130,22 @@ fn mark_unmark_vs_purge() {
         let page = Arc::new(Page::new());
         let discarded = Arc::new(AtomicBool::new(false));
         let finishing = Arc::new(AtomicBool::new(false));
+        let shared = Purging {
+            s: s.clone(),
+            page: page.clone(),
+            discarded: discarded.clone(),
+            finishing: finishing.clone(),
+        };
 
         let reclaimer = {
-            let (s, page, discarded, finishing) = (
-                s.clone(),
-                page.clone(),
-                discarded.clone(),
-                finishing.clone(),
-            );
-            thread::spawn(move || {
-                let seen = s.load();
-                if state::is_purgeable(seen) && s.begin_purge(seen) {
-                    page.write(0);
-                    discarded.store(true, Ordering::Relaxed);
-                    finishing.store(true, Ordering::Relaxed);
-                    s.finish_purge();
-                    true
-                } else {
-                    false
-                }
-            })
+            let p = shared.clone();
+            thread::spawn(move || p.purge())
         };
 
         // The owner runs in a thread of its own, as the reclaimer does (see `loom_shim`).
         let owner = {
-            let (s, page, discarded, finishing) = (
-                s.clone(),
-                page.clone(),
-                discarded.clone(),
-                finishing.clone(),
-            );
-            thread::spawn(move || {
-                page.write(CONTENT); // the owner's last use before marking
-                assert_eq!(s.mark(), Marked::Now);
-                let found = s.unmark();
-                match found {
-                    Found::Intact => {
-                        assert!(
-                            !discarded.load(Ordering::Relaxed),
-                            "intact, but the page was discarded"
-                        );
-                        assert_eq!(page.read(), CONTENT);
-                        page.write(CONTENT + 1); // the owner uses the range again
-                    }
-                    Found::Purged => {
-                        assert!(
-                            discarded.load(Ordering::Relaxed),
-                            "purged, but the discard is not visible"
-                        );
-                        assert!(
-                            finishing.load(Ordering::Relaxed),
-                            "returned before finish_purge ran"
-                        );
-                        assert_eq!(page.read(), 0);
-                    }
-                    other => panic!("unmark of a marked range found {other:?}"),
-                }
-                assert_eq!(state::tag(s.load()), state::PINNED);
-                found
-            })
+            let p = shared.clone();
+            thread::spawn(move || p.use_and_unmark())
         };
         let found = owner.join().unwrap();
 
