@@ -203,6 +203,69 @@ fn one(
     })
 }
 
+/// The stress suite's SQLite case (the reproducer): a 64 MiB cgroup, the service on
+/// `vrange_sqlite_pcache()` with a cache_size for all of it, and a neighbour that takes 40 MiB
+/// within half a second of the cache being warm (4 s), then lets it go.
+pub(crate) const STRESS_LIMIT: u64 = 64 * MIB;
+const STRESS_NEIGHBOUR: u64 = 40 * MIB;
+
+/// One stress trial's outcome.
+pub(crate) struct StressRun {
+    pub oom_kills: Option<u64>,
+    pub service_kills: usize,
+    pub neighbour_kills: usize,
+    pub ops: u64,
+    pub wrong: u64,
+}
+
+/// The database of the stress case, made once in `dir` (kept between trials).
+pub(crate) fn stress_database(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let service = SQLITE_SERVICE.install(dir)?;
+    let db = dir.join("sqlite-stress.db");
+    if !db.exists() {
+        let rows = STRESS_LIMIT * DATABASE_PERCENT / 100 / ROW_BYTES;
+        let made = Command::new(&service)
+            .arg("create")
+            .arg(&db)
+            .arg(rows.to_string())
+            .output()
+            .map_err(|e| format!("{}: {e}", service.display()))?;
+        if !made.status.success() {
+            return Err(format!(
+                "sqlite_service create: {}",
+                String::from_utf8_lossy(&made.stderr).trim()
+            ));
+        }
+    }
+    Ok((service, db))
+}
+
+/// One trial of the stress case on the database of [`stress_database`].
+pub(crate) fn stress_once(service: &Path, db: &Path) -> Result<StressRun, String> {
+    let lib = libvrange()?;
+    let all_kib = (STRESS_LIMIT - STRESS_LIMIT / 8) >> 10;
+    let peer = Peer {
+        cache: format!("vrange:{all_kib}"),
+        label: "vrange_sqlite_pcache() under a sudden neighbour".into(),
+        short: "vrange",
+    };
+    let ramp = Ramp {
+        peak: STRESS_NEIGHBOUR,
+        warmup: Duration::from_secs(4),
+        period: Duration::from_secs(1),
+        tail: Duration::from_secs(1),
+    };
+    let run = one(service, db, &lib, &peer, STRESS_LIMIT, &ramp)?;
+    let (total, _) = run.total(|_| true);
+    Ok(StressRun {
+        oom_kills: run.oom_kills,
+        service_kills: run.kills.len(),
+        neighbour_kills: run.neighbour_kills.len(),
+        ops: total.ops,
+        wrong: total.wrong,
+    })
+}
+
 pub fn run(ctx: &Ctx) -> Result<(), String> {
     if !ctx.memory_cgroups("sqlite") {
         return Ok(());

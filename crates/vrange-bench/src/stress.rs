@@ -37,6 +37,12 @@
 //!   a neighbour ramping to 60 % of it over 15 s: 18 s a trial; the full form takes 75 s). No
 //!   reaction time: that suite measures hit rates (the trials CSV has the run's).
 //!
+//! - `sqlite` (the reproducer of SQLite's page cache killed with its cache volatile): the sqlite
+//!   suite's service (`c/sqlite_service.c`) on `vrange_sqlite_pcache()` with a cache_size for
+//!   all memory, in a 64 MiB cgroup over a database of 60 % of it, and a neighbour that takes
+//!   40 MiB within half a second once the cache is warm (4 s), then lets it go: 6 s a trial.
+//!   The service is the OOM killer's first choice. Every row it reads is checked.
+//!
 //! The tradeoff suite's churner and the cache suite's processes run with
 //! `VRANGE_STATS_DIR=off`, as in those suites: it moves where statistics are published, not how
 //! memory is given back.
@@ -44,7 +50,7 @@
 //! Needs root and a memory cgroup; skipped otherwise.
 
 use super::report::{self, progress, Csv, Table};
-use super::{alloc, cache, tradeoff, Ctx};
+use super::{alloc, cache, sqlite, tradeoff, Ctx};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -420,6 +426,24 @@ fn tradeoff_once(
     })
 }
 
+fn sqlite_once(service: &Path, db: &Path) -> Result<Trial, String> {
+    let r = sqlite::stress_once(service, db)?;
+    Ok(Trial {
+        kills: r.oom_kills.unwrap_or(0),
+        held: None,
+        reaction_us: None,
+        wrong: match (r.oom_kills, r.wrong) {
+            (None, _) => Some("the cgroup's OOM kill count could not be read".into()),
+            (_, 0) => None,
+            (_, n) => Some(format!("{n} wrong rows read")),
+        },
+        detail: format!(
+            "service killed {} times, neighbour {} times; {} operations",
+            r.service_kills, r.neighbour_kills, r.ops
+        ),
+    })
+}
+
 fn cache_once() -> Result<Trial, String> {
     let r = cache::vrange_cache_run(true)?;
     Ok(Trial {
@@ -521,6 +545,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let mut python = Scenario::new("python-bytearrays", "none");
     let mut trade = Scenario::new("tradeoff", "neighbour's time to get its memory");
     let mut cache = Scenario::new("cache", "none");
+    let mut sqlite = Scenario::new("sqlite", "none");
+    let sqlite_db = sqlite::stress_database(&ctx.out)
+        .map_err(|e| sqlite.skipped = Some(e))
+        .ok();
     if let Err(e) = &lib {
         python.skipped = Some(e.clone());
         trade.skipped = Some(e.clone());
@@ -539,7 +567,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
          shim in a {} MiB cgroup; it must exit 0. tradeoff: one run of the tradeoff suite's \
          vrange-malloc default configuration ({} MiB peak, {seconds} s of churn, one thread, a \
          {} MiB cgroup) per trial. cache: the cache suite's quick scenario for vrange-cache (a \
-         service beside a neighbour ramping to 60 % of a 128 MiB cgroup over 15 s). OOM kills: every kill in the scenario's cgroup (the \
+         service beside a neighbour ramping to 60 % of a 128 MiB cgroup over 15 s). sqlite: \
+         SQLite on vrange_sqlite_pcache() (a cache_size for all memory) in a {} MiB cgroup, \
+         a neighbour taking 40 MiB within half a second once the cache is warm. OOM kills: every kill in the scenario's cgroup (the \
          thrashing cgroup's are not counted). Any kill fails the suite.",
         THRASH_LIMIT / MIB,
         THRASH_ANON >> 20,
@@ -550,6 +580,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         PYTHON_LIMIT / MIB,
         sizes.peak_mib,
         sizes.limit_mib,
+        sqlite::STRESS_LIMIT / MIB,
     ));
 
     let mut load = Load::start(&ctx.out)?;
@@ -566,7 +597,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     for i in 0..trials {
         let seed = 1 + (i as u64) * (BURST_REGION as u64);
         let delay = Duration::from_millis(BURST_DELAYS_MS[i % BURST_DELAYS_MS.len()]);
-        for s in [&mut burst, &mut python, &mut trade, &mut cache] {
+        for s in [&mut burst, &mut python, &mut trade, &mut cache, &mut sqlite] {
             if s.skipped.is_some() {
                 continue;
             }
@@ -576,6 +607,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 "burst" => burst_once(&exe, seed, delay),
                 "python-bytearrays" => python_once(lib.as_ref().map_err(Clone::clone)?),
                 "tradeoff" => tradeoff_once(&exe, &ours, seconds, &sizes),
+                "sqlite" => match &sqlite_db {
+                    Some((service, db)) => sqlite_once(service, db),
+                    None => Err("no database".into()),
+                },
                 _ => cache_once(),
             };
             let lead = [s.name.to_string(), (i + 1).to_string()];
@@ -625,7 +660,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         "status",
     ]);
     let mut trouble = Vec::new();
-    for s in [&burst, &python, &trade, &cache] {
+    for s in [&burst, &python, &trade, &cache, &sqlite] {
         if let Some(why) = &s.skipped {
             table.row(vec![s.name.to_string(), format!("skipped: {why}")]);
             csv.note(&[s.name], &format!("skipped: {why}"));

@@ -616,7 +616,10 @@ fn stress_quick_runs_every_scenario_without_an_oom_kill() {
     let (header, rows) = table(&out, "scenario");
     let col = |name: &str| column(&header, name);
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(names, ["burst", "python-bytearrays", "tradeoff", "cache"]);
+    assert_eq!(
+        names,
+        ["burst", "python-bytearrays", "tradeoff", "cache", "sqlite"]
+    );
     for r in rows.iter().filter(|r| !r[1].starts_with("skipped")) {
         assert_eq!(r[col("trials")], "3", "quick: three trials: {r:?}");
         assert_eq!(r[col("OOM kills")], "0", "{r:?}");

@@ -88,7 +88,7 @@ pub(crate) struct Page {
 struct Chunk {
     region: VolatileRegion,
     /// Owned here, reached through the pointers the cache keeps.
-    _records: Records,
+    _records: Records<Page>,
 }
 
 /// The cache's state, under its lock.

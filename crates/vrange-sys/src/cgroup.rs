@@ -610,6 +610,12 @@ pub(crate) fn headroom(ceiling: u64, usage: u64, reclaimable: u64) -> u64 {
     ceiling.saturating_sub(usage.saturating_sub(reclaimable))
 }
 
+/// What a cgroup can still charge before the kernel reclaims anything (page cache included):
+/// `ceiling - usage`, 0 when over. Beside [`headroom`], which counts clean page cache as room.
+pub(crate) fn free(ceiling: u64, usage: u64) -> u64 {
+    ceiling.saturating_sub(usage)
+}
+
 /// The page cache a cgroup's `memory.stat` (its text, or the start of it) shows the kernel can
 /// drop before anything else: the page cache less shared memory (which needs swap to go) and
 /// less dirty and writeback pages (which must be written first), as the machine's MemAvailable

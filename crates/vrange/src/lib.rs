@@ -67,6 +67,7 @@ mod extents;
 mod features;
 mod handle;
 mod huge_proof;
+mod last_room;
 mod lazy;
 mod managed;
 pub mod order;

@@ -205,6 +205,10 @@ impl RefillRegion {
             unsafe { mem::unmap(start, len) };
             return Err(e);
         }
+        // Its fills read the headroom the reclaimer thread reads (`crate::last_room`): a first
+        // reading now, then each tick.
+        crate::reclaim::ensure_running();
+        let _ = crate::reclaim::room();
         Ok(RefillRegion {
             start,
             len,

@@ -169,7 +169,7 @@ pub(crate) fn make(
     }
     if !held {
         // The fill made the buffer's pages that no old block gave.
-        crate::reclaim::charged(n.saturating_sub(moved_in) as i64);
+        crate::last_room::charged(n.saturating_sub(moved_in) as i64);
     }
     // Counted before the install, which lets a thread waiting in the fault go on.
     crate::stats::count_refill(n);
@@ -200,7 +200,7 @@ fn copy_in(fd: RawFd, dst: usize, buf: NonNull<u8>, n: usize) -> bool {
     // SAFETY: `buf` holds `n` bytes; `dst..dst + n` lies in the region, registered on `fd`.
     let copied = unsafe { uffd::copy(fd, dst, buf.as_ptr(), n) }.is_ok();
     if copied {
-        crate::reclaim::charged(n as i64);
+        crate::last_room::charged(n as i64);
     }
     copied
 }
@@ -288,7 +288,7 @@ fn recycle_oldest(
         if kept < resident && unsafe { mem::purge_forced(old as *mut u8, len) }.is_err() {
             continue;
         }
-        crate::reclaim::charged(-((resident - kept) as i64));
+        crate::last_room::charged(-((resident - kept) as i64));
         moved += kept;
         had += resident;
     }

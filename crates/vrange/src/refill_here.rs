@@ -22,7 +22,7 @@
 //! limit (`crate::short::Room::recycle_for`) the region's oldest blocks give their pages first
 //! (moved into the buffer, or given back), taken from a lock-free list of the blocks filled
 //! (`crate::refill_order`). How memory stands comes from the last headroom reading
-//! (`crate::reclaim::recent`: the reclaimer thread reads it at each tick while such regions
+//! (`crate::last_room::recent`: the reclaimer thread reads it at each tick while such regions
 //! live, and every fill counts what it charges since), because reading it takes a lock and
 //! files, neither of which a signal handler may touch; the first region starts the reclaimer
 //! thread for that.
@@ -99,10 +99,6 @@ pub(crate) fn add(
         return Err(e);
     }
     LIVE.fetch_add(1, Relaxed);
-    // Its fills read the headroom the reclaimer thread reads: a first reading now, then each
-    // tick.
-    crate::reclaim::ensure_running();
-    let _ = crate::reclaim::room();
     Ok(())
 }
 
@@ -159,7 +155,7 @@ pub(crate) fn resolve(fd: i32, addr: usize) -> bool {
         &region,
         addr,
         &mut buf,
-        |need| crate::reclaim::recent().is_some_and(|room| room.recycle_for(need)),
+        |need| crate::last_room::recent().is_some_and(|room| room.recycle_for(need)),
         |offset, out| (here.fill)(offset, out),
     );
     release(here, buf);

@@ -139,7 +139,7 @@ impl Headroom {
         let usage = self.usage()?;
         Ok(Reading {
             headroom: crate::cgroup::headroom(self.ceiling, usage, self.reclaimable_cache()),
-            free: self.ceiling.saturating_sub(usage),
+            free: crate::cgroup::free(self.ceiling, usage),
         })
     }
 }

@@ -57,7 +57,7 @@ pub use budget::catch_up;
 pub(crate) use budget::noticed_mark;
 pub use purge::purge;
 pub(crate) use purge::purge_region;
-pub(crate) use room::{charged, recent};
+
 pub use room::{make_room, room};
 
 use waker::wake;

@@ -1,17 +1,8 @@
 //! [`make_room`]: room made in the caller's thread before it maps memory, from the global
 //! order when a coordinator is live; [`room`]: how memory stands for a client deciding whether
-//! to take more (the rule is `crate::short`'s); [`recent`]: the same for a caller that may not
-//! lock or open files (a fill in a SIGBUS handler), from the last reading.
-//!
-//! # The last reading
-//! Every [`room`] call, and the reclaimer thread at each tick while refill regions filled on
-//! the faulting thread live (`thread::keep_room`), publish what they read; refill fills count
-//! what they charge and give back ([`charged`]). [`recent`] is that reading less what fills
-//! charged since: atomics only. It knows nothing of what others charged since (other threads'
-//! allocations, other processes of the cgroup): the reclaimer's next reading, and its purges,
-//! see to that. A reading older than [`STALE_TICKS`] of the reclaimer's ticks (and a second)
-//! is not used: without the reclaimer (`VRANGE_RECLAIMER=off`) such fills never count memory
-//! as short, and the kernel's reclaim takes their lazily freed blocks instead.
+//! to take more (the rule is `crate::short`'s). Every [`room`] call, and the reclaimer thread
+//! at each tick while refill regions filled on the faulting thread live (`thread::keep_room`),
+//! publish what they read as the last reading (`crate::last_room`).
 
 use super::config;
 use super::flush;
@@ -21,11 +12,11 @@ use super::victims;
 use super::waker::wake;
 use super::DISABLED;
 use super::STATE;
+use crate::last_room;
 use crate::registry::pause;
 use crate::short::{self, Room};
 use crate::stats;
 use crate::stats::Source;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use vrange_sys::clock::now_ns;
 use vrange_sys::lock::{Rank, RankedMutex};
@@ -102,7 +93,7 @@ pub(super) fn measure(headroom: &mut OwnHeadroom) -> Option<Room> {
     let setting = config::get().headroom.load(Relaxed);
     let now = now_ns();
     // Before the read: what fills charge from here on is counted against it.
-    let charged = CHARGED.load(Relaxed);
+    let charged = last_room::charged_so_far();
     let h = headroom.get(now)?;
     let read = h.read().ok()?;
     let room = Room {
@@ -114,63 +105,11 @@ pub(super) fn measure(headroom: &mut OwnHeadroom) -> Option<Room> {
         .poll_ms
         .load(Relaxed)
         .saturating_mul(1_000_000);
-    let stale = tick.saturating_mul(STALE_TICKS).max(1_000_000_000);
-    SEEN.headroom.store(room.headroom, Relaxed);
-    SEEN.free.store(room.free, Relaxed);
-    SEEN.threshold.store(room.threshold, Relaxed);
-    SEEN.charged.store(charged, Relaxed);
-    SEEN.until.store(now.saturating_add(stale), Relaxed);
+    let stale = tick
+        .saturating_mul(last_room::STALE_TICKS)
+        .max(1_000_000_000);
+    last_room::publish(&room, charged, now.saturating_add(stale));
     Some(room)
-}
-
-/// The last reading (see the module documentation). Its fields may come from two readings
-/// when one is published while [`recent`] reads it: each is a reading's, and a fill's choice
-/// rests on it only until the next.
-struct Seen {
-    headroom: AtomicU64,
-    free: AtomicU64,
-    threshold: AtomicU64,
-    /// [`CHARGED`] when it was read.
-    charged: AtomicU64,
-    /// Until when it is used (ns, `now_ns`); 0: never read.
-    until: AtomicU64,
-}
-
-static SEEN: Seen = Seen {
-    headroom: AtomicU64::new(0),
-    free: AtomicU64::new(0),
-    threshold: AtomicU64::new(0),
-    charged: AtomicU64::new(0),
-    until: AtomicU64::new(0),
-};
-
-/// Bytes refill fills charged to the cgroup less those they gave back, since the start
-/// (wrapping: only differences are read).
-static CHARGED: AtomicU64 = AtomicU64::new(0);
-
-/// Readings older than this many of the reclaimer's ticks (and than a second) are not used.
-const STALE_TICKS: u64 = 3;
-
-/// A refill fill charged `bytes` to the memory cgroup (negative: gave them back).
-/// Async-signal-safe.
-pub(crate) fn charged(bytes: i64) {
-    CHARGED.fetch_add(bytes as u64, Relaxed);
-}
-
-/// How memory stands, from the last reading less what fills charged since (see the module
-/// documentation); `None` without a recent reading. Async-signal-safe: atomics and the clock.
-pub(crate) fn recent() -> Option<Room> {
-    if now_ns() > SEEN.until.load(Relaxed) {
-        return None;
-    }
-    let since = CHARGED
-        .load(Relaxed)
-        .wrapping_sub(SEEN.charged.load(Relaxed)) as i64;
-    Some(Room {
-        headroom: SEEN.headroom.load(Relaxed).saturating_add_signed(-since),
-        threshold: SEEN.threshold.load(Relaxed),
-        free: SEEN.free.load(Relaxed).saturating_add_signed(-since),
-    })
 }
 
 /// Bytes [`make_room`] must free before `bytes` more are allocated (`crate::short`).
