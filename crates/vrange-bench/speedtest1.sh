@@ -22,7 +22,10 @@ lib=$root/target/release
 [ -e "$lib/libvrange.so" ] || { echo "no $lib/libvrange.so: cargo build --release -p vrange-ffi" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-gcc -O2 -o "$work/speedtest1" "$src" -lsqlite3 -lm
+# A newer speedtest1.c names a configuration option (1018, SQLite 3.42) older headers lack; an
+# older SQLite refuses the option at run time, which speedtest1 ignores.
+grep -q SQLITE_DBCONFIG_STMT_SCANSTATUS /usr/include/sqlite3.h || defs=-DSQLITE_DBCONFIG_STMT_SCANSTATUS=1018
+gcc -O2 ${defs:-} -o "$work/speedtest1" "$src" -lsqlite3 -lm
 gcc -O2 -shared -fPIC -o "$work/preload.so" "$here/c/sqlite_pcache_preload.c" \
   -I"$root/include" -L"$lib" -lvrange -Wl,-rpath,"$lib"
 TIMEFORMAT='%U %S'
