@@ -16,8 +16,8 @@
 //! | by how much? | back to twice the threshold: 2 × threshold − (headroom − `bytes`), nothing while headroom − `bytes` ≥ threshold ([`deficit`]) | the reclaimer at each tick (`bytes` 0), [`make_room`](crate::reclaimer::make_room) before a client maps memory, the coordinator for its container |
 //! | how much a pressure event asks | vmpressure critical: every volatile byte; medium and PSI: `VRANGE_PRESSURE_SHARE` % of them, at least 2 MiB | the reclaimer |
 //! | is the machine short? (a stall on the system's PSI file purges only then) | MemAvailable < MemTotal / 10 (earlyoom's line) | the reclaimer |
-//! | is memory tight? | headroom under what a neighbour faults in within one tick (4 GiB/s × tick), at least 64 MiB; relaxed again above twice that ([`watermark`]) | `crate::approach` |
-//! | how much must the kernel be able to take at once (the armed reserve)? | what can be charged before the reclaimer acts again, beyond the headroom: the faster of 4 GiB/s and twice the measured charge rate, over the tick and the reclaimer's reaction, at least 64 MiB, less the headroom ([`burst`], [`reserve`]) | the reclaimer, which arms the coldest volatile ranges to keep it |
+//! | is memory tight? | headroom under what a neighbour faults in within one tick (4 GiB/s × tick), at least 64 MiB; relaxed again above twice that (`watermark`) | `crate::approach` |
+//! | how much must the kernel be able to take at once (the armed reserve)? | what can be charged before the reclaimer acts again, beyond the headroom: the faster of 4 GiB/s and twice the measured charge rate, over the tick and the reclaimer's reaction, at least 64 MiB, less the headroom (`burst`, `reserve`) | the reclaimer, which arms the coldest volatile ranges to keep it |
 //!
 //! A leaf: it names no other module of the crate.
 

@@ -151,7 +151,7 @@ static ENROLLING: SpinLock = SpinLock::new();
 /// one with these handlers): the generation a [`RankedMutex`](super::RankedMutex) records.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// The fork generation of this process (see [`GENERATION`]).
+/// The fork generation of this process (fork children so far on this process's line).
 pub fn generation() -> u64 {
     GENERATION.load(Relaxed)
 }
