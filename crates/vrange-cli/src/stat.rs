@@ -460,7 +460,15 @@ fn watch(first: Sample, interval: Duration, count: Option<u64>) -> i32 {
         if count.is_some_and(|c| lines >= c) {
             return 0;
         }
-        let next = start + interval * u32::try_from(lines).unwrap_or(u32::MAX);
+        // The next point of the grid start + k × interval at least half an interval away: a
+        // line that came late (a slow or loaded machine) is not followed at once by another.
+        let soon = Instant::now() + interval / 2;
+        let k = soon
+            .saturating_duration_since(start)
+            .as_nanos()
+            .div_ceil(interval.as_nanos().max(1))
+            .max(u128::from(lines));
+        let next = start + interval * u32::try_from(k).unwrap_or(u32::MAX);
         if let Woke::Interrupted = interrupt.wait(next) {
             let now = stamp();
             print!(
