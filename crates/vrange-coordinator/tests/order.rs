@@ -212,7 +212,13 @@ fn in_one_order(o: &Outcome) {
     let purged = o.chunks.iter().filter(|c| c.2).count();
     assert!(purged >= 4, "pressure purged something: {}", show(o));
     assert!(purged < o.chunks.len(), "not everything: {}", show(o));
-    assert_eq!(inversions(o), 0, "one global order: {}", show(o));
+    assert_eq!(
+        inversions(o),
+        0,
+        "one global order: {}\nreports: {:?}",
+        show(o),
+        o.reports
+    );
     for r in &o.reports {
         assert_eq!(r.u64("pinned_ok"), 1);
         assert!(r.u64("connections") >= 1, "{r:?}");
