@@ -203,6 +203,24 @@ fn one(
     })
 }
 
+/// `sqlite_service create DB ROWS`: a database of `rows` rows.
+fn create(service: &Path, db: &Path, rows: u64) -> Result<std::process::Output, String> {
+    Command::new(service)
+        .arg("create")
+        .arg(db)
+        .arg(rows.to_string())
+        .output()
+        .map_err(|e| format!("{}: {e}", service.display()))
+}
+
+/// The error of a `create` that failed.
+fn create_failed(made: &std::process::Output) -> String {
+    format!(
+        "sqlite_service create: {}",
+        String::from_utf8_lossy(&made.stderr).trim()
+    )
+}
+
 /// The stress suite's SQLite case (the reproducer): a 64 MiB cgroup, the service on
 /// `vrange_sqlite_pcache()` with a cache_size for all of it, and a neighbour that takes 40 MiB
 /// within half a second of the cache being warm (4 s), then lets it go.
@@ -224,17 +242,9 @@ pub(crate) fn stress_database(dir: &Path) -> Result<(PathBuf, PathBuf), String> 
     let db = dir.join("sqlite-stress.db");
     if !db.exists() {
         let rows = STRESS_LIMIT * DATABASE_PERCENT / 100 / ROW_BYTES;
-        let made = Command::new(&service)
-            .arg("create")
-            .arg(&db)
-            .arg(rows.to_string())
-            .output()
-            .map_err(|e| format!("{}: {e}", service.display()))?;
+        let made = create(&service, &db, rows)?;
         if !made.status.success() {
-            return Err(format!(
-                "sqlite_service create: {}",
-                String::from_utf8_lossy(&made.stderr).trim()
-            ));
+            return Err(create_failed(&made));
         }
     }
     Ok((service, db))
@@ -276,21 +286,13 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let db = ctx.out.join("sqlite-bench.db");
     let rows = limit * DATABASE_PERCENT / 100 / ROW_BYTES;
     progress(format!("sqlite: making a database of {rows} rows"));
-    let made = Command::new(&service)
-        .arg("create")
-        .arg(&db)
-        .arg(rows.to_string())
-        .output()
-        .map_err(|e| format!("{}: {e}", service.display()))?;
+    let made = create(&service, &db, rows)?;
     if made.status.code() == Some(3) {
         ctx.skipped("sqlite", String::from_utf8_lossy(&made.stderr).trim());
         return Ok(());
     }
     if !made.status.success() {
-        return Err(format!(
-            "sqlite_service create: {}",
-            String::from_utf8_lossy(&made.stderr).trim()
-        ));
+        return Err(create_failed(&made));
     }
     let db_bytes = std::fs::metadata(&db).map_err(|e| e.to_string())?.len();
     let version = Reply::parse(&String::from_utf8_lossy(&made.stdout))

@@ -428,40 +428,44 @@ fn tradeoff_once(
 
 fn sqlite_once(service: &Path, db: &Path) -> Result<Trial, String> {
     let r = sqlite::stress_once(service, db)?;
-    Ok(Trial {
-        kills: r.oom_kills.unwrap_or(0),
-        held: None,
-        reaction_us: None,
-        wrong: match (r.oom_kills, r.wrong) {
-            (None, _) => Some("the cgroup's OOM kill count could not be read".into()),
-            (_, 0) => None,
-            (_, n) => Some(format!("{n} wrong rows read")),
-        },
-        detail: format!(
+    Ok(service_trial(
+        r.oom_kills,
+        (r.wrong, "wrong rows read"),
+        format!(
             "service killed {} times, neighbour {} times; {} operations",
             r.service_kills, r.neighbour_kills, r.ops
         ),
-    })
+    ))
 }
 
 fn cache_once() -> Result<Trial, String> {
     let r = cache::vrange_cache_run(true)?;
-    Ok(Trial {
-        kills: r.oom_kills.unwrap_or(0),
-        held: None,
-        reaction_us: None,
-        wrong: match (r.oom_kills, r.wrong) {
-            (None, _) => Some("the cgroup's OOM kill count could not be read".into()),
-            (_, 0) => None,
-            (_, n) => Some(format!("{n} wrong values read from the cache")),
-        },
-        detail: format!(
+    Ok(service_trial(
+        r.oom_kills,
+        (r.wrong, "wrong values read from the cache"),
+        format!(
             "service killed {} times, neighbour {} times; hit rate {:.1} %",
             r.service_kills,
             r.neighbour_kills,
             r.hit_rate * 100.0
         ),
-    })
+    ))
+}
+
+/// A trial of a service beside a neighbour: its cgroup's OOM kills (`None`: unreadable, which
+/// fails the trial), the wrong values it read (`(count, what they are)`), and `detail`.
+fn service_trial(oom_kills: Option<u64>, (wrong, what): (u64, &str), detail: String) -> Trial {
+    Trial {
+        kills: oom_kills.unwrap_or(0),
+        held: None,
+        reaction_us: None,
+        wrong: match (oom_kills, wrong) {
+            (None, _) => Some("the cgroup's OOM kill count could not be read".into()),
+            (_, 0) => None,
+            (_, n) => Some(format!("{n} {what}")),
+        },
+        detail,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
