@@ -937,7 +937,7 @@ struct vrange_stats {
     /* Version 3 (appended) */
     uint64_t refill_recycled_bytes; /**< refill blocks' pages given back before a fill */
     /* Version 4 (appended) */
-    uint64_t reserve_bytes;      /**< the armed reserve kept at the reclaimer's last look */
+    uint64_t reserve_bytes;      /**< the armed reserve the reclaimer aimed for at its last look */
     uint64_t refill_moved_bytes; /**< refill blocks put in place by moving pages (UFFDIO_MOVE) */
 };
 

@@ -36,7 +36,7 @@ const RELAXED: u8 = 1;
 const TIGHT: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
-/// The armed reserve the reclaimer kept at its last tick (bytes; for `stats()`).
+/// The armed reserve the reclaimer aimed for at its last tick (bytes; for `stats()`).
 static RESERVE: AtomicU64 = AtomicU64::new(0);
 /// Bytes the reclaimer could not arm for the reserve at its last tick (a mark arms its range
 /// while this is positive, and takes its bytes off).
@@ -90,7 +90,7 @@ pub(crate) fn set_reserve(reserve: u64, missing: u64) {
     DEFICIT.store(missing, Relaxed);
 }
 
-/// The reserve kept at the last tick.
+/// The reserve aimed for at the last tick.
 pub(crate) fn reserve() -> u64 {
     RESERVE.load(Relaxed)
 }

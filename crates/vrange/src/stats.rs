@@ -119,9 +119,10 @@ pub struct Stats {
     /// the memory cgroup could not take the new block without reclaim (the pages kept): moved
     /// into the fill's buffer where the kernel moves pages (`UFFDIO_MOVE`), else dropped.
     pub refill_recycled_bytes: u64,
-    /// The armed reserve the reclaimer kept at its last look: volatile bytes it made sure the
-    /// kernel could take by itself (0 away from the limit; see README, "Against a neighbour
-    /// writing at memory speed").
+    /// The armed reserve the reclaimer aimed for at its last look: volatile bytes it arms so
+    /// that the kernel can take them by itself (what it could not arm is left to the next
+    /// marks; 0 away from the limit; see README, "Against a neighbour writing at memory
+    /// speed").
     pub reserve_bytes: u64,
     /// Bytes of refill blocks put in place by moving the fill buffer's pages (`UFFDIO_MOVE`,
     /// Linux 6.8) rather than copying them (`UFFDIO_COPY`).

@@ -71,6 +71,8 @@ pub(super) fn run() {
     // The headroom read for refill regions filled on the faulting thread (in this thread's own
     // descriptor table, never in the program's).
     let mut refill_room = OwnHeadroom::new();
+    // The armed reserve's candidates, kept from tick to tick (no allocation once grown).
+    let mut reserve = Vec::new();
     // Before the first tick: a process that starts close to its limit arms at once.
     let mut measured = now_ns();
     let mut pace = Pace::default();
@@ -79,13 +81,8 @@ pub(super) fn run() {
         if approach::is_tight() {
             let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
             // Tight: its ticks come every TIGHT_POLL from now on.
-            arm(
-                headroom,
-                &mut pace,
-                approach::TIGHT_POLL,
-                Duration::ZERO,
-                delay_ns,
-            );
+            let ticks = (approach::TIGHT_POLL, Duration::ZERO);
+            arm(headroom, &mut pace, ticks, delay_ns, &mut reserve);
         }
     }
     while STATE.load(Acquire) == RUNNING {
@@ -209,8 +206,8 @@ pub(super) fn run() {
         let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
         match headroom {
             Some(h) if approach::is_tight() => {
-                let look = pace.look(poll);
-                arm(h, &mut pace, look, reaction, delay_ns)
+                let ticks = (pace.look(poll), reaction);
+                arm(h, &mut pace, ticks, delay_ns, &mut reserve)
             }
             // Tight, and nothing measured this tick (no volatile memory, or no file could be
             // read): the reserve and its deficit stay as the last measure left them.
@@ -341,12 +338,24 @@ impl Pace {
 /// be charged before this thread looks again (`look`: its poll, or the longest recent gap
 /// between its ticks) and reacts (`reaction`) beyond `headroom`; what could not be armed is left to the next marks (the deficit). Ranges volatile
 /// for the arm delay (`delay_ns`) are armed as well, as away from the limit.
-fn arm(headroom: u64, pace: &mut Pace, look: Duration, reaction: Duration, delay_ns: u64) {
+/// Candidates are looked for only when the reserve is short (`buf` holds them, kept from tick
+/// to tick).
+fn arm(
+    headroom: u64,
+    pace: &mut Pace,
+    (look, reaction): (Duration, Duration),
+    delay_ns: u64,
+    buf: &mut Vec<victims::Candidate>,
+) {
     let target = short::reserve(headroom, short::burst(pace.rate(), look + reaction));
     let now = now_ns();
-    let reserve = victims::reserve(now, pace.discarded());
+    let armed = victims::armed(pace.discarded());
+    buf.clear();
+    if armed.bytes < target {
+        victims::reserve_candidates(now, target - armed.bytes, buf);
+    }
     let p = pause();
-    let (done, missing) = victims::keep_reserve(&reserve, target);
+    let (done, missing) = victims::keep_reserve(&armed, buf, target);
     let aged = victims::arm_due(now, delay_ns);
     drop(p);
     approach::set_reserve(target, missing);

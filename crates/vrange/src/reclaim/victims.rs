@@ -125,79 +125,119 @@ pub(crate) fn purge_oldest(victims: &[Candidate], target: u64) -> (u64, u64) {
     (ranges, bytes)
 }
 
-/// What the reserve has and may take: the volatile hybrid ranges not armed yet and not hot
-/// (marked again within `approach::HOT` and not idle that long since), in the victim order;
-/// the bytes armed; and the armed ranges the kernel emptied, to settle.
-pub(crate) struct Reserve {
-    candidates: Vec<Candidate>,
-    armed_bytes: u64,
+/// What is armed now: the armed bytes, and the armed ranges the kernel emptied, to settle.
+#[derive(Default)]
+pub(crate) struct Armed {
+    pub bytes: u64,
     emptied: Vec<Candidate>,
 }
 
-/// The reserve's ranges now. The armed bytes are as recorded, or, with `verify` (the kernel
-/// discarded lazily freed pages since the last look: a recorded count would keep counting
-/// what it took), the armed pages still resident, one mincore(2) per armed range. Collected
-/// outside the purge lock, as [`candidates`] (a range freed meanwhile counts nothing: mincore
-/// of a hole fails).
-pub(crate) fn reserve(now: u64, verify: bool) -> Reserve {
-    let hot_ns = crate::approach::HOT.as_nanos() as u64;
-    let mut r = Reserve {
-        candidates: Vec::with_capacity(registry::slots()),
-        armed_bytes: 0,
-        emptied: Vec::new(),
-    };
+/// What is armed now, one pass over the registry. The armed bytes are as recorded, or, with
+/// `verify` (the kernel discarded lazily freed pages since the last look: a recorded count
+/// would keep counting what it took), the armed pages still resident, one mincore(2) per armed
+/// range. Outside the purge lock, as [`candidates`] (a range freed meanwhile counts nothing:
+/// mincore of a hole fails). Allocates only for ranges found emptied.
+pub(crate) fn armed(verify: bool) -> Armed {
+    let mut a = Armed::default();
     registry::for_each_live(|idx, slot| {
         let word = slot.state().load();
-        let candidate = |len| Candidate {
-            priority: slot.priority(),
-            last_used: slot.last_used(),
-            idx,
-            word,
-            len,
-            page: 0,
-            ino: 0,
-        };
         let recorded = managed::armed_bytes(slot, word);
-        if recorded > 0 {
-            let armed = if verify {
-                managed::armed_resident(slot, word)
-            } else {
-                recorded
-            };
-            if armed == 0 {
-                r.emptied.push(candidate(recorded));
-            }
-            r.armed_bytes = r.armed_bytes.saturating_add(armed as u64);
+        if recorded == 0 {
+            return;
         }
-        let delay = if slot.hot.load(Relaxed) { hot_ns } else { 0 };
-        if managed::due_for_arming(slot, word, now, delay)
-            && r.candidates.len() < r.candidates.capacity()
-        {
-            r.candidates.push(candidate(slot.len.load(Relaxed)));
+        let bytes = if verify {
+            managed::armed_resident(slot, word)
+        } else {
+            recorded
+        };
+        if bytes == 0 {
+            a.emptied.push(Candidate {
+                priority: slot.priority(),
+                last_used: slot.last_used(),
+                idx,
+                word,
+                len: recorded,
+                page: 0,
+                ino: 0,
+            });
         }
+        a.bytes = a.bytes.saturating_add(bytes as u64);
     });
-    order(&mut r.candidates);
-    r
+    a
 }
 
-/// Keeps `target` bytes armed: settles the armed ranges the kernel emptied (purged: their
-/// content is gone already, and the next count skips them), then arms candidates in order
+/// The reserve's candidates, into `out` (the reclaimer's, kept from tick to tick, so that a
+/// scan allocates only when the registry has grown): the volatile hybrid ranges not armed yet
+/// and not hot (marked again within `approach::HOT` and not idle that long since), the coldest
+/// first in the victim order as far as they cover `need` bytes (the rest follow in no order).
+/// Outside the purge lock, as [`candidates`].
+///
+/// Ordering only the prefix a tick arms keeps a tick in proportion to what it arms: SQLite's
+/// page cache holds tens of thousands of one-page ranges, and sorting them all at every tight
+/// tick (10 ms) took a tenth of a CPU.
+pub(crate) fn reserve_candidates(now: u64, need: u64, out: &mut Vec<Candidate>) {
+    let hot_ns = crate::approach::HOT.as_nanos() as u64;
+    out.clear();
+    out.reserve(registry::slots());
+    registry::for_each_live(|idx, slot| {
+        let word = slot.state().load();
+        let delay = if slot.hot.load(Relaxed) { hot_ns } else { 0 };
+        if managed::due_for_arming(slot, word, now, delay) && out.len() < out.capacity() {
+            out.push(Candidate {
+                priority: slot.priority(),
+                last_used: slot.last_used(),
+                idx,
+                word,
+                len: slot.len.load(Relaxed),
+                page: 0,
+                ino: 0,
+            });
+        }
+    });
+    order_coldest(out, need);
+}
+
+/// Puts the coldest candidates first in the victim order ([`order`]), as many as cover `need`
+/// bytes (all of them if they do not): a selection, then a sort of that prefix only.
+fn order_coldest(c: &mut [Candidate], need: u64) {
+    let now = now_ns();
+    let key = |c: &Candidate| (c.place(now), c.idx, c.page);
+    let total: u64 = c.iter().map(|c| c.len as u64).sum();
+    if c.len() < 2 || total <= need {
+        c.sort_unstable_by_key(key);
+        return;
+    }
+    // Ranges are near one size where there are many (pages, slabs): the first guess at how
+    // many cover `need` nearly always does; when it does not, the rest are sorted too.
+    let k = usize::try_from(need / (total / c.len() as u64).max(1))
+        .unwrap_or(usize::MAX)
+        .min(c.len() - 1);
+    c.select_nth_unstable_by_key(k, key);
+    let (head, tail) = c.split_at_mut(k + 1);
+    head.sort_unstable_by_key(key);
+    if head.iter().map(|c| c.len as u64).sum::<u64>() < need {
+        tail.sort_unstable_by_key(key);
+    }
+}
+
+/// Keeps `target` bytes armed: settles the armed ranges the kernel emptied (`armed`: their
+/// content is gone already, and the next count skips them), then arms `candidates` in order
 /// until what is armed reaches `target`. Returns (bytes armed now, bytes still missing). The
 /// caller holds the purge lock. Does not allocate.
-pub(crate) fn keep_reserve(r: &Reserve, target: u64) -> (u64, u64) {
-    for c in &r.emptied {
+pub(crate) fn keep_reserve(armed: &Armed, candidates: &[Candidate], target: u64) -> (u64, u64) {
+    for c in &armed.emptied {
         managed::settle(c.idx, registry::slot(c.idx), c.word);
     }
     let mut now_armed = 0u64;
-    for c in &r.candidates {
-        if r.armed_bytes.saturating_add(now_armed) >= target {
+    for c in candidates {
+        if armed.bytes.saturating_add(now_armed) >= target {
             break;
         }
         now_armed += managed::arm(registry::slot(c.idx), c.word) as u64;
     }
     (
         now_armed,
-        target.saturating_sub(r.armed_bytes.saturating_add(now_armed)),
+        target.saturating_sub(armed.bytes.saturating_add(now_armed)),
     )
 }
 
@@ -249,6 +289,33 @@ mod tests {
         order(&mut v);
         let idx: Vec<u32> = v.iter().map(|c| c.idx).collect();
         assert_eq!(idx, [3, 5, 4, 1, 2]);
+    }
+
+    /// The prefix `order_coldest` sorts is the full order's prefix covering `need`, for sizes
+    /// alike and unlike (the first guess short of `need`).
+    #[test]
+    fn the_coldest_prefix_is_the_full_orders() {
+        let classes = [Priority::DropFirst, Priority::Low, Priority::Normal];
+        let mut v: Vec<Candidate> = (0..200u32)
+            .map(|i| {
+                let mut x = c(classes[(i * 7 % 3) as usize], u64::from(i * 37 % 101), i);
+                x.len = if i % 10 == 0 { 64 << 10 } else { 4096 };
+                x
+            })
+            .collect();
+        let mut full = v.clone();
+        order(&mut full);
+        for need in [0, 4096, 100 << 10, 1 << 20, u64::MAX] {
+            order_coldest(&mut v, need);
+            let mut covered = 0u64;
+            for (got, want) in v.iter().zip(&full) {
+                assert_eq!(got.idx, want.idx, "need {need}");
+                covered += got.len as u64;
+                if covered >= need {
+                    break;
+                }
+            }
+        }
     }
 
     #[test]
