@@ -80,20 +80,6 @@ fn cpu_ticks(pid: i32) -> Option<u64> {
     Some(s.utime_ticks.saturating_add(s.stime_ticks))
 }
 
-/// Whether a thread of process `pid` runs or waits for a CPU (`R`) or waits in the kernel
-/// (`D`: a fault, a lock of its memory map) now.
-fn a_thread_runs(pid: i32) -> bool {
-    let Ok(pid) = u32::try_from(pid) else {
-        return false;
-    };
-    vrange_sys::procfs::tasks(Some(pid)).is_ok_and(|tids| {
-        tids.iter().any(|&tid| {
-            vrange_sys::procfs::task_stat(Some(pid), tid)
-                .is_ok_and(|s| matches!(s.state, 'R' | 'D'))
-        })
-    })
-}
-
 /// A participant's `Room` request: it is about to map memory and asks that the room come from
 /// the global order rather than from its own data. Answered once the purge requests sent for
 /// it have freed as much, or are all answered (or left to participants that do not answer).
@@ -127,16 +113,12 @@ impl Conn {
             .is_some_and(|r| waited_too_long(r.sent.elapsed(), patience, cap, || self.working()))
     }
 
-    /// Whether it works at its pending request: its CPU time grew since the request was sent,
-    /// or one of its threads runs, waits for a CPU or waits in the kernel now. The second
-    /// covers a machine so loaded (an emulated guest beside a memory hog) that the reclaimer
-    /// thread the request woke has not had a clock tick of CPU yet.
+    /// Whether its CPU time grew since its pending request was sent.
     fn working(&self) -> bool {
         self.pending.is_some()
-            && (self
+            && self
                 .cpu_at_ask
                 .is_some_and(|then| cpu_ticks(self.cred.pid).is_some_and(|now| now > then))
-                || a_thread_runs(self.cred.pid))
     }
 
     /// Sends purge request `r`; `false` if the participant cannot be told.
