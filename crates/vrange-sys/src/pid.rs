@@ -104,7 +104,8 @@ fn exists(pid: u32) -> Option<bool> {
 }
 
 /// Whether the process `who` names has certainly died: it is in this process's pid namespace
-/// and its pid names no process, a zombie (dead, not yet waited for), or a process that
+/// and its pid names no process, a zombie (dead, not yet waited for; a zombie main thread
+/// with other threads alive is alive), or a process that
 /// started at another time (the pid was reused). Every doubt (another namespace, an unknown
 /// namespace, a stat file this process may not read) answers `false`. Reads
 /// `/proc/PID/stat`: allocates, and opens a descriptor for the moment.
@@ -118,10 +119,15 @@ pub fn is_gone(who: &Identity) -> bool {
         Some(true) => {}
     }
     match crate::procfs::stat(Some(who.pid)) {
-        Ok(s) => {
-            matches!(s.state, 'Z' | 'X')
-                || (who.start_ticks != 0 && s.start_ticks != who.start_ticks)
+        Ok(s) if who.start_ticks != 0 && s.start_ticks != who.start_ticks => true,
+        Ok(s) if s.state == 'X' => true,
+        // A zombie main thread: the process is dead only if no other thread of it lives (a
+        // main thread that called pthread_exit shows `Z` while its other threads still run
+        // and use their pins). A task list that cannot be read is a doubt: alive.
+        Ok(s) if s.state == 'Z' => {
+            crate::procfs::tasks(Some(who.pid)).is_ok_and(|tids| tids.len() <= 1)
         }
+        Ok(_) => false,
         // Hidden by hidepid, or gone between the two looks: kill(2) tells which.
         Err(_) => exists(who.pid) == Some(false),
     }
@@ -148,6 +154,57 @@ mod tests {
         assert_ne!(me.pid_ns, 0);
         assert!(me.is_self());
         assert!(!is_gone(&me), "this process is alive");
+    }
+
+    /// A process whose main thread called pthread_exit shows `Z` while its other threads run:
+    /// alive, until it really dies.
+    #[test]
+    fn a_zombie_main_thread_with_a_live_thread_is_alive() {
+        extern "C" fn park(_: *mut libc::c_void) -> *mut libc::c_void {
+            loop {
+                // SAFETY: pause only waits for a signal.
+                unsafe { libc::pause() };
+            }
+        }
+        let me = identity();
+        // SAFETY: the child calls only pthread_create (glibc's fork leaves its own locks
+        // usable), _exit or the thread's exit(2), and, in its thread, pause.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let mut t: libc::pthread_t = 0;
+            // SAFETY: `park` never returns; no argument is read.
+            unsafe {
+                if libc::pthread_create(&mut t, std::ptr::null(), park, std::ptr::null_mut()) != 0 {
+                    libc::_exit(1);
+                }
+                // The main thread alone ends (exit(2), not exit_group), as pthread_exit would
+                // without unwinding through these frames.
+                libc::syscall(libc::SYS_exit, 0);
+            }
+        }
+        let pid = pid as u32;
+        let who = Identity {
+            pid,
+            start_ticks: crate::procfs::start_ticks(Some(pid)).unwrap(),
+            pid_ns: me.pid_ns,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while crate::procfs::stat(Some(pid)).unwrap().state != 'Z' {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the main thread never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let alive = !is_gone(&who);
+        // SAFETY: kills and reaps the child forked above.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+            libc::waitpid(pid as i32, std::ptr::null_mut(), 0);
+        }
+        assert!(alive, "a zombie main thread with a live thread is alive");
+        assert!(is_gone(&who), "gone once killed and reaped");
     }
 
     #[test]
