@@ -73,6 +73,8 @@ pub(super) fn run() {
     let mut refill_room = OwnHeadroom::new();
     // The armed reserve's candidates, kept from tick to tick (no allocation once grown).
     let mut reserve = Vec::new();
+    // When dead holders of shared regions were last looked for (ns).
+    let mut reaped_at = 0;
     // Before the first tick: a process that starts close to its limit arms at once.
     let mut measured = now_ns();
     let mut pace = Pace::default();
@@ -153,9 +155,11 @@ pub(super) fn run() {
         // Opening files (sources, /proc, the statistics file) waits for the thread's own table
         // (see `waker`).
         let files_ok = waker::files_ok();
-        // Shared regions' holders whose process died: their pins released once per tick, so
+        // Shared regions' holders whose process died: their pins released once per configured
+        // tick (not at every tight tick: each look reads /proc for every other holder), so
         // that what only they pinned is purgeable from then on, by this process or another.
-        if files_ok {
+        if files_ok && t.saturating_sub(reaped_at) >= gap {
+            reaped_at = t;
             crate::managed::reap_dead();
         }
         if let Some(w) = watch.as_mut().filter(|_| files_ok) {
