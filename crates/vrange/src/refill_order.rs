@@ -58,11 +58,9 @@ impl Order {
     /// room (it is then never recycled, only taken by the kernel); where another thread is
     /// popping the very cell this needs, `block` goes unlisted too rather than wait.
     pub(crate) fn push(&self, block: u32) {
-        for _ in 0..2 {
-            if self.try_push(block) {
-                return;
-            }
+        if !self.try_push(block) {
             let _ = self.pop();
+            let _ = self.try_push(block);
         }
     }
 
