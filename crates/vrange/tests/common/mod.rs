@@ -220,6 +220,7 @@ pub fn pressure_reader(
     for i in (0..PRESSURE_REGION / 8).step_by(vrange::page_size() / 8) {
         wrong += u64::from(read_word(&r, i) != pattern(PRESSURE_SEED, i));
     }
+    let at_fork = vrange::stats();
     let child = forked.then(|| {
         vrange_testkit::fork::fork_linked(|link| {
             // Holds the parent's pages until it is done (or gone).
@@ -238,11 +239,14 @@ pub fn pressure_reader(
     }
     let after = vrange::stats();
     vrange_testkit::role::say(format_args!(
-        "DONE wrong={wrong} fills={} blocks={} recycled={} moved={}",
+        "DONE wrong={wrong} fills={} blocks={} recycled={} moved={} late_recycled={} \
+         late_moved={}",
         after.refill_fills - before.refill_fills,
         PRESSURE_REGION / block,
         after.refill_recycled_bytes - before.refill_recycled_bytes,
         after.refill_moved_bytes - before.refill_moved_bytes,
+        after.refill_recycled_bytes - at_fork.refill_recycled_bytes,
+        after.refill_moved_bytes - at_fork.refill_moved_bytes,
     ));
 }
 
@@ -251,7 +255,7 @@ pub fn pressure_reader(
 /// (skips without userfaultfd or a cgroup), and checks that every word was the generator's, no process was OOM-killed, blocks were made
 /// again, the fills near the limit recycled the oldest blocks, and pages were moved into place
 /// where the kernel moves them and moves are not turned off (`moves`), else none.
-pub fn pressure_test(test: &str, role: &str, env: &[(&str, &str)], moves: bool) {
+pub fn pressure_test(test: &str, role: &str, env: &[(&str, &str)], moves: bool, forked: bool) {
     use vrange_testkit::{cgroup, role::Role};
     if !vrange::features().userfaultfd && vrange::features().userfaultfd_dev.is_err() {
         return vrange_testkit::skip("userfaultfd is not available to this process");
@@ -275,13 +279,16 @@ pub fn pressure_test(test: &str, role: &str, env: &[(&str, &str)], moves: bool) 
     let reply = reply.unwrap_or_else(|e| panic!("the reader: {e}; {exit}\n{diagnostics}"));
     println!(
         "{role}: {} MiB region under a {} MiB limit: {} fills of {} blocks, {} MiB recycled, \
-         {} MiB moved, {} wrong words, OOM kills {kills}",
+         {} MiB moved ({} KiB recycled and {} KiB moved after a fork, if any), {} wrong words, \
+         OOM kills {kills}",
         PRESSURE_REGION >> 20,
         PRESSURE_LIMIT >> 20,
         reply.u64("fills"),
         reply.u64("blocks"),
         reply.u64("recycled") >> 20,
         reply.u64("moved") >> 20,
+        reply.u64("late_recycled") >> 10,
+        reply.u64("late_moved") >> 10,
         reply.u64("wrong")
     );
     assert_eq!(exit, vrange_testkit::proc::Exit::Code(0));
@@ -305,6 +312,21 @@ pub fn pressure_test(test: &str, role: &str, env: &[(&str, &str)], moves: bool) 
     } else {
         assert_eq!(reply.u64("moved"), 0, "every block was copied: {reply:?}");
     }
+    // After the fork (the random pass), the oldest blocks' pages are shared with the child:
+    // recycling goes on, and where the kernel moves pages it refuses those (EBUSY), so some
+    // recycled blocks were given back rather than moved.
+    if forked {
+        assert!(
+            reply.u64("late_recycled") > 0,
+            "recycling went on: {reply:?}"
+        );
+        if moves {
+            assert!(
+                reply.u64("late_recycled") > reply.u64("late_moved"),
+                "shared pages were not moved: {reply:?}"
+            );
+        }
+    }
 }
 
 /// The pressure scenario with moves as the kernel allows (`VRANGE_REFILL_MOVE=on`, whatever
@@ -321,6 +343,7 @@ pub fn pressure(test: &str, role: &str, moves: bool, forked: bool, reader: impl 
         role,
         &[("VRANGE_REFILL_MOVE", setting)],
         moves && vrange::features().uffd_move,
+        forked,
     );
 }
 
