@@ -50,5 +50,8 @@ for what in wall cpu; do
   v=$(awk -v k=$what '$1=="vrange" {for(i=3;i<=NF;i++) if (index($i,k"=")==1) print substr($i,length(k)+2)}' "$work/runs" | median)
   echo "$what median ($rounds runs each): default $d s, vrange $v s, ratio $(awk -v a="$v" -v b="$d" 'BEGIN {printf "%.3f", a/b}')"
 done
+if grep -q 'hash=$' "$work/runs"; then
+  echo "a run printed no verification hash" >&2; exit 1
+fi
 hashes=$(awk '{print $5}' "$work/runs" | sort -u | wc -l)
 [ "$hashes" = 1 ] && echo "verification hash: identical in every run" || { echo "verification hashes differ" >&2; exit 1; }

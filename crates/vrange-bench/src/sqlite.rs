@@ -236,18 +236,28 @@ pub(crate) struct StressRun {
     pub wrong: u64,
 }
 
-/// The database of the stress case, made once in `dir` (kept between trials).
-pub(crate) fn stress_database(dir: &Path) -> Result<(PathBuf, PathBuf), String> {
+/// The database of the stress case, made once in `dir` (kept between trials; made under
+/// another name and renamed once whole, so that a run cut short leaves none to reuse).
+/// `Ok(Err(why))`: this machine's SQLite cannot run the service (the case is skipped).
+pub(crate) fn stress_database(dir: &Path) -> Result<Result<(PathBuf, PathBuf), String>, String> {
     let service = SQLITE_SERVICE.install(dir)?;
     let db = dir.join("sqlite-stress.db");
     if !db.exists() {
+        let partial = dir.join("sqlite-stress.db.partial");
+        let _ = std::fs::remove_file(&partial);
         let rows = STRESS_LIMIT * DATABASE_PERCENT / 100 / ROW_BYTES;
-        let made = create(&service, &db, rows)?;
+        let made = create(&service, &partial, rows)?;
+        if made.status.code() == Some(3) {
+            return Ok(Err(String::from_utf8_lossy(&made.stderr)
+                .trim()
+                .to_string()));
+        }
         if !made.status.success() {
             return Err(create_failed(&made));
         }
+        std::fs::rename(&partial, &db).map_err(|e| format!("{}: {e}", db.display()))?;
     }
-    Ok((service, db))
+    Ok(Ok((service, db)))
 }
 
 /// One trial of the stress case on the database of [`stress_database`].

@@ -66,8 +66,8 @@ enum State {
 }
 
 /// A page's record: the `sqlite3_pcache_page` handed to SQLite (first, so that a page pointer
-/// is a record pointer), then what the cache keeps about it, in the cache line SQLite's
-/// header begins beside.
+/// is a record pointer), then what the cache keeps about it; SQLite's header follows on the
+/// next cache line.
 #[repr(C)]
 pub(crate) struct Page {
     pub page: PcachePage,
@@ -336,13 +336,15 @@ impl Inner {
         let _ = unsafe { region.mark_range(offset, self.stride) };
     }
 
-    /// Pins `p`'s page, which was volatile; whether its content survived.
-    fn take(&self, p: *mut Page) -> bool {
+    /// Pins `p`'s page, which was volatile; whether its content survived. `None`: it could
+    /// not be pinned (no registry slot for the split: ENOMEM) and is still volatile, so it must
+    /// not be handed to SQLite.
+    fn take(&self, p: *mut Page) -> Option<bool> {
         let (region, offset) = self.at(p);
-        match region.unmark_range(offset, self.stride) {
-            Ok(u) => !u.was_purged(),
-            Err(_) => false,
-        }
+        region
+            .unmark_range(offset, self.stride)
+            .ok()
+            .map(|u| !u.was_purged())
     }
 
     /// Marks `p`'s page new for SQLite (the first word of its header zeroed).
@@ -468,8 +470,11 @@ impl Inner {
     fn alloc(&mut self) -> Option<*mut Page> {
         let p = if self.purgeable && self.short() && self.head != NIL {
             let old = self.head;
-            if self.forget(old) == State::Volatile {
-                self.take(old);
+            if self.forget(old) == State::Volatile && self.take(old).is_none() {
+                // SAFETY: a record of this cache; still volatile, as a free record is.
+                unsafe { rec(old) }.state = State::Free;
+                self.free.push(old);
+                return None;
             }
             old
         } else {
@@ -481,8 +486,9 @@ impl Inner {
             }
             let p = self.free.pop()?;
             // SAFETY: the free list holds records of this cache.
-            if unsafe { rec(p) }.state == State::Free {
-                self.take(p);
+            if unsafe { rec(p) }.state == State::Free && self.take(p).is_none() {
+                self.free.push(p);
+                return None;
             }
             p
         };
@@ -589,13 +595,15 @@ impl Inner {
             self.unlink(p);
             // SAFETY: a record of this cache (the hash's), volatile.
             unsafe { rec(p) }.state = State::Pinned;
-            if !self.take(p) {
+            match self.take(p) {
+                Some(true) => {}
                 // The system took it: SQLite reads it from the file again.
-                if create == 0 {
+                Some(false) if create != 0 => Self::zero_extra(p),
+                // Taken by the system, or not pinnable now (still volatile): never handed out.
+                Some(false) | None => {
                     self.discard(p);
                     return null_mut();
                 }
-                Self::zero_extra(p);
             }
             return p.cast();
         }

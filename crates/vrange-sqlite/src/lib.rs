@@ -21,7 +21,7 @@
 //!   it back as a new page (the first word of `pExtra` zeroed, as SQLite's own cache does, so
 //!   SQLite reads it from the file), or, when asked not to create pages, reports it absent.
 //! - SQLite's per-page header (`pExtra`) lives in ordinary memory, never purged, beside the
-//!   cache's record of the page (one cache line holds the record and the header's start), and
+//!   cache's record of the page (on the cache line after it), and
 //!   records are linked by pointer as SQLite's own cache links its own: a fetch reads one hash
 //!   bucket and one record.
 //! - Only clean pages are unpinned by SQLite; pages of a cache that is not purgeable
@@ -29,7 +29,7 @@
 //!   hold the only copy of their data.
 //! - Keeping the pages: while memory is short for the next 16 pages (`vrange::short`: they
 //!   would leave the memory cgroup's free memory under the headroom threshold; two `pread`s,
-//!   every 16 new pages or at each while short), a new page takes the record of the cache's
+//!   every 16 new pages), a new page takes the record of the cache's
 //!   oldest unpinned page, memory already charged, instead of charging more (see
 //!   `Inner::alloc`).
 //! - `cache_size` is honoured as SQLite's own cache honours it (unpinned pages beyond it are

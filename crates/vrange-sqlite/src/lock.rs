@@ -1,73 +1,60 @@
 //! The cache's lock. SQLite calls one cache from one thread at a time; the only other taker is
-//! the reclaimer's flush hook, which only tries. So the lock is a flag: taking it is one
-//! compare-and-swap that all but always succeeds, releasing it one store. (`std::sync::Mutex`
-//! releases with an atomic swap, to learn whether to wake a waiter: a tenth of a page fetch.)
-//! It owns nothing but the flag and never sleeps; a second thread of SQLite's (it serialises
-//! a cache's callers itself) or a hook caught mid-flush makes a taker spin, then yield.
+//! the reclaimer's flush hook, which only tries. So the lock is vrange's spin lock: taking it
+//! is one compare-and-swap that all but always succeeds, releasing it one store
+//! (`std::sync::Mutex` releases with an atomic swap, to learn whether to wake a waiter: a tenth
+//! of a page fetch). Not held across fork: SQLite's connections are not carried into a fork
+//! child (SQLite's own rule), and a child that uses none never takes it.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use vrange_sys::sync::{SpinGuard, SpinLock};
 
-/// `T` behind a flag.
+/// `T` behind vrange's spin lock (`vrange_sys::sync::SpinLock`: one compare-and-swap to take,
+/// one store to release; a waiter spins, yields, then sleeps).
 pub(crate) struct Lock<T> {
-    held: AtomicBool,
+    flag: SpinLock,
     value: UnsafeCell<T>,
 }
 
 // SAFETY: the value is reached only through a `Guard`, and one guard exists at a time (the
-// flag, taken with Acquire and released with Release, orders each holder after the last).
+// spin lock orders each holder after the last).
 unsafe impl<T: Send> Sync for Lock<T> {}
-
-/// Spins before a taker yields its CPU to the holder.
-const SPINS: u32 = 64;
 
 impl<T> Lock<T> {
     pub fn new(value: T) -> Lock<T> {
         Lock {
-            held: AtomicBool::new(false),
+            flag: SpinLock::new(),
             value: UnsafeCell::new(value),
         }
     }
 
     /// Takes the lock, waiting for its holder.
     pub fn lock(&self) -> Guard<'_, T> {
-        let mut spins = 0;
-        loop {
-            if let Some(g) = self.try_lock() {
-                return g;
-            }
-            while self.held.load(Relaxed) {
-                if spins < SPINS {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+        Guard {
+            lock: self,
+            _held: self.flag.lock(),
         }
     }
 
     /// Takes the lock if it is free.
     pub fn try_lock(&self) -> Option<Guard<'_, T>> {
-        // A guard is made only once the flag is ours: dropping one releases the lock.
-        self.held
-            .compare_exchange(false, true, Acquire, Relaxed)
-            .is_ok()
-            .then(|| Guard { lock: self })
+        self.flag.try_lock().map(|held| Guard {
+            lock: self,
+            _held: held,
+        })
     }
 }
 
 /// The lock, held until dropped (also when a panic unwinds through its holder).
 pub(crate) struct Guard<'a, T> {
     lock: &'a Lock<T>,
+    _held: SpinGuard<'a>,
 }
 
 impl<T> Deref for Guard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        // SAFETY: this guard holds the flag: no other reference to the value exists.
+        // SAFETY: this guard holds the lock: no other reference to the value exists.
         unsafe { &*self.lock.value.get() }
     }
 }
@@ -76,12 +63,6 @@ impl<T> DerefMut for Guard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as above, and the guard is borrowed mutably.
         unsafe { &mut *self.lock.value.get() }
-    }
-}
-
-impl<T> Drop for Guard<'_, T> {
-    fn drop(&mut self) {
-        self.lock.held.store(false, Release);
     }
 }
 

@@ -1,7 +1,7 @@
 //! The memory of a chunk's slot records, each followed by SQLite's header for its page
-//! (`pExtra`): one cache line holds a record and the start of the header, so the lookup that
-//! reads a record brings in what SQLite reads next (its `PgHdr`, then its b-tree page), as
-//! SQLite's own cache keeps its record beside its page. Ordinary memory, never volatile: the
+//! (`pExtra`) on the next cache line (a record is 57 bytes, padded to 64), so the header sits
+//! beside the record the lookup read, as SQLite's own cache keeps its record beside its
+//! page. Ordinary memory, never volatile: the
 //! headers are SQLite's bookkeeping of pages it may still hold. Owns that allocation only;
 //! never touches a page's bytes.
 

@@ -1,6 +1,8 @@
 //! Every lock of vrange, in every crate, with its rank, and the one fork protocol that holds
 //! them. Internal: the core and its clients (vrange-malloc, vrange-cache) take their locks from
-//! here, so that one order covers them all.
+//! here, so that one order covers them all. (vrange-sqlite's cache lock is a plain
+//! `sync::SpinLock` outside the ranks: taken before any of these and only tried by the flush
+//! hook, never held across fork; docs/DESIGN.md.)
 //!
 //! - A [`Lock`] is a ranked spin lock that never allocates, usable in a `const` static, and
 //!   **held across `fork`**: the forking thread takes every `Lock` ever used, in rank order,
