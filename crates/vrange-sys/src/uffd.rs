@@ -438,6 +438,11 @@ pub fn move_works() -> io::Result<()> {
         unsafe { (src as *mut u64).write_volatile(0x5eed) };
         // SAFETY: the probe's own page, whose content it reads at the destination.
         unsafe { move_pages(fd, dst, src, page, SrcHole::Skip) }.map_err(|s| s.error)?;
+        // A destination left missing would make the read below wait for ever on a descriptor
+        // nobody serves: look first.
+        if crate::mem::resident_pages(dst as *mut u8, page)? != 1 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         // SAFETY: the second page of the mapping, present now.
         let arrived = unsafe { (dst as *const u64).read_volatile() } == 0x5eed;
         if arrived {

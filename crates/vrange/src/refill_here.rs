@@ -82,7 +82,9 @@ pub(crate) fn add(
     fill: SharedFill,
 ) -> Result<(), Error> {
     refill_block::decide_moves();
-    let (area, target) = refill_block::map_buffers(fd, BUFFERS * block)?;
+    // The buffers' bytes; `i * block` below stays under it.
+    let area_len = BUFFERS.checked_mul(block).ok_or(Error::Os(libc::ENOMEM))?;
+    let (area, target) = refill_block::map_buffers(fd, area_len)?;
     let here = Box::into_raw(Box::new(Here {
         block,
         fill,
@@ -94,7 +96,7 @@ pub(crate) fn add(
         // SAFETY: from `Box::into_raw` just above, never published; its area was never used.
         unsafe {
             drop(Box::from_raw(here));
-            mem::unmap(area, BUFFERS * block);
+            mem::unmap(area, area_len);
         }
         return Err(e);
     }
