@@ -292,6 +292,6 @@ fn recycle_oldest(
         moved += kept;
         had += resident;
     }
-    crate::stats::count_refill_recycled(had);
+    crate::stats::count_refill_recycled(had, moved);
     moved
 }

@@ -119,6 +119,10 @@ pub struct Stats {
     /// the memory cgroup could not take the new block without reclaim (the pages kept): moved
     /// into the fill's buffer where the kernel moves pages (`UFFDIO_MOVE`), else dropped.
     pub refill_recycled_bytes: u64,
+    /// Of `refill_recycled_bytes`, those moved into a fill's buffer (`UFFDIO_MOVE`) rather than
+    /// given back; the kernel refuses to move a page shared with a fork child, which is given
+    /// back instead.
+    pub refill_recycled_moved_bytes: u64,
     /// The armed reserve the reclaimer aimed for at its last look: volatile bytes it arms so
     /// that the kernel can take them by itself (what it could not arm is left to the next
     /// marks; 0 away from the limit; see README, "Against a neighbour writing at memory
@@ -262,6 +266,7 @@ static REFILL_BYTES: AtomicU64 = AtomicU64::new(0);
 static REFILL_FAILURES: AtomicU64 = AtomicU64::new(0);
 static REFILL_RECYCLED: AtomicU64 = AtomicU64::new(0);
 static REFILL_MOVED: AtomicU64 = AtomicU64::new(0);
+static REFILL_RECYCLED_MOVED: AtomicU64 = AtomicU64::new(0);
 
 /// Bytes of a refill block put in place by moving pages (`refill_block`).
 pub(crate) fn count_refill_moved(bytes: usize) {
@@ -270,10 +275,14 @@ pub(crate) fn count_refill_moved(bytes: usize) {
     }
 }
 
-/// Bytes of refill blocks given back before a fill (`refill_block::recycle`).
-pub(crate) fn count_refill_recycled(bytes: usize) {
+/// Bytes of refill blocks given back before a fill (`refill_block::recycle`), `moved` of them
+/// into the fill's buffer.
+pub(crate) fn count_refill_recycled(bytes: usize, moved: usize) {
     if bytes > 0 {
         REFILL_RECYCLED.fetch_add(bytes as u64, Relaxed);
+    }
+    if moved > 0 {
+        REFILL_RECYCLED_MOVED.fetch_add(moved as u64, Relaxed);
     }
 }
 
@@ -435,6 +444,7 @@ pub fn stats() -> Stats {
     s.refill_bytes = REFILL_BYTES.load(Relaxed);
     s.refill_failures = REFILL_FAILURES.load(Relaxed);
     s.refill_recycled_bytes = REFILL_RECYCLED.load(Relaxed);
+    s.refill_recycled_moved_bytes = REFILL_RECYCLED_MOVED.load(Relaxed);
     s.reserve_bytes = crate::approach::reserve();
     s.refill_moved_bytes = REFILL_MOVED.load(Relaxed);
     s.huge_proofs = HUGE_PROOFS.load(Relaxed);
