@@ -372,7 +372,7 @@ struct Case {
 }
 
 fn hostile_cases() -> Vec<Case> {
-    // A long ping interval: after a `Welcome` the participant's silence timeout (3 intervals)
+    // A long ping interval: after a `Welcome` the participant's silence timeout (40 intervals)
     // cannot be what closes the connection.
     let welcome = encode(&Message::Welcome { ping_ms: 60_000 });
     let purge = encode(&Message::Purge {
@@ -489,7 +489,7 @@ fn a_participant_drops_a_hostile_coordinator_and_purges_nothing() {
         }
         // The packet wakes the participant's reclaimer (the socket is in its poll set), which
         // closes the connection at once (within microseconds here). Before a
-        // `Welcome` its silence timeout is 3 s, after one 180 s: closing within 2 s is the
+        // `Welcome` its silence timeout is 40 s, after one 40 min: closing within 2 s is the
         // refusal, not the timeout.
         let mut answers = Vec::new();
         let closed = loop {

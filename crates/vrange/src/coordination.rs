@@ -46,9 +46,10 @@
 //! mapping a region does. It closes a descriptor when no inventory lists its inode any more or
 //! the participant disconnects, so it never keeps a freed region's memory alive for long.
 //!
-//! Liveness: a participant takes the coordinator for gone when the socket closes, or when no
-//! message came for three ping intervals (a stopped or hung coordinator), and then purges on
-//! its own again (as without a coordinator) until it reconnects.
+//! Liveness: a participant purges on its own again (as without a coordinator) when the socket
+//! closes, or while no message came for three ping intervals (a stopped, hung or starved
+//! coordinator: the link stays, and the next ping gives the order back). It drops the link
+//! after forty silent intervals (at least ten seconds) and reconnects when it can.
 
 use std::fmt;
 use std::path::PathBuf;

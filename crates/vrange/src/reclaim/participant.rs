@@ -19,9 +19,14 @@
 //! - **Never blocking**: sends are non-blocking and raise no SIGPIPE; a coordinator that stops
 //!   reading loses its answers, not this process's time.
 //! - **Falling back**: a closed connection (a killed coordinator) is seen at once, the poll set
-//!   reports the hang-up; a coordinator that sends nothing for three ping intervals (stopped,
-//!   hung) is dropped. Either way the reclaimer purges on its own again from the same tick on,
-//!   exactly as without a coordinator, and tries to reconnect a second later.
+//!   reports the hang-up, and the reclaimer tries to reconnect a second later. A coordinator
+//!   that sends nothing for three ping intervals (stopped, hung, or only starved of a CPU) no
+//!   longer orders this process's purges; the link is kept, and its next ping takes the order
+//!   back. Either way the reclaimer purges on its own again from the same tick on, exactly as
+//!   without a coordinator. The link is dropped (and a new one tried) only after forty ping
+//!   intervals of silence, and at least ten seconds: a coordinator busy purging for a moment
+//!   on a loaded machine keeps its participants, and with them its global order (dropping
+//!   them at three intervals left it ordering only what the others still connected held).
 //! - **Room**: [`super::make_room`] (a client's guard before it maps more memory) does not
 //!   purge this process's data while the coordinator is live: it hands a `Room` request to
 //!   this thread ([`ask_room`]), which sends it; the coordinator purges in the global order and
@@ -58,8 +63,12 @@ use vrange_sys::sock::{self, Recv};
 
 /// How long to wait between connection attempts.
 const RETRY_NS: u64 = 1_000_000_000;
-/// A coordinator silent for this many ping intervals is taken for gone.
+/// A coordinator silent for this many ping intervals no longer orders this process's purges.
 const SILENT_PINGS: u64 = 3;
+/// A coordinator silent for this many ping intervals, and at least [`DROP_FLOOR_NS`], is taken
+/// for gone: its link is dropped and a new one tried.
+const DROP_PINGS: u64 = 40;
+const DROP_FLOOR_NS: u64 = 10_000_000_000;
 /// How long a `Room` request may wait for the coordinator's answer while the coordinator stays
 /// live (its pings keep coming), in ping intervals: its round waits for the participants whose
 /// data comes first, which on a busy machine may take seconds to purge; the coordinator waits
@@ -122,6 +131,14 @@ fn ask_moves(from: u64, to: u64) -> bool {
         ask_changed();
     }
     moved
+}
+
+/// The `Room` request waiting or sent, if any, will not be answered (no live coordinator):
+/// its asker purges on its own.
+fn room_unanswered() {
+    if !ask_moves(WANTED, GONE) {
+        ask_moves(SENT, GONE);
+    }
 }
 
 /// Whether a live coordinator orders this process's purges (seen from any thread).
@@ -275,9 +292,7 @@ impl Participant {
         stats::set_coordinated(false);
         LIVE_PING_MS.store(0, Relaxed);
         self.link = None;
-        if !ask_moves(WANTED, GONE) {
-            ask_moves(SENT, GONE);
-        }
+        room_unanswered();
     }
 
     /// Reads and answers every message waiting; drops the link on anything wrong, or when the
@@ -287,9 +302,12 @@ impl Participant {
             return;
         };
         let ok = link.serve() && link.send_room();
-        let silent =
-            now.saturating_sub(link.heard) >= SILENT_PINGS * link.ping_ms.max(1) * 1_000_000;
-        if !ok || silent {
+        let gone_after = DROP_PINGS
+            .saturating_mul(link.ping_ms.max(1))
+            .saturating_mul(1_000_000)
+            .max(DROP_FLOOR_NS);
+        let gone = now.saturating_sub(link.heard) >= gone_after;
+        if !ok || gone {
             self.disconnect();
         } else {
             let coordinated = self.coordinated(now);
@@ -298,7 +316,7 @@ impl Participant {
             LIVE_PID.store(std::process::id(), Relaxed);
             LIVE_PING_MS.store(if coordinated { ping_ms } else { 0 }, Relaxed);
             if !coordinated {
-                ask_moves(WANTED, GONE);
+                room_unanswered();
             }
         }
     }
