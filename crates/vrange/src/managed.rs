@@ -13,7 +13,7 @@
 
 use crate::lazy;
 use crate::registry::{self, pause, Policy, Priority, Slot, PURGES};
-use crate::shared::{self, Header};
+use crate::shared::{self, Table};
 use crate::span::Span;
 use crate::state::{self, Found, Marked};
 use crate::stats;
@@ -381,7 +381,7 @@ fn held_as(slot: &Slot) -> Option<u32> {
 
 /// The holder number of this mapping, claimed now if it has none (a fork child's inherited
 /// mapping, whose parent's number is the parent's). Async-signal-safe.
-fn holder(slot: &Slot) -> Result<(u32, &Header), Error> {
+fn holder(slot: &Slot) -> Result<(u32, Table<'_>), Error> {
     let h = slot.header().ok_or(Error::NotRegion)?;
     if let Some(n) = held_as(slot) {
         return Ok((n, h));

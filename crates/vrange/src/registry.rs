@@ -7,7 +7,7 @@
 //! state word's generation keeps it from acting on a recycled one.
 
 use crate::page_index::PageIndex;
-use crate::shared::Header;
+use crate::shared::{Header, Table};
 use crate::slots::{Arena, Linked, NONE};
 use crate::state::RangeState;
 use crate::Error;
@@ -110,12 +110,17 @@ impl Slot {
     /// mapping). Freeing a shared region unmaps it under the purge lock ([`pause`]), so
     /// a thread other than the region's owner (a scan over [`for_each_live`]) reads it only
     /// under that lock.
-    pub fn header(&self) -> Option<&Header> {
+    pub fn header(&self) -> Option<Table<'_>> {
         let h = self.header.load(Acquire);
-        // SAFETY: a non-null header points into the region's shared mapping, which stays mapped
-        // until the region is freed; its owner does not free it while using it, and others read
-        // it under the purge lock, which freeing a shared region takes (see above).
-        unsafe { h.as_ref() }
+        // SAFETY: a non-null header points into the region's shared mapping (the table of
+        // `region_len` bytes of data, as checked when it was mapped, then the data), which
+        // stays mapped until the region is freed; its owner does not free it while using it,
+        // and others read it under the purge lock, which freeing a shared region takes (see
+        // above). The slot was filled before the header was published (Release, read Acquire).
+        unsafe {
+            let h = h.as_ref()?;
+            Some(Table::new(h, self.region_len.load(Relaxed)))
+        }
     }
 
     pub fn last_used(&self) -> u64 {

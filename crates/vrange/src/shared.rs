@@ -3,7 +3,7 @@
 //! table of pages, then the data) and the operations every process performs on it: claiming
 //! and releasing a holder number, pinning and unpinning pages, purging runs of pages, and
 //! releasing the pins of holders that died. Never decides which pages to purge: purgers choose
-//! by the victim order (`crate::order`) and call [`Header::purge_run`].
+//! by the victim order (`crate::order`) and call [`Table::purge_run`].
 //!
 //! | part of the file | bytes | what |
 //! |---|---|---|
@@ -29,7 +29,7 @@
 //! - **Pins that die with their holder.** A holder whose process is certainly gone (no such
 //!   pid, a zombie, or a pid reused by a process that started at another time, in the same pid
 //!   namespace: `vrange_sys::pid::is_gone`) has its pins released by the next process that
-//!   looks ([`Header::reap`]: each reclaimer once per tick, and a coordinator holding the
+//!   looks ([`Table::reap`]: each reclaimer once per tick, and a coordinator holding the
 //!   region), and its number freed. A holder that exec()s keeps its pins until it exits.
 //!
 //! Shared regions are always managed: MADV_FREE does not apply to shared memory, and on a
@@ -122,7 +122,7 @@ pub(crate) struct Census {
     pub purged: u64,
 }
 
-/// What [`Header::pin`] found over a run of pages.
+/// What [`Table::pin`] found over a run of pages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Pinned {
     /// Pages the holder did not pin before.
@@ -140,27 +140,56 @@ impl Header {
             && offset.is_some_and(|o| self.data_offset.load(Acquire) == o as u64)
             && offset.and_then(|o| o.checked_add(len)) == Some(total)
     }
+}
 
-    /// Bytes of data.
-    pub fn len(&self) -> usize {
-        self.data_len.load(Relaxed) as usize
+/// A shared region's header with its page table, as long as this process found the region
+/// when it mapped it. The length written in the file is any mapping process's to overwrite: it
+/// is checked once, when the region is mapped ([`layout`], `Header::is_valid`), and never read
+/// again, so that no writer can make another process (or a coordinator) read past its mapping.
+#[derive(Clone, Copy)]
+pub(crate) struct Table<'a> {
+    header: &'a Header,
+    pages: &'a [SharedPage],
+}
+
+impl std::ops::Deref for Table<'_> {
+    type Target = Header;
+
+    fn deref(&self) -> &Header {
+        self.header
     }
+}
 
-    /// The page table: one entry per data page.
-    pub fn pages(&self) -> &[SharedPage] {
-        let n = self.len() / mem::page_size();
-        // SAFETY: every Header lies at the start of a mapping of at least data_offset bytes
-        // (see the type), which holds the table at TABLE_OFFSET, 8-aligned, `n` entries of
-        // atomics only.
-        unsafe {
+impl<'a> Table<'a> {
+    /// The header at `header` with the table of a region of `len` bytes.
+    ///
+    /// # Safety
+    /// `header` lies at the start of a live mapping of at least `data_offset(len)` bytes of
+    /// the region's file, which stays mapped for `'a`.
+    pub unsafe fn new(header: &'a Header, len: usize) -> Table<'a> {
+        let n = len / mem::page_size();
+        // SAFETY: per the contract, the mapping holds the table at TABLE_OFFSET, 8-aligned,
+        // `n` entries of atomics only, for `'a`.
+        let pages = unsafe {
             std::slice::from_raw_parts(
-                (self as *const Header)
+                (header as *const Header)
                     .cast::<u8>()
                     .add(TABLE_OFFSET)
                     .cast::<SharedPage>(),
                 n,
             )
-        }
+        };
+        Table { header, pages }
+    }
+
+    /// Bytes of data.
+    pub fn len(&self) -> usize {
+        self.pages.len() * mem::page_size()
+    }
+
+    /// The page table: one entry per data page.
+    pub fn pages(&self) -> &'a [SharedPage] {
+        self.pages
     }
 
     /// Claims a free holder number for `me`, with no pins and no lost page.
@@ -188,7 +217,7 @@ impl Header {
     }
 
     /// Drops every pin of holder `h` (a mapping going away, or a holder that died: see
-    /// [`Header::reap`]) and frees its number. Pages it was the last to pin become volatile,
+    /// [`Table::reap`]) and frees its number. Pages it was the last to pin become volatile,
     /// last used at `now`.
     pub fn release(&self, h: u32, now: u64) {
         let holder = &self.holders[h as usize];
@@ -420,10 +449,11 @@ pub(crate) struct Mapping {
 }
 
 impl Mapping {
-    pub fn header(&self) -> &Header {
-        // SAFETY: base is the start of a live shared mapping of the whole file, page-aligned;
-        // Header (atomics only) fits before the table.
-        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    pub fn header(&self) -> Table<'_> {
+        // SAFETY: base is the start of a live shared mapping of the whole file, page-aligned
+        // (the data's offset and `len` bytes, checked when it was mapped); Header (atomics
+        // only) fits before the table.
+        unsafe { Table::new(&*self.base.as_ptr().cast::<Header>(), self.len) }
     }
 
     pub fn data(&self) -> *mut u8 {
@@ -520,6 +550,8 @@ pub(crate) struct HeaderPage {
     base: NonNull<u8>,
     /// Bytes mapped: the header and the table.
     mapped: usize,
+    /// Bytes of data, as checked when it was mapped.
+    len: usize,
 }
 
 // SAFETY: the pages hold atomics only, shared with other processes anyway.
@@ -535,6 +567,7 @@ impl HeaderPage {
         let h = HeaderPage {
             base,
             mapped: offset,
+            len,
         };
         if h.header().is_valid(len, total) {
             Ok(h)
@@ -543,9 +576,10 @@ impl HeaderPage {
         }
     }
 
-    pub fn header(&self) -> &Header {
-        // SAFETY: base is a live, page-aligned mapping of the header and the whole table.
-        unsafe { &*self.base.as_ptr().cast::<Header>() }
+    pub fn header(&self) -> Table<'_> {
+        // SAFETY: base is a live, page-aligned mapping of the header and the whole table of a
+        // region of `len` bytes (`data_offset(len)` bytes).
+        unsafe { Table::new(&*self.base.as_ptr().cast::<Header>(), self.len) }
     }
 
     /// Where the data starts in the file.

@@ -1408,3 +1408,52 @@ fn fork_with_a_pinned_shared_range() {
     );
     peer.finish();
 }
+
+/// The data length in a region's file is any mapping process's to overwrite. A mapping, and a
+/// coordinator's handle, keep the length they checked when they mapped the region and never
+/// read past it; a new mapping of a file whose length no longer fits it is refused.
+#[test]
+fn a_length_overwritten_in_the_file_is_not_believed() {
+    use std::os::unix::fs::FileExt;
+    let _serial = serial();
+    let len = 16 * page_size();
+    let r = shared_region(len);
+    let fd = r.shared_fd().unwrap();
+    let handle = vrange::coordination::SharedHandle::open(fd.try_clone_to_owned().unwrap())
+        .expect("a handle on the region");
+    let file = std::fs::File::from(fd.try_clone_to_owned().unwrap());
+    // The header's third word: the data length.
+    let mut was = [0u8; 8];
+    file.read_exact_at(&mut was, 16).unwrap();
+    assert_eq!(
+        u64::from_le_bytes(was),
+        len as u64,
+        "the layout this test assumes"
+    );
+    file.write_all_at(&(1u64 << 40).to_le_bytes(), 16).unwrap();
+    assert_eq!(handle.len(), len);
+    let row = handle.census(1);
+    assert_eq!(row.len, len as u64, "{row:?}");
+    assert_eq!(
+        row.pinned + row.volatile + row.purged,
+        len as u64,
+        "{row:?}"
+    );
+    // The mapping's own calls see its pages only.
+    // SAFETY: the region's content is not relied on.
+    unsafe { r.mark() }.unwrap();
+    let row = handle.census(1);
+    assert_eq!(row.volatile, len as u64, "{row:?}");
+    let mut volatile = 0;
+    handle.volatile(|bytes, _| volatile += bytes);
+    assert_eq!(volatile, len as u64);
+    let back = r.unmark().unwrap();
+    assert_eq!(
+        (back.pages, back.volatile, back.purged),
+        (len / page_size(), len / page_size(), 0)
+    );
+    assert!(VolatileRegion::open_shared(fd, Priority::Normal).is_err());
+    assert!(vrange::coordination::SharedHandle::open(fd.try_clone_to_owned().unwrap()).is_err());
+    file.write_all_at(&was, 16).unwrap();
+    assert!(VolatileRegion::open_shared(fd, Priority::Normal).is_ok());
+}
