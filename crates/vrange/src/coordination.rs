@@ -684,20 +684,9 @@ impl SharedHandle {
     /// (`vrange_sys::pid::is_gone`), as every process mapping it does once per tick. Reads
     /// `/proc`. Returns the holders released.
     pub fn reap(&self) -> usize {
-        let me = vrange_sys::pid::identity();
-        let mut others = [vrange_sys::pid::Identity::default(); crate::shared::HOLDERS];
-        let h = self.page.header();
-        let n = h.others(&me, &mut others, 0);
-        let dead: Vec<_> = others[..n]
-            .iter()
-            .copied()
-            .filter(vrange_sys::pid::is_gone)
-            .collect();
-        if dead.is_empty() {
-            0
-        } else {
-            h.reap(&dead, &me, vrange_sys::clock::now_ns())
-        }
+        self.page
+            .header()
+            .reap_gone(&vrange_sys::pid::identity(), vrange_sys::clock::now_ns())
     }
 }
 

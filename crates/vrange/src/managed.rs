@@ -125,7 +125,14 @@ pub(crate) fn open_shared(
 ) -> Result<(usize, usize), Error> {
     let m = shared::open(fd)?;
     let (len, total) = (m.len, m.total);
-    let claimed = m.header().claim(&pid::identity());
+    let me = pid::identity();
+    // Every number taken: holders that died and are not reaped yet give theirs back first.
+    let claimed = match m.header().claim(&me) {
+        Err(Error::Os(libc::EUSERS)) if m.header().reap_gone(&me, clock::now_ns()) > 0 => {
+            m.header().claim(&me)
+        }
+        claimed => claimed,
+    };
     let new = match claimed.and_then(|h| Ok((h, registry::alloc_slot()?))) {
         Ok(s) => s,
         Err(e) => {

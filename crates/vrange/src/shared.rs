@@ -402,6 +402,25 @@ impl<'a> Table<'a> {
         released
     }
 
+    /// Releases the pins of the holders whose process is certainly gone
+    /// (`vrange_sys::pid::is_gone`: reads `/proc` and allocates), `me` doing the work, as
+    /// [`Table::reap`]. Returns the holders released.
+    pub fn reap_gone(&self, me: &Identity, now: u64) -> usize {
+        let mut others = [Identity::default(); HOLDERS];
+        let n = self.others(me, &mut others, 0);
+        let mut dead = [Identity::default(); HOLDERS];
+        let mut d = 0;
+        for who in others[..n].iter().filter(|w| vrange_sys::pid::is_gone(w)) {
+            dead[d] = *who;
+            d += 1;
+        }
+        if d == 0 {
+            0
+        } else {
+            self.reap(&dead[..d], me, now)
+        }
+    }
+
     /// Holders with a number now (live, or being released).
     pub fn holders(&self) -> usize {
         self.holders

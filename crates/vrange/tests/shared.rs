@@ -439,6 +439,7 @@ fn peer() {
 fn play(role: &str) {
     match role {
         PEER => peer(),
+        HOLDERS_ROLE => dead_holders(),
         other => panic!("unknown role {other:?}"),
     }
 }
@@ -1456,4 +1457,70 @@ fn a_length_overwritten_in_the_file_is_not_believed() {
     assert!(vrange::coordination::SharedHandle::open(fd.try_clone_to_owned().unwrap()).is_err());
     file.write_all_at(&was, 16).unwrap();
     assert!(VolatileRegion::open_shared(fd, Priority::Normal).is_ok());
+}
+
+const HOLDERS_TEST: &str = "a_new_mapping_takes_a_number_a_dead_holder_held";
+const HOLDERS_ROLE: &str = "holders";
+
+/// In a process without a reclaimer (nothing else reaps): 31 fork children map the region (the
+/// creator is the 32nd holder) and the next mapping is refused with EUSERS; the children die
+/// without unmapping, and the next mapping takes the number of one of them.
+fn dead_holders() {
+    let r = shared_region(16 * page_size());
+    let fd = r.shared_fd().unwrap();
+    let children: Vec<_> = (1..32)
+        .map(|_| {
+            let (child, link) = fork_linked(|link| {
+                let mapped = VolatileRegion::open_shared(fd, Priority::Normal);
+                let ok = mapped.is_ok();
+                // Dies holding its number: nothing unmaps the region.
+                std::mem::forget(mapped);
+                link.send(&[u64::from(ok)]);
+                let _ = link.recv::<1>(Duration::from_secs(60));
+                0
+            });
+            let ok = link
+                .recv::<1>(Duration::from_secs(30))
+                .expect("the child maps");
+            assert_eq!(ok, [1], "a child maps the region");
+            (child, link)
+        })
+        .collect();
+    let full = VolatileRegion::open_shared(fd, Priority::Normal).err();
+    for (mut child, link) in children {
+        // Told to go (a closed link is not seen: the later children hold its end too).
+        link.send(&[0]);
+        assert_eq!(child.wait(Duration::from_secs(30)), Exit::Code(0));
+    }
+    let after = VolatileRegion::open_shared(fd, Priority::Normal);
+    say(format_args!(
+        "DONE full={} after={}",
+        matches!(full, Some(vrange::Error::Os(libc::EUSERS))),
+        after.is_ok()
+    ));
+}
+
+#[test]
+fn a_new_mapping_takes_a_number_a_dead_holder_held() {
+    if let Some(role) = role() {
+        return play(&role);
+    }
+    let _serial = serial();
+    let mut cmd = role_command(HOLDERS_TEST, HOLDERS_ROLE);
+    cmd.env("VRANGE_RECLAIMER", "off");
+    let mut p = Role::spawn(HOLDERS_ROLE, cmd);
+    let reply = p.next(Duration::from_secs(60));
+    let exit = p.wait(Duration::from_secs(30));
+    let reply = reply.unwrap_or_else(|e| panic!("{e}; {exit}\n{}", p.diagnostics()));
+    assert_eq!(
+        reply.get::<bool>("full"),
+        Some(true),
+        "32 holders fill the region: {reply:?}"
+    );
+    assert_eq!(
+        reply.get::<bool>("after"),
+        Some(true),
+        "a dead holder's number is taken: {reply:?}"
+    );
+    assert_eq!(exit, Exit::Code(0));
 }
