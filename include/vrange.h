@@ -542,7 +542,8 @@
  *     EINVAL  fd does not refer to a libvrange shared region (of this version's layout);
  *             flags has a bit other than a VRANGE_DROP_* class, VRANGE_SHARED, VRANGE_MANAGED
  *             and VRANGE_SIGBUS, or two classes.
- *     EUSERS  32 mappings hold the region already.
+ *     EUSERS  32 mappings hold the region already (those of processes that died are
+ *             released first).
  *     ENOTSUP (VRANGE_SIGBUS) userfaultfd cannot serve SIGBUS mode here.
  *     EACCES  fd is not open for reading and writing.
  *     ENOMEM, EMFILE

@@ -60,7 +60,8 @@ impl VolatileRegion {
     ///
     /// # Errors
     /// [`Error::Unsupported`] if the descriptor is not a vrange shared region (or one of an
-    /// older layout); `Error::Os(EUSERS)` if 32 mappings hold numbers in it already;
+    /// older layout); `Error::Os(EUSERS)` if 32 mappings hold numbers in it already (the
+    /// numbers of mappings whose process died are released first);
     /// [`Error::Os`] for mapping failures.
     pub fn open_shared(fd: BorrowedFd<'_>, priority: Priority) -> Result<VolatileRegion, Error> {
         VolatileRegion::open_shared_with(
