@@ -68,8 +68,8 @@ pub use config::{set_option, Config, Headroom, Psi, OPTIONS};
 
 use crate::approach;
 use crate::stats::{self, Source};
-use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU8};
 use vrange_sys::lock::{Lock, Rank, RankedMutex};
 
 const IDLE: u8 = 0;
@@ -88,6 +88,9 @@ static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
 /// Serialises start and stop; held across fork.
 pub(crate) static START: Lock = Lock::with_child_hook(Rank::ReclaimerStart, Some(after_fork_child));
+/// A `start` is spawning the thread (set and cleared under [`START`], the spawn itself outside
+/// it); a fork child has no such thread and clears it.
+static SPAWNING: AtomicBool = AtomicBool::new(false);
 static THREAD: RankedMutex<Option<std::thread::JoinHandle<()>>> =
     RankedMutex::new(Rank::ReclaimerThread, None);
 /// Which sources the running thread listens to (bits by `Source`).
@@ -122,28 +125,50 @@ pub(crate) fn ensure_running() {
 
 fn start() {
     let cfg = config::get();
-    let _starting = START.lock();
-    if STATE.load(Acquire) == IDLE {
+    {
+        let _starting = START.lock();
+        if STATE.load(Acquire) != IDLE {
+            return;
+        }
         if !cfg.enabled.load(Relaxed) {
             set_state(DISABLED);
-        } else {
-            set_state(RUNNING);
-            let spawned = vrange_sys::process::spawn_without_signals(THREAD_NAME, thread::run);
-            match spawned {
-                Ok(handle) => {
-                    *THREAD.lock() = Some(handle);
-                    crate::publish::started();
-                }
-                Err(_) => set_state(IDLE),
-            }
+            return;
         }
+        set_state(RUNNING);
+        SPAWNING.store(true, Relaxed);
     }
+    // Spawned with START released: spawning allocates, and a fork's preparation takes the
+    // allocator's locks (lower ranks) before START. A spawn under START while another thread
+    // forked would wait for an allocator lock the fork holds, and the fork for START (a hang
+    // seen in a 6.12 guest: every thread sleeping in a lock's backoff). `stop` waits while
+    // `SPAWNING` is set, so the handle is always where it looks.
+    let spawned = vrange_sys::process::spawn_without_signals(THREAD_NAME, thread::run);
+    let _starting = START.lock();
+    match spawned {
+        Ok(handle) => {
+            *THREAD.lock() = Some(handle);
+            crate::publish::started();
+        }
+        // Unless a fork child made it idle meanwhile (it has no spawning thread).
+        Err(_) if STATE.load(Acquire) == RUNNING => set_state(IDLE),
+        Err(_) => {}
+    }
+    SPAWNING.store(false, Relaxed);
 }
 
 /// Stops the reclaimer thread and waits for it. Volatile ranges stay volatile; the next managed
 /// mark, region or [`purge`](crate::purge) starts it again.
 pub fn stop() {
-    let _stopping = START.lock();
+    let mut round = 0;
+    let _stopping = loop {
+        let held = START.lock();
+        if !SPAWNING.load(Relaxed) {
+            break held;
+        }
+        // A thread is being spawned (outside the lock): its handle comes soon.
+        drop(held);
+        vrange_sys::sync::backoff(&mut round);
+    };
     let handle = if STATE.load(Acquire) == RUNNING {
         set_state(STOPPING);
         wake();
@@ -174,6 +199,7 @@ pub(crate) fn config_changed() {
 /// destructors (no allocator calls here); the fork protocol closed the child's copies of the
 /// descriptors, each verified first.
 fn after_fork_child() {
+    SPAWNING.store(false, Relaxed);
     if let Some(mut t) = THREAD.try_lock() {
         std::mem::forget(t.take());
     }
