@@ -158,10 +158,12 @@ fn held_pages_beyond_the_cap_are_volatile_at_once_oldest_first() {
     let c = Pcache::new(true);
     let held = super::cache::HELD_BYTES / PAGE;
     let n = (held + 8) as u32;
+    let started = std::time::Instant::now();
     for key in 1..=n {
         c.put(key, key as u8 | 1);
     }
     vrange::purge(usize::MAX);
+    let took = started.elapsed();
     for key in 1..=8 {
         assert_eq!(
             c.fetch(key, 0),
@@ -169,9 +171,25 @@ fn held_pages_beyond_the_cap_are_volatile_at_once_oldest_first() {
             "page {key}: past the cap, volatile, purged"
         );
     }
-    for key in 9..=n {
-        let p = c.fetch(key, 0).expect("held");
-        assert_eq!(read(p).0, key as u8 | 1, "page {key} intact");
+    // The held ones stay, but a held page idle for HOT turns volatile before a purge: on a
+    // machine slow enough that putting them took that long (an emulated guest under load), the
+    // oldest of them may have gone too, oldest first.
+    let kept: Vec<bool> = (9..=n)
+        .map(|key| match c.fetch(key, 0) {
+            Some(p) => {
+                assert_eq!(read(p).0, key as u8 | 1, "page {key} intact");
+                true
+            }
+            None => false,
+        })
+        .collect();
+    let first_kept = kept.iter().position(|k| *k).unwrap_or(kept.len());
+    assert!(
+        kept[first_kept..].iter().all(|k| *k),
+        "held pages went oldest first: {kept:?}"
+    );
+    if took < vrange::reclaimer::HOT {
+        assert_eq!(first_kept, 0, "every held page stayed ({took:?})");
     }
 }
 

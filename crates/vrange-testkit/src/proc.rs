@@ -402,12 +402,12 @@ mod tests {
 
     /// Runs `cmd` and describes it ([`super::task_states`]) until the description holds
     /// `wanted` (a started process takes a moment to exec and settle, longer in an emulated
-    /// guest under load), at most 20 s; then kills it. Returns the last description and the
-    /// pid.
+    /// guest under load: starting `sh` over 9p took more than 20 s), at most 60 s; then kills
+    /// it. Returns the last description and the pid.
     fn described_until(cmd: &mut std::process::Command, wanted: &str) -> (String, i32) {
         let mut child = cmd.spawn().unwrap();
         let pid = child.id() as i32;
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let states = loop {
             let s = super::task_states(pid);
             if s.contains(wanted) || Instant::now() > deadline {
