@@ -25,6 +25,19 @@ pub(crate) struct Candidate {
 }
 
 impl Candidate {
+    /// Slot `idx`'s private range, seen in state `word`, of `len` bytes.
+    fn private(idx: u32, slot: &registry::Slot, word: u64, len: usize) -> Candidate {
+        Candidate {
+            priority: slot.priority(),
+            last_used: slot.last_used(),
+            idx,
+            word,
+            len,
+            page: 0,
+            ino: 0,
+        }
+    }
+
     /// Its place in the victim order at `now` (`crate::order`).
     pub(crate) fn place(&self, now: u64) -> Place {
         Place::new(self.priority as u8, now.saturating_sub(self.last_used))
@@ -79,15 +92,7 @@ fn collect(out: &mut Vec<Candidate>) {
         }
         let word = slot.state().load();
         if managed::purgeable(slot, word) && out.len() < out.capacity() {
-            out.push(Candidate {
-                priority: slot.priority(),
-                last_used: slot.last_used(),
-                idx,
-                word,
-                len: slot.len.load(Relaxed),
-                page: 0,
-                ino: 0,
-            });
+            out.push(Candidate::private(idx, slot, word, slot.len.load(Relaxed)));
         }
     });
 }
@@ -151,15 +156,8 @@ pub(crate) fn armed(verify: bool) -> Armed {
             recorded
         };
         if bytes == 0 {
-            a.emptied.push(Candidate {
-                priority: slot.priority(),
-                last_used: slot.last_used(),
-                idx,
-                word,
-                len: recorded,
-                page: 0,
-                ino: 0,
-            });
+            a.emptied
+                .push(Candidate::private(idx, slot, word, recorded));
         }
         a.bytes = a.bytes.saturating_add(bytes as u64);
     });
@@ -183,15 +181,7 @@ pub(crate) fn reserve_candidates(now: u64, need: u64, out: &mut Vec<Candidate>) 
         let word = slot.state().load();
         let delay = if slot.hot.load(Relaxed) { hot_ns } else { 0 };
         if managed::due_for_arming(slot, word, now, delay) && out.len() < out.capacity() {
-            out.push(Candidate {
-                priority: slot.priority(),
-                last_used: slot.last_used(),
-                idx,
-                word,
-                len: slot.len.load(Relaxed),
-                page: 0,
-                ino: 0,
-            });
+            out.push(Candidate::private(idx, slot, word, slot.len.load(Relaxed)));
         }
     });
     order_coldest(out, need);
