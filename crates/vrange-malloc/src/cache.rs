@@ -155,6 +155,7 @@ pub fn add_to(s: &mut vrange::AllocatorStats) {
 
 /// Registers the flush with the reclaimer, once.
 pub fn register() {
-    static HOOK: std::sync::OnceLock<vrange::reclaimer::FlushHook> = std::sync::OnceLock::new();
+    static HOOK: vrange_sys::lock::ForkOnce<vrange::reclaimer::FlushHook> =
+        vrange_sys::lock::ForkOnce::new();
     HOOK.get_or_init(|| vrange::reclaimer::on_flush(flush));
 }

@@ -64,7 +64,8 @@ fn decay() {
 
 /// Registers [`decay`] with the reclaimer, once.
 pub fn register() {
-    static HOOK: std::sync::OnceLock<vrange::reclaimer::FlushHook> = std::sync::OnceLock::new();
+    static HOOK: vrange_sys::lock::ForkOnce<vrange::reclaimer::FlushHook> =
+        vrange_sys::lock::ForkOnce::new();
     HOOK.get_or_init(|| vrange::reclaimer::on_flush(decay));
 }
 

@@ -171,7 +171,7 @@ pub fn mthp_sizes() -> Vec<usize> {
 /// touches 64 pages and unmaps them); an inconclusive measurement counts as yes, so that the
 /// fallback (`mem::purge_remap`) is used only where the kernel plainly keeps the tables.
 pub fn frees_page_tables() -> bool {
-    static FREES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static FREES: crate::lock::ForkOnce<bool> = crate::lock::ForkOnce::new();
     *FREES.get_or_init(|| pt_reclaim().unwrap_or(true))
 }
 

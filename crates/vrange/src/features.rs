@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use vrange_sys::lock::ForkOnce;
 use vrange_sys::probe as sys;
 
 /// Transparent huge page policy from `/sys/kernel/mm/transparent_hugepage/enabled`.
@@ -110,7 +110,7 @@ pub struct Features {
 
 /// The features of this kernel, probed on first call and cached for the process.
 pub fn features() -> &'static Features {
-    static FEATURES: OnceLock<Features> = OnceLock::new();
+    static FEATURES: ForkOnce<Features> = ForkOnce::new();
     FEATURES.get_or_init(probe)
 }
 

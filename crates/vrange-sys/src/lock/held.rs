@@ -4,8 +4,9 @@
 //! order, across the fork. One file: a lock enrolls itself in the protocol, and the protocol
 //! takes and releases the locks.
 //!
-//! - prepare: takes the enrollment lock, then each enrolled lock, lowest rank first (the order
-//!   every call path takes them in; debug builds assert it as they go);
+//! - prepare: takes each enrolled lock, lowest rank first (the order every call path takes them
+//!   in; debug builds assert it as they go), then the enrollment lock; if a lock was enrolled
+//!   meanwhile, it releases them all and starts again (each lock enrolls once, so this ends);
 //! - parent: releases them, highest rank first;
 //! - child: starts a new fork generation (every [`RankedMutex`](super::RankedMutex) still held
 //!   belongs to a thread the child does not have), closes the child's copies of vrange's private
@@ -14,16 +15,19 @@
 //!   and releases the lock.
 //!
 //! Locks enroll themselves at their first acquisition, under the enrollment lock, which the
-//! prepare handler holds: a lock is either listed before a fork starts or enrolled after it.
-//! Several locks of one rank (an allocator's arenas) are listed together; only a fork takes
-//! more than one of them at once.
+//! prepare handler holds from the end of its walk to the parent or child handler: a lock is
+//! either listed and held before a fork or enrolled after it. The walk itself does not hold the
+//! enrollment lock: a thread holding one lock may take another for the first time (an arena's
+//! lock, then the chunk map's), and a fork that waited for the first while holding the
+//! enrollment lock would wait forever. Several locks of one rank (an allocator's arenas) are
+//! listed together; only a fork takes more than one of them at once.
 
 use super::witness::{Order, Witness};
 use super::Rank;
 use crate::sync::{SpinGuard, SpinLock};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 
 /// A spin lock with a rank: never allocates, usable in a `const` static, and held across fork.
 /// Waiting spins, then yields, then sleeps.
@@ -144,8 +148,13 @@ impl Lock {
 
 /// Enrolled locks by rank, each list threaded through `Lock::next`.
 static HEADS: [AtomicPtr<Lock>; Rank::COUNT] = [const { AtomicPtr::new(null_mut()) }; Rank::COUNT];
-/// Serialises enrollment; held by a fork from prepare to parent/child.
+/// Serialises enrollment; held by a fork from the end of prepare to parent/child.
 static ENROLLING: SpinLock = SpinLock::new();
+/// Locks enrolled so far (counted under `ENROLLING`): how a fork's preparation tells that its
+/// walk missed none.
+static ENROLLED: AtomicUsize = AtomicUsize::new(0);
+/// Set while a fork's prepare handler walks the locks (for tests).
+static PREPARING: AtomicBool = AtomicBool::new(false);
 
 /// Fork children so far on this process's line (0 in a process that has not been forked from
 /// one with these handlers): the generation a [`RankedMutex`](super::RankedMutex) records.
@@ -215,11 +224,13 @@ fn enroll(lock: &'static Lock, enrolled: &AtomicBool) {
     lock.next.store(head.load(Relaxed), Relaxed);
     head.store(lock as *const Lock as *mut Lock, Release);
     enrolled.store(true, Release);
+    ENROLLED.fetch_add(1, Release);
 }
 
-/// Calls `f` on every enrolled lock of `rank` (under the enrollment lock).
-fn each(rank: usize, mut f: impl FnMut(&'static Lock)) {
-    let mut p = HEADS[rank].load(Acquire);
+/// Calls `f` on every lock of a rank's list from `head` (lists only grow at their head, so
+/// the locks listed from a head read earlier are the same ones).
+fn each_from(head: *mut Lock, mut f: impl FnMut(&'static Lock)) {
+    let mut p = head;
     // SAFETY: only `&'static Lock`s are listed, never removed.
     while let Some(lock) = unsafe { p.as_ref() } {
         f(lock);
@@ -227,10 +238,35 @@ fn each(rank: usize, mut f: impl FnMut(&'static Lock)) {
     }
 }
 
+/// Calls `f` on every enrolled lock of `rank`.
+fn each(rank: usize, f: impl FnMut(&'static Lock)) {
+    each_from(HEADS[rank].load(Acquire), f);
+}
+
 extern "C" fn prepare() {
-    ENROLLING.lock_for_fork();
-    for rank in 0..Rank::COUNT {
-        each(rank, Lock::hold_for_fork);
+    PREPARING.store(true, Relaxed);
+    loop {
+        let enrolled = ENROLLED.load(Acquire);
+        let mut heads = [null_mut(); Rank::COUNT];
+        for (rank, head) in heads.iter_mut().enumerate() {
+            *head = HEADS[rank].load(Acquire);
+            each_from(*head, Lock::hold_for_fork);
+        }
+        ENROLLING.lock_for_fork();
+        if ENROLLED.load(Acquire) == enrolled {
+            // Every lock enrolled before this point was in the walk, and none enrolls now.
+            PREPARING.store(false, Relaxed);
+            return;
+        }
+        // A lock enrolled during the walk (in a rank already walked, it may be held now):
+        // release all and walk again, in order.
+        for head in heads.iter().rev() {
+            // SAFETY: each was taken by the walk above in this thread, which holds no guard of
+            // them.
+            each_from(*head, |lock| unsafe { lock.release_after_fork(false) });
+        }
+        // SAFETY: taken just above.
+        unsafe { ENROLLING.force_unlock() };
     }
 }
 
@@ -328,6 +364,41 @@ mod tests {
         holder.join().unwrap();
         assert_eq!(HOOKED.load(Relaxed), 0, "the hook runs in the child only");
         assert!(HELD.try_lock().is_some(), "released in the parent");
+    }
+
+    /// A thread holding one lock takes another for the first time while a fork prepares (an
+    /// arena's lock, then the chunk map's): the fork waits for the first lock, the thread
+    /// enrolls the second, and the fork completes with both released in the child.
+    #[test]
+    fn a_first_acquisition_under_a_held_lock_does_not_hang_a_fork() {
+        static OUTER: Lock = Lock::new(Rank::MallocArena);
+        static INNER: Lock = Lock::new(Rank::MallocChunkMap);
+        let scenario = || {
+            drop(OUTER.lock());
+            let (held_tx, held_rx) = std::sync::mpsc::channel();
+            let holder = std::thread::spawn(move || {
+                let outer = OUTER.lock();
+                held_tx.send(()).unwrap();
+                // Until the fork's preparation runs (and has had time to reach OUTER).
+                while !PREPARING.load(Relaxed) {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                drop(INNER.lock());
+                drop(outer);
+            });
+            held_rx.recv().unwrap();
+            let forked = fork_and_check(
+                || INNER.try_lock().is_some() && OUTER.try_lock().is_some(),
+                Duration::from_secs(20),
+            );
+            holder.join().unwrap();
+            forked && INNER.is_enrolled()
+        };
+        assert!(
+            fork_and_check(scenario, Duration::from_secs(40)),
+            "the fork completed and the child found both locks free"
+        );
     }
 
     /// A ranked mutex held by another thread at the fork: the child takes it over (the value

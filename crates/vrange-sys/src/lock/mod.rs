@@ -12,6 +12,9 @@
 //!   runs under one.
 //! - A [`RankedMutex`] guards state that allocates or opens files. It is never held across
 //!   fork; a child takes over one that a thread of its parent held (see [`RankedMutex`]).
+//! - A [`ForkOnce`] holds what is computed once per process (the kernel's features, the
+//!   settings from the environment); a fork child computes again one that a thread of its
+//!   parent was computing.
 //! - A client's own mutex (vrange-cache's, around per-cache state) records its rank with a
 //!   [`Witness`], for the order check alone; it is not held across fork (as any mutex: a
 //!   child must not use a cache another thread was changing at the fork).
@@ -21,10 +24,12 @@
 
 mod held;
 mod mutex;
+mod once;
 mod witness;
 
 pub use held::{generation, Guard, Lock};
 pub use mutex::{MutexGuard, RankedMutex};
+pub use once::ForkOnce;
 pub use witness::Witness;
 
 /// The rank of each of vrange's locks, in every crate: a thread holding one takes only higher

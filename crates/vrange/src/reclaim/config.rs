@@ -31,7 +31,6 @@ use crate::OptionError;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
-use std::sync::Once;
 use std::time::Duration;
 use vrange_sys::pressure::PSI_WINDOW_MAX_US;
 use vrange_sys::settings::{self, parse_number, parse_size, parse_switch, Size};
@@ -104,8 +103,9 @@ fn accepted(name: &str) -> Option<&'static str> {
 
 /// The settings, with the environment applied on first use.
 pub(crate) fn get() -> &'static Atomics {
-    static ENV: Once = Once::new();
-    ENV.call_once(|| {
+    // Fork-aware: a child forked while another thread read the environment reads it again.
+    static ENV: vrange_sys::lock::ForkOnce<()> = vrange_sys::lock::ForkOnce::new();
+    ENV.get_or_init(|| {
         let mut typed = Config::defaults();
         for name in OPTIONS {
             if let Some(value) = settings::var(name) {

@@ -55,10 +55,10 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::sync::OnceLock;
 use std::time::Duration;
 use vrange_sys::clock::now_ns;
 use vrange_sys::fd::{GuestFd, Ident};
+use vrange_sys::lock::ForkOnce;
 use vrange_sys::sock::{self, Recv};
 
 /// How long to wait between connection attempts.
@@ -210,7 +210,7 @@ pub(super) fn ask_room(bytes: u64, wake: fn()) -> Room {
 
 /// The sockets to try, read from `VRANGE_COORDINATOR` once.
 fn sockets() -> &'static [PathBuf] {
-    static PATHS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    static PATHS: ForkOnce<Vec<PathBuf>> = ForkOnce::new();
     PATHS.get_or_init(|| {
         use std::os::unix::ffi::OsStrExt;
         const NAME: &str = "VRANGE_COORDINATOR";
