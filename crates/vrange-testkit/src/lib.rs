@@ -99,7 +99,9 @@ fn log_skip(reason: &dyn Display) -> String {
             .append(true)
             .open(log)
         {
-            let _ = writeln!(f, "{test}: {reason}");
+            // One write of the whole line: with O_APPEND, lines of tests running at once stay
+            // whole (a `writeln!` writes piece by piece).
+            let _ = f.write_all(format!("{test}: {reason}\n").as_bytes());
         }
     }
     test
