@@ -93,6 +93,70 @@ fn fork_with_threads_churning() {
     );
 }
 
+/// Forks while another thread starts and stops the reclaimer over and over: a spawning or an
+/// exiting reclaimer thread allocates and frees, and a fork's preparation takes the
+/// allocator's locks before the reclaimer's start lock; so neither the spawn nor the join may
+/// happen under that lock. Runs in a child process (a hang is a timed-out child).
+#[test]
+fn fork_while_the_reclaimer_starts_and_stops() {
+    let (mut scenario, _link) = vrange_testkit::fork::fork_linked(|_| start_stop_races_fork());
+    match scenario.wait_or_describe(CHILD_LIMIT) {
+        Ok(Exit::Code(0)) => {}
+        Ok(exit) => panic!("the scenario ended with {exit}"),
+        Err(states) => panic!(
+            "forks made while the reclaimer starts and stops did not complete within \
+             {CHILD_LIMIT:?}:\n{states}"
+        ),
+    }
+}
+
+/// In a process of its own: one thread frees a block (which starts the reclaimer) and stops
+/// the reclaimer, 300 times; this thread forks meanwhile. 0 when every fork completed and
+/// every child exited 0.
+fn start_stop_races_fork() -> i32 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut cycles = 0u32;
+            while !stop.load(Relaxed) && cycles < 300 {
+                // A 4 MiB block freed: its pages are volatile, which starts the reclaimer.
+                drop(std::hint::black_box(vec![1u8; 4 << 20]));
+                if !vrange::reclaimer::is_running() {
+                    return 0;
+                }
+                vrange::reclaimer::stop();
+                cycles += 1;
+            }
+            cycles
+        })
+    };
+    let mut forks = 0;
+    while !cycler.is_finished() {
+        // SAFETY: the child only leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: _exit ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        if pid < 0 {
+            return 4;
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            return 5;
+        }
+        forks += 1;
+    }
+    stop.store(true, Relaxed);
+    match cycler.join() {
+        Ok(cycles) if cycles > 0 && forks > 0 => 0,
+        _ => 6,
+    }
+}
+
 /// A fork while the refill thread's fill function allocates under vrange-malloc: the fork must
 /// complete. Each lock a fork holds is taken in one rank order, the allocator's with vrange's,
 /// and no lock held across fork is held while a program's fill function runs; otherwise the

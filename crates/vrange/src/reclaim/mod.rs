@@ -88,9 +88,11 @@ static STATE: AtomicU8 = AtomicU8::new(IDLE);
 static WAKE_REASONS: AtomicU8 = AtomicU8::new(0);
 /// Serialises start and stop; held across fork.
 pub(crate) static START: Lock = Lock::with_child_hook(Rank::ReclaimerStart, Some(after_fork_child));
-/// A `start` is spawning the thread (set and cleared under [`START`], the spawn itself outside
-/// it); a fork child has no such thread and clears it.
-static SPAWNING: AtomicBool = AtomicBool::new(false);
+/// A `start` is spawning the thread or a `stop` joining it (set and cleared under [`START`], the
+/// spawn or join itself outside it: both allocate, and a fork's preparation takes the
+/// allocator's locks, lower ranks, before START). Each waits while the other's is in flight; a
+/// fork child has no such thread and clears it.
+static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
 static THREAD: RankedMutex<Option<std::thread::JoinHandle<()>>> =
     RankedMutex::new(Rank::ReclaimerThread, None);
 /// Which sources the running thread listens to (bits by `Source`).
@@ -123,10 +125,23 @@ pub(crate) fn ensure_running() {
     }
 }
 
+/// Takes [`START`] once no spawn or join is in flight outside it.
+fn start_lock() -> vrange_sys::lock::Guard<'static> {
+    let mut round = 0;
+    loop {
+        let held = START.lock();
+        if !IN_FLIGHT.load(Relaxed) {
+            return held;
+        }
+        drop(held);
+        vrange_sys::sync::backoff(&mut round);
+    }
+}
+
 fn start() {
     let cfg = config::get();
     {
-        let _starting = START.lock();
+        let _starting = start_lock();
         if STATE.load(Acquire) != IDLE {
             return;
         }
@@ -135,13 +150,13 @@ fn start() {
             return;
         }
         set_state(RUNNING);
-        SPAWNING.store(true, Relaxed);
+        IN_FLIGHT.store(true, Relaxed);
     }
     // Spawned with START released: spawning allocates, and a fork's preparation takes the
     // allocator's locks (lower ranks) before START. A spawn under START while another thread
     // forked would wait for an allocator lock the fork holds, and the fork for START (a hang
     // seen in a 6.12 guest: every thread sleeping in a lock's backoff). `stop` waits while
-    // `SPAWNING` is set, so the handle is always where it looks.
+    // `IN_FLIGHT` is set, so the handle is always where it looks.
     let spawned = vrange_sys::process::spawn_without_signals(THREAD_NAME, thread::run);
     let _starting = START.lock();
     match spawned {
@@ -153,32 +168,37 @@ fn start() {
         Err(_) if STATE.load(Acquire) == RUNNING => set_state(IDLE),
         Err(_) => {}
     }
-    SPAWNING.store(false, Relaxed);
+    IN_FLIGHT.store(false, Relaxed);
 }
 
 /// Stops the reclaimer thread and waits for it. Volatile ranges stay volatile; the next managed
 /// mark, region or [`purge`](crate::purge) starts it again.
 pub fn stop() {
-    let mut round = 0;
-    let _stopping = loop {
-        let held = START.lock();
-        if !SPAWNING.load(Relaxed) {
-            break held;
-        }
-        // A thread is being spawned (outside the lock): its handle comes soon.
-        drop(held);
-        vrange_sys::sync::backoff(&mut round);
+    let handle = {
+        let _stopping = start_lock();
+        let handle = if STATE.load(Acquire) == RUNNING {
+            set_state(STOPPING);
+            wake();
+            THREAD.lock().take()
+        } else {
+            None
+        };
+        let Some(handle) = handle else {
+            stopped();
+            return;
+        };
+        IN_FLIGHT.store(true, Relaxed);
+        handle
     };
-    let handle = if STATE.load(Acquire) == RUNNING {
-        set_state(STOPPING);
-        wake();
-        THREAD.lock().take()
-    } else {
-        None
-    };
-    if let Some(h) = handle {
-        let _ = h.join();
-    }
+    // Joined with START released, as the spawn (the exiting thread frees its own memory).
+    let _ = handle.join();
+    let _stopping = START.lock();
+    IN_FLIGHT.store(false, Relaxed);
+    stopped();
+}
+
+/// The end of a stop, under [`START`].
+fn stopped() {
     if STATE.load(Acquire) != DISABLED {
         set_state(IDLE);
     }
@@ -199,7 +219,7 @@ pub(crate) fn config_changed() {
 /// destructors (no allocator calls here); the fork protocol closed the child's copies of the
 /// descriptors, each verified first.
 fn after_fork_child() {
-    SPAWNING.store(false, Relaxed);
+    IN_FLIGHT.store(false, Relaxed);
     if let Some(mut t) = THREAD.try_lock() {
         std::mem::forget(t.take());
     }
