@@ -105,6 +105,9 @@ pub fn alloc(size: usize, align: usize) -> Option<Block> {
 
 #[inline(never)]
 fn alloc_at_threshold(size: usize, align: usize) -> Option<Block> {
+    // May wait for an arena's lock (its tries assert no order): debug builds assert here that
+    // no higher lock is held, whichever path the request takes.
+    vrange_sys::lock::Witness::check_may_wait(vrange_sys::lock::Rank::MallocArena);
     init();
     if !serves(size, align) {
         return None;
@@ -159,6 +162,8 @@ pub unsafe fn free(ptr: *mut u8) -> bool {
 /// As [`free`].
 #[inline(never)]
 unsafe fn free_owned(addr: usize, owner: Owner) -> bool {
+    // As in `alloc_at_threshold`.
+    vrange_sys::lock::Witness::check_may_wait(vrange_sys::lock::Rank::MallocArena);
     match owner {
         Owner::Chunk(c) => {
             // SAFETY: chunk metadata is never freed; a live block's tags are stable.

@@ -446,6 +446,15 @@ mod tests {
         let caught = std::panic::catch_unwind(|| drop(LOW.lock()));
         drop(high);
         assert!(caught.is_err(), "the witness catches the inversion");
+        // An allocator's arena lock, taken by tries that fall back to a wait, is checked as a
+        // wait before the tries (an allocation under a higher lock).
+        let high = HIGH.lock();
+        let caught = std::panic::catch_unwind(|| Witness::check_may_wait(Rank::Purges));
+        drop(high);
+        assert!(
+            caught.is_err(),
+            "the witness catches an arena lock under a higher one"
+        );
         // Released on unwinding: the thread holds nothing now.
         drop(LOW.lock());
         drop(HIGH.lock());

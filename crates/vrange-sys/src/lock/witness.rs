@@ -45,6 +45,25 @@ impl Witness {
         Witness::record(rank, Order::Try)
     }
 
+    /// Before taking one of several locks of `rank` with tries that fall back to a wait (an
+    /// allocator's arenas): asserts (debug builds) that this thread holds no lock of that rank or
+    /// higher, as a wait would. A try that succeeds asserts nothing, so without this an
+    /// allocation under a higher-ranked lock (which a fork's preparation would wait for while
+    /// holding the arenas) passes unnoticed whenever an arena happens to be free.
+    #[inline]
+    pub fn check_may_wait(rank: Rank) {
+        #[cfg(debug_assertions)]
+        let _ = HELD.try_with(|held| {
+            let h = held.get();
+            assert!(
+                h >> (rank as u8) == 0,
+                "lock order: {rank:?} may be waited for while holding ranks {h:#b}"
+            );
+        });
+        #[cfg(not(debug_assertions))]
+        let _ = rank;
+    }
+
     #[cfg(debug_assertions)]
     pub(super) fn record(rank: Rank, order: Order) -> Witness {
         let bit = 1u64 << rank as u8;
