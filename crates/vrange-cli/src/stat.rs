@@ -241,6 +241,9 @@ impl Sample {
             return String::new();
         }
         let Some(mem) = self.memory() else {
+            if self.status.as_ref().is_some_and(|s| s.exited) {
+                return format!("pid {pid} ({name}): exited, not yet reaped: no user memory\n");
+            }
             return format!("pid {pid} ({name}): a kernel thread, no user memory\n");
         };
         let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);

@@ -152,7 +152,9 @@ fn stat_says_why_it_cannot_read_a_process() {
     if !is_root() {
         return skip("needs root to start a process another user may not read");
     }
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    // Killed below: long enough to outlive the commands of a slow emulated guest (with 30 s,
+    // it had exited by the time it was read).
+    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
     let pid = sleeper.id().to_string();
     let (_dir, exe) = public_vrange();
     let out = as_nobody(&exe, &["stat", &pid]);
@@ -417,7 +419,7 @@ fn watch_lines(text: &str) -> Vec<&str> {
 
 #[test]
 fn stat_watch_prints_a_time_series() {
-    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut child = Command::new("sleep").arg("3600").spawn().unwrap();
     let pid = child.id().to_string();
     let t = Instant::now();
     let out = vrange()
@@ -459,7 +461,7 @@ fn stat_watch_prints_a_time_series() {
 #[test]
 fn stat_watch_ends_when_the_process_exits() {
     use std::io::BufRead as _;
-    let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut child = Command::new("sleep").arg("3600").spawn().unwrap();
     let pid = child.id().to_string();
     let mut watcher = vrange()
         .args(["stat", &pid, "--watch", "--interval", "100ms"])
@@ -489,7 +491,7 @@ fn stat_watch_ends_when_the_process_exits() {
 
 #[test]
 fn stat_watch_stops_on_sigint_with_a_last_line() {
-    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut child = Command::new("sleep").arg("3600").spawn().unwrap();
     let pid = child.id().to_string();
     let mut watcher = vrange();
     watcher
@@ -559,7 +561,7 @@ fn own_stats_dir() -> std::path::PathBuf {
 /// start time differs), and is removed, as is the file of a process that is gone.
 #[test]
 fn stat_ignores_a_stale_statistics_file() {
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
     let pid = sleeper.id();
     let dead = {
         let mut c = Command::new("true").spawn().unwrap();

@@ -108,7 +108,7 @@ fn top_into_head_ends_quietly_not_with_a_broken_pipe_panic() {
 
 #[test]
 fn stat_watch_into_head_ends_quietly_not_with_a_broken_pipe_panic() {
-    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
     let mut stat = vrange();
     stat.args([
         "stat",

@@ -94,6 +94,11 @@ fn a_stopped_participant_does_not_block_the_others() {
     assert_eq!(stopped_report.u64("pinned_ok"), 1);
 }
 
+/// How soon a participant must fall back after its coordinator hangs up (in a tick, 100 ms,
+/// on a quiet machine; an emulated guest beside two CPU hogs took 700 ms), and the ping
+/// interval of that test's coordinator.
+const HANGUP_BOUND: Duration = Duration::from_secs(5);
+
 #[test]
 fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     const TEST: &str = "a_killed_coordinator_leaves_participants_on_their_own_until_it_returns";
@@ -108,9 +113,13 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     let cg = child.cgroup().clone();
     let dir = socket_dir("kill");
     let socket = dir.join("coordinator.sock");
+    // Pings 5 s apart: a participant that noticed only the silence (three pings) would fall
+    // back after 15 s, one that noticed the hang-up within a tick; the bound below (5 s) tells
+    // the two apart however slow the machine.
     let coord_env = [
         ("VRT_SOCKET", socket.display().to_string()),
         ("VRT_CGROUP", cg.path().display().to_string()),
+        ("VRT_PING_MS", HANGUP_BOUND.as_millis().to_string()),
     ];
     let start_coordinator = || {
         // The coordinator lives outside the cgroup it watches.
@@ -142,7 +151,9 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     let rounds = loop {
         match vrange_coordinator::query(&socket) {
             Ok((s, _)) if s.rounds >= 1 => break s.rounds,
-            _ if t0.elapsed() > Duration::from_secs(20) => panic!("no purge round"),
+            // The hog grows 96 MiB in 30 ms steps: 3 s here, over 20 s in an emulated guest
+            // beside two CPU hogs. A round comes as it passes the limit, however slowly.
+            _ if t0.elapsed() > Duration::from_secs(180) => panic!("no purge round in 180 s"),
             _ => std::thread::sleep(Duration::from_millis(5)),
         }
     };
@@ -155,10 +166,7 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
         if r.u64("coordinated") == 0 {
             break killed.elapsed();
         }
-        assert!(
-            killed.elapsed() < Duration::from_secs(2),
-            "still coordinated: {r:?}"
-        );
+        assert!(killed.elapsed() < HANGUP_BOUND, "still coordinated: {r:?}");
         std::thread::sleep(Duration::from_millis(10));
     };
     let hogged = hog.next(Duration::from_secs(60));
@@ -184,10 +192,7 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     assert!(hogged.is_ok(), "the hog finished: {hogged:?}");
     assert!(hogged2.is_ok(), "the second hog finished: {hogged2:?}");
     assert_eq!(kills, 0, "no OOM kill");
-    assert!(
-        fallback < Duration::from_millis(500),
-        "fell back in {fallback:?}"
-    );
+    assert!(fallback < HANGUP_BOUND, "fell back in {fallback:?}");
     assert_eq!(after_kill.u64("pinned_ok"), 1, "nothing pinned was lost");
     assert!(
         after_kill.u64("own_bytes") > 0,

@@ -161,8 +161,13 @@ impl Role {
                     }
                     None => self.transcript.push(line),
                 },
+                // What each of its threads is doing, before anyone kills it: the report of a
+                // role that hung.
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!("no answer within {timeout:?}"))
+                    return Err(format!(
+                        "no answer within {timeout:?}; its threads then:\n{}",
+                        crate::proc::task_states(self.pid())
+                    ))
                 }
                 Err(RecvTimeoutError::Disconnected) => return Err("its stdout closed".to_string()),
             }

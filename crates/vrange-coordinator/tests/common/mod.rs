@@ -192,9 +192,15 @@ pub fn hog() {
 }
 
 /// The coordinator role: runs a coordinator on `VRT_SOCKET` for cgroup `VRT_CGROUP` until
-/// killed.
+/// killed (pinging every `VRT_PING_MS` if set).
 pub fn coordinator() {
-    let opts = options(Path::new(&env("VRT_SOCKET")), Path::new(&env("VRT_CGROUP")));
+    let mut opts = options(Path::new(&env("VRT_SOCKET")), Path::new(&env("VRT_CGROUP")));
+    if let Some(ms) = std::env::var("VRT_PING_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        opts.ping = Duration::from_millis(ms);
+    }
     let shared = vrange_coordinator::Shared::default();
     say("LISTENING");
     vrange_coordinator::run(&opts, &shared).expect("coordinator");

@@ -37,6 +37,9 @@ pub struct Status {
     /// nor for a process that has exited and not been reaped. Without one, every memory field
     /// below reads zero.
     pub address_space: bool,
+    /// `State` is zombie or dead: the process has exited (its address space is gone) and its
+    /// parent has not reaped it.
+    pub exited: bool,
     /// `VmRSS`.
     pub vm_rss_kb: u64,
     /// Peak resident size (`VmHWM`).
@@ -88,6 +91,7 @@ pub fn parse_status(text: &str) -> Status {
         };
         match name {
             "Name" => s.name = rest.trim().to_string(),
+            "State" => s.exited = matches!(rest.trim_start().chars().next(), Some('Z' | 'X')),
             "Uid" => s.uid = ids(rest),
             "Gid" => s.gid = ids(rest),
             // Hexadecimal, unlike every other number here.
@@ -186,6 +190,7 @@ Seccomp:\t0
                 // SIGINT (2) and SIGCHLD (17).
                 sig_blk: Some(0x10002),
                 address_space: true,
+                exited: false,
                 vm_rss_kb: 900,
                 vm_hwm_kb: 1000,
                 vm_pte_kb: 48,
@@ -204,6 +209,25 @@ Seccomp:\t0
         assert!(!s.address_space);
         assert_eq!((s.vm_rss_kb, s.vm_pte_kb), (0, 0));
         assert_eq!(s.uid.map(|i| i.filesystem), Some(0));
+    }
+
+    /// A real child that has exited and is not reaped yet: no address space, and exited (what
+    /// tells it from a kernel thread).
+    #[test]
+    fn an_unreaped_child_has_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let s = loop {
+            let s = status(Some(pid)).unwrap();
+            if s.exited || std::time::Instant::now() > deadline {
+                break s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        child.wait().unwrap();
+        assert!(s.exited && !s.address_space, "{s:?}");
+        assert!(!status(None).unwrap().exited);
     }
 
     #[test]
