@@ -23,7 +23,7 @@ fn roles() -> bool {
 
 fn ask(p: &mut Role, cmd: &str) -> Reply {
     assert!(p.send(cmd), "{cmd}: the participant is gone");
-    p.next(Duration::from_secs(10))
+    p.next(ANSWER)
         .unwrap_or_else(|e| panic!("{cmd}: {e}\n{}", p.diagnostics()))
 }
 
@@ -64,7 +64,7 @@ fn a_stopped_participant_does_not_block_the_others() {
     for _ in 0..16 {
         assert_eq!(ask(&mut other, "mark").tag, "MARKED");
     }
-    await_participants(&socket, 2, Duration::from_secs(10)).expect("both connect");
+    await_participants(&socket, 2, ANSWER).expect("both connect");
     signal(stopped.pid(), libc::SIGSTOP);
     let mut hog = spawn(TEST, "hog", &cg, &hog_env(64, 50));
     let hogged = hog.next(Duration::from_secs(60));
@@ -128,10 +128,7 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
             cmd.env(k, v);
         }
         let mut c = Role::spawn("coordinator", cmd);
-        assert_eq!(
-            c.next(Duration::from_secs(10)).expect("LISTENING").tag,
-            "LISTENING"
-        );
+        assert_eq!(c.next(ANSWER).expect("LISTENING").tag, "LISTENING");
         c
     };
     let mut coord = start_coordinator();
@@ -143,7 +140,7 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     for _ in 0..24 {
         assert_eq!(ask(&mut p, "mark").tag, "MARKED");
     }
-    await_participants(&socket, 1, Duration::from_secs(10)).expect("the participant connects");
+    await_participants(&socket, 1, ANSWER).expect("the participant connects");
     assert_eq!(ask(&mut p, "report").u64("coordinated"), 1);
     // Pressure; kill the coordinator as soon as it has started a purge round.
     let mut hog = spawn(TEST, "hog", &cg, &hog_env(96, 30));
@@ -181,7 +178,7 @@ fn a_killed_coordinator_leaves_participants_on_their_own_until_it_returns() {
     let after_kill = ask(&mut p, "report");
     // Back: the stale socket is replaced, the participant reconnects.
     let mut coord = start_coordinator();
-    let back = await_connected(&socket, 1, Duration::from_secs(10));
+    let back = await_connected(&socket, 1, ANSWER);
     let reconnected = ask(&mut p, "report");
     signal(coord.pid(), libc::SIGKILL);
     let _ = coord.wait(Duration::from_secs(5));
@@ -228,7 +225,7 @@ fn the_coordinator_purges_a_stopped_participants_shared_regions_itself() {
     }
     // Its descriptors reach the coordinator with the next ping; the coordinator counts those
     // regions itself (the participant's own inventory leaves them out).
-    await_shared(&socket, 16, Duration::from_secs(10)).expect("the participant's regions");
+    await_shared(&socket, 16, ANSWER).expect("the participant's regions");
     signal(p.pid(), libc::SIGSTOP);
     // Silent for longer than the request timeout and a ping: left to the coordinator.
     std::thread::sleep(Duration::from_millis(1000));
@@ -313,14 +310,11 @@ fn make_room_purges_on_its_own_when_the_coordinator_is_stopped() {
     cmd.env("VRT_SOCKET", socket.display().to_string());
     cmd.env("VRT_CGROUP", cg.path().display().to_string());
     let mut coord = Role::spawn("coordinator", cmd);
-    assert_eq!(
-        coord.next(Duration::from_secs(10)).expect("LISTENING").tag,
-        "LISTENING"
-    );
+    assert_eq!(coord.next(ANSWER).expect("LISTENING").tag, "LISTENING");
     let env = [("VRANGE_COORDINATOR", socket.display().to_string())];
     let mut p = spawn(TEST, "participant", &cg, &env);
     assert_eq!(ask(&mut p, "mark").tag, "MARKED");
-    await_participants(&socket, 1, Duration::from_secs(10)).expect("the participant connects");
+    await_participants(&socket, 1, ANSWER).expect("the participant connects");
     signal(coord.pid(), libc::SIGSTOP);
     let t0 = Instant::now();
     // 176 MiB into 192: without purges of its own the filler would be OOM-killed.
@@ -378,11 +372,11 @@ fn a_stopped_participant_does_not_delay_the_answer_to_make_room() {
     for _ in 0..15 {
         assert_eq!(ask(&mut other, "mark").tag, "MARKED");
     }
-    await_participants(&socket, 2, Duration::from_secs(10)).expect("both connect");
+    await_participants(&socket, 2, ANSWER).expect("both connect");
     std::thread::sleep(Duration::from_secs(2));
     let mut young = spawn(TEST, "participant", &cg, &env);
     assert_eq!(ask(&mut young, "mark").tag, "MARKED");
-    await_participants(&socket, 3, Duration::from_secs(10)).expect("the young one connects");
+    await_participants(&socket, 3, ANSWER).expect("the young one connects");
     signal(stopped.pid(), libc::SIGSTOP);
     // 200 MiB: more than the other's data makes room for, so the young one's own oldest goes
     // too (by the coordinator's request) while the stopped one's request is still open.

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{participant, purged_bits, socket_dir, CHUNK};
+use common::{participant, purged_bits, socket_dir, ANSWER, CHUNK};
 use proptest::prelude::*;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -240,7 +240,7 @@ fn start_participant(test: &str, socket: &Path) -> Role {
     let mut p = Role::spawn("participant", cmd);
     for i in 0..CHUNKS {
         assert!(p.send("mark"));
-        let r = p.expect("MARKED", Duration::from_secs(10));
+        let r = p.expect("MARKED", ANSWER);
         assert_eq!(r.u64("i"), i as u64);
     }
     p
@@ -248,7 +248,7 @@ fn start_participant(test: &str, socket: &Path) -> Role {
 
 fn report(p: &mut Role) -> vrange_testkit::role::Reply {
     assert!(p.send("report"), "the participant still reads its commands");
-    p.expect("REPORT", Duration::from_secs(10))
+    p.expect("REPORT", ANSWER)
 }
 
 /// Waits up to `timeout` for input on `fd` (or its hang-up).
@@ -662,7 +662,7 @@ fn a_participant_refuses_a_coordinator_of_another_user() {
     let mut fake = role_command(test, "nobody-coordinator");
     fake.env("VRT_SOCKET", &socket);
     let mut fake = Role::spawn("nobody-coordinator", fake);
-    fake.expect("LISTENING", Duration::from_secs(10));
+    fake.expect("LISTENING", ANSWER);
     {
         use std::os::unix::fs::MetadataExt;
         let owner = std::fs::metadata(&socket).expect("the fake's socket").uid();

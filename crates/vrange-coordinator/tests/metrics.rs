@@ -237,15 +237,12 @@ fn a_scrape_is_valid_and_labels_participants_by_program_and_cgroup() {
         ps.push(Role::spawn("outsider", cmd));
         for p in &mut ps {
             assert!(p.send("mark"));
-            p.expect("MARKED", Duration::from_secs(10));
+            p.expect("MARKED", ANSWER);
         }
-        await_participants(&socket, 2, Duration::from_secs(10)).expect("participants connect");
+        await_participants(&socket, 2, ANSWER).expect("participants connect");
         let t0 = Instant::now();
         while vrange_coordinator::query(&socket).map_or(0, |(s, _)| s.refused) == 0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the outsider is refused"
-            );
+            assert!(t0.elapsed() < ANSWER, "the outsider is refused");
             std::thread::sleep(Duration::from_millis(50));
         }
         // Published at the next tick.

@@ -129,7 +129,7 @@ fn scenario(test: &str, coordinated: bool, shared: [bool; 4]) -> Option<Outcome>
         };
         for i in 0..CHUNKS {
             assert!(role.send(cmd));
-            let r = role.next(Duration::from_secs(10)).expect(tag);
+            let r = role.next(ANSWER).expect(tag);
             assert_eq!(r.tag, tag);
             order.push((p, i));
             std::thread::sleep(Duration::from_millis(100));
@@ -138,15 +138,9 @@ fn scenario(test: &str, coordinated: bool, shared: [bool; 4]) -> Option<Outcome>
     if coordinated {
         let ranged = shared.iter().filter(|&&s| s).count();
         let private = (NAMES.len() - ranged) as u64;
-        await_with_data(
-            &socket,
-            NAMES.len() as u64,
-            private,
-            Duration::from_secs(10),
-        )
-        .expect("participants connect");
-        await_shared(&socket, ranged, Duration::from_secs(10))
-            .expect("the shared regions reach the coordinator");
+        await_with_data(&socket, NAMES.len() as u64, private, ANSWER)
+            .expect("participants connect");
+        await_shared(&socket, ranged, ANSWER).expect("the shared regions reach the coordinator");
     } else {
         // Give each reclaimer its sources (a tick after the first volatile byte).
         std::thread::sleep(Duration::from_millis(500));
@@ -165,7 +159,7 @@ fn scenario(test: &str, coordinated: bool, shared: [bool; 4]) -> Option<Outcome>
     let mut reports = Vec::new();
     for role in ps.iter_mut() {
         assert!(role.send("report"));
-        reports.push(role.next(Duration::from_secs(10)).expect("REPORT"));
+        reports.push(role.next(ANSWER).expect("REPORT"));
     }
     let kills = cg.oom_kills().expect("OOM kill count");
     drop(hog);
@@ -333,14 +327,14 @@ fn make_room_of_a_young_filler_follows_the_global_order() {
     let mut old = spawn(TEST, "participant", &cg, &env);
     for _ in 0..OLD_CHUNKS {
         assert!(old.send("mark"));
-        old.expect("MARKED", Duration::from_secs(10));
+        old.expect("MARKED", ANSWER);
     }
-    await_participants(&socket, 1, Duration::from_secs(10)).expect("the old one connects");
+    await_participants(&socket, 1, ANSWER).expect("the old one connects");
     std::thread::sleep(Duration::from_secs(2));
     let mut young = spawn(TEST, "participant", &cg, &env);
     assert!(young.send("mark"));
-    young.expect("MARKED", Duration::from_secs(10));
-    await_participants(&socket, 2, Duration::from_secs(10)).expect("the young one connects");
+    young.expect("MARKED", ANSWER);
+    await_participants(&socket, 2, ANSWER).expect("the young one connects");
     // Two threads, as a cache's inserts come from several: while one waits for the round,
     // the other must not map past the limit.
     assert!(young.send(&format!("fill {FILL_CHUNKS} 2")));
@@ -348,7 +342,7 @@ fn make_room_of_a_young_filler_follows_the_global_order() {
     let mut reports = Vec::new();
     for p in [&mut old, &mut young] {
         assert!(p.send("report"));
-        reports.push(p.expect("REPORT", Duration::from_secs(10)));
+        reports.push(p.expect("REPORT", ANSWER));
     }
     let kills = cg.oom_kills().expect("OOM kill count");
     let rounds = vrange_coordinator::query(&socket).map(|(s, _)| s.rounds);
@@ -437,7 +431,7 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
             p.expect("MARKED", Duration::from_secs(20));
         }
         // Connected; the first one's data may be gone by now.
-        await_connected(&socket, n, Duration::from_secs(10)).expect("connected");
+        await_connected(&socket, n, ANSWER).expect("connected");
         ps.push(p);
     }
     let t = std::time::Instant::now();
@@ -450,12 +444,12 @@ fn a_coordinated_v2_group_is_kept_under_memory_high_in_the_global_order() {
     // old participant has finished the purge and answered (the range reads as purged while
     // it is PURGING, its counts come after): wait for the answer before asking for reports.
     let old_pid = u32::try_from(ps[0].pid()).unwrap_or(0);
-    let (rounds, freed_for_coordinator) = answered(&socket, old_pid, Duration::from_secs(10));
+    let (rounds, freed_for_coordinator) = answered(&socket, old_pid, ANSWER);
     let reports: Vec<_> = ps
         .iter_mut()
         .map(|p| {
             assert!(p.send("report"));
-            p.expect("REPORT", Duration::from_secs(10))
+            p.expect("REPORT", ANSWER)
         })
         .collect();
     let kills = cg.oom_kills().expect("OOM kill count");

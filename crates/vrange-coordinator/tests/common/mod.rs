@@ -10,6 +10,12 @@ use vrange::{Options, Policy, VolatileRegion};
 use vrange_sys::cgroup::{join_before_exec, MemCgroup};
 use vrange_testkit::role::{command, role_command, say, Role};
 
+/// How long a role's answer or a participant's connection may take before the test calls it
+/// hung: a bound for a hang, not a speed (a shared region's first answer took over 10 s in an
+/// emulated guest beside two CPU hogs). A role that does not answer is described thread by
+/// thread (`Role::next`).
+pub const ANSWER: Duration = Duration::from_secs(60);
+
 pub const MIB: usize = 1 << 20;
 /// Bytes of one chunk a participant holds.
 pub const CHUNK: usize = 4 * MIB;
