@@ -133,20 +133,10 @@ fn start_stop_races_fork() -> i32 {
     };
     let mut forks = 0;
     while !cycler.is_finished() {
-        // SAFETY: the child only leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: _exit ends the child at once.
-            unsafe { libc::_exit(0) };
-        }
-        if pid < 0 {
-            return 4;
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child just forked.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-            return 5;
+        match fork_empty_child() {
+            Some(true) => {}
+            Some(false) => return 5,
+            None => return 4,
         }
         forks += 1;
     }
@@ -221,6 +211,17 @@ fn fill_races_fork() -> i32 {
     if fill_started.recv_timeout(Duration::from_secs(20)).is_err() {
         return 3;
     }
+    if fork_empty_child().is_none() {
+        return 4;
+    }
+    match reader.join() {
+        Ok(0x5a) => 0,
+        _ => 5,
+    }
+}
+
+/// Forks a child that exits at once and reaps it: whether it exited 0 (`None`: fork failed).
+fn fork_empty_child() -> Option<bool> {
     // SAFETY: the child only leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -228,13 +229,10 @@ fn fill_races_fork() -> i32 {
         unsafe { libc::_exit(0) };
     }
     if pid < 0 {
-        return 4;
+        return None;
     }
     let mut status = 0;
     // SAFETY: waits for the child just forked.
     unsafe { libc::waitpid(pid, &mut status, 0) };
-    match reader.join() {
-        Ok(0x5a) => 0,
-        _ => 5,
-    }
+    Some(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)
 }
