@@ -111,15 +111,17 @@ fn fork_while_the_reclaimer_starts_and_stops() {
 }
 
 /// In a process of its own: one thread frees a block (which starts the reclaimer) and stops
-/// the reclaimer, 300 times; this thread forks meanwhile. 0 when every fork completed and
+/// the reclaimer, 300 times or for 5 s; this thread forks meanwhile. 0 when every fork completed and
 /// every child exited 0.
 fn start_stop_races_fork() -> i32 {
     let stop = Arc::new(AtomicBool::new(false));
     let cycler = {
         let stop = stop.clone();
         std::thread::spawn(move || {
+            // 300 cycles take 2 s here; in an emulated guest, the first 5 s of them.
+            let t0 = std::time::Instant::now();
             let mut cycles = 0u32;
-            while !stop.load(Relaxed) && cycles < 300 {
+            while !stop.load(Relaxed) && cycles < 300 && t0.elapsed() < Duration::from_secs(5) {
                 // A 4 MiB block freed: its pages are volatile, which starts the reclaimer.
                 drop(std::hint::black_box(vec![1u8; 4 << 20]));
                 if !vrange::reclaimer::is_running() {
