@@ -181,8 +181,8 @@ struct Sample {
     /// /proc/PID/smaps_rollup; `None` when it could not be read (then `denied` says why).
     rollup: Option<Smaps>,
     denied: Option<String>,
-    /// The published statistics; `None` when not looked for (a kernel thread, or status
-    /// could not be read).
+    /// The published statistics; `None` when not looked for (a kernel thread, an exited
+    /// process, or status could not be read).
     stats: Option<Result<Vec<(String, u64)>, vrange::published::Unavailable>>,
 }
 

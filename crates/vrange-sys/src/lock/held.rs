@@ -153,7 +153,8 @@ static ENROLLING: SpinLock = SpinLock::new();
 /// Locks enrolled so far (counted under `ENROLLING`): how a fork's preparation tells that its
 /// walk missed none.
 static ENROLLED: AtomicUsize = AtomicUsize::new(0);
-/// Set while a fork's prepare handler walks the locks (for tests).
+/// Set while a fork's prepare handler walks the locks (tests only).
+#[cfg(test)]
 static PREPARING: AtomicBool = AtomicBool::new(false);
 
 /// Fork children so far on this process's line (0 in a process that has not been forked from
@@ -244,6 +245,7 @@ fn each(rank: usize, f: impl FnMut(&'static Lock)) {
 }
 
 extern "C" fn prepare() {
+    #[cfg(test)]
     PREPARING.store(true, Relaxed);
     loop {
         let enrolled = ENROLLED.load(Acquire);
@@ -255,6 +257,7 @@ extern "C" fn prepare() {
         ENROLLING.lock_for_fork();
         if ENROLLED.load(Acquire) == enrolled {
             // Every lock enrolled before this point was in the walk, and none enrolls now.
+            #[cfg(test)]
             PREPARING.store(false, Relaxed);
             return;
         }

@@ -91,7 +91,11 @@ impl<T> ForkOnce<T> {
                     .compare_exchange(word, mine | RUNNING, Acquire, Acquire)
                     .is_ok()
             {
+                // A computation that panics leaves the value to the next caller, not RUNNING
+                // for ever (which would make every later caller wait).
+                let reset = Reset(&self.word);
                 let v = init();
+                std::mem::forget(reset);
                 // SAFETY: this thread won the word: no other thread reads or writes the value
                 // until DONE is stored.
                 unsafe { (*self.value.get()).write(v) };
@@ -102,6 +106,15 @@ impl<T> ForkOnce<T> {
         }
         // SAFETY: DONE was seen (Acquire) or stored by this thread.
         unsafe { (*self.value.get()).assume_init_ref() }
+    }
+}
+
+/// Puts a state word back to EMPTY when dropped (on unwinding out of a computation).
+struct Reset<'a>(&'a AtomicU64);
+
+impl Drop for Reset<'_> {
+    fn drop(&mut self) {
+        self.0.store(EMPTY, Release);
     }
 }
 
@@ -151,6 +164,16 @@ mod tests {
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
             "the child computed its own value without waiting (status {status:#x})"
         );
+    }
+
+    /// A computation that panics leaves the value uncomputed: the next caller computes it.
+    #[test]
+    fn a_panicking_computation_lets_the_next_caller_compute() {
+        static VALUE: ForkOnce<u32> = ForkOnce::new();
+        let panicked = std::panic::catch_unwind(|| *VALUE.get_or_init(|| panic!("no value")));
+        assert!(panicked.is_err());
+        assert_eq!(VALUE.get(), None);
+        assert_eq!(*VALUE.get_or_init(|| 3), 3);
     }
 
     /// Threads racing to compute: one computes, all see its value.

@@ -152,11 +152,11 @@ fn start() {
         set_state(RUNNING);
         IN_FLIGHT.store(true, Relaxed);
     }
-    // Spawned with START released: spawning allocates, and a fork's preparation takes the
-    // allocator's locks (lower ranks) before START. A spawn under START while another thread
-    // forked would wait for an allocator lock the fork holds, and the fork for START (a hang
-    // seen in a 6.12 guest: every thread sleeping in a lock's backoff). `stop` waits while
-    // `IN_FLIGHT` is set, so the handle is always where it looks.
+    // Spawned with START released: spawning allocates (through the program's allocator, which
+    // may be vrange-malloc), and a fork's preparation takes the allocator's locks (lower
+    // ranks) before START. A spawn under START while another thread forked could wait for an
+    // allocator lock the fork holds, and the fork for START. `stop` waits while `IN_FLIGHT` is
+    // set, so the handle is always where it looks.
     let spawned = vrange_sys::process::spawn_without_signals(THREAD_NAME, thread::run);
     let _starting = START.lock();
     match spawned {
