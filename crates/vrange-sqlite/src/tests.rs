@@ -163,7 +163,6 @@ fn held_pages_beyond_the_cap_are_volatile_at_once_oldest_first() {
         c.put(key, key as u8 | 1);
     }
     vrange::purge(usize::MAX);
-    let took = started.elapsed();
     for key in 1..=8 {
         assert_eq!(
             c.fetch(key, 0),
@@ -171,10 +170,12 @@ fn held_pages_beyond_the_cap_are_volatile_at_once_oldest_first() {
             "page {key}: past the cap, volatile, purged"
         );
     }
-    // The held ones stay, but a held page idle for HOT turns volatile before a purge: on a
-    // machine slow enough that putting them took that long (an emulated guest under load), the
-    // oldest of them may have gone too, oldest first.
-    let kept: Vec<bool> = (9..=n)
+    // The held ones stay, but a held page idle for HOT turns volatile before any purge, this
+    // one or another test's while this loop runs: on a machine slow enough (an emulated guest
+    // under load) the oldest of them may have gone too, oldest first. Fetched newest first, so
+    // that the pages still held while it runs are always the oldest.
+    let mut kept: Vec<bool> = (9..=n)
+        .rev()
         .map(|key| match c.fetch(key, 0) {
             Some(p) => {
                 assert_eq!(read(p).0, key as u8 | 1, "page {key} intact");
@@ -183,6 +184,8 @@ fn held_pages_beyond_the_cap_are_volatile_at_once_oldest_first() {
             None => false,
         })
         .collect();
+    let took = started.elapsed();
+    kept.reverse();
     let first_kept = kept.iter().position(|k| *k).unwrap_or(kept.len());
     assert!(
         kept[first_kept..].iter().all(|k| *k),
