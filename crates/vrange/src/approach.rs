@@ -117,14 +117,22 @@ pub(crate) fn next(tight: bool, headroom: Option<u64>, mark: u64, now: u64, even
 
 /// Updates the state from a headroom measure (`None`: no limit known). Returns whether memory
 /// is tight now.
+///
+/// Memory that turns tight here has no reserve yet: the reclaimer computes it and its deficit
+/// after this measure (`arm`), and only while the process has volatile memory. Until then the
+/// deficit is the whole reserve this measure calls for, set before the state, so that a mark
+/// in between arms its range as it did before the measure (an emulated guest's first mark
+/// came in that window and was left unarmed, with memory tight).
 pub(crate) fn update(headroom: Option<u64>, poll: Duration, now: u64) -> bool {
-    let tight = next(
-        STATE.load(Relaxed) == TIGHT,
-        headroom,
-        crate::short::watermark(poll),
-        now,
-        EVENT_AT.load(Relaxed),
-    );
+    let mark = crate::short::watermark(poll);
+    let was = STATE.load(Relaxed);
+    let tight = next(was == TIGHT, headroom, mark, now, EVENT_AT.load(Relaxed));
+    if tight && was != TIGHT {
+        if let Some(h) = headroom {
+            let reserve = crate::short::reserve(h, mark);
+            set_reserve(reserve, reserve);
+        }
+    }
     STATE.store(if tight { TIGHT } else { RELAXED }, Relaxed);
     tight
 }
@@ -182,6 +190,16 @@ mod tests {
         STATE.store(RELAXED, Relaxed);
         set_reserve(8 * MIB, 3 * MIB);
         assert!(!arm_at_mark(false, 1), "away from the limit: none");
+        reset();
+        // A first measure finds memory tight: the marks arm before any tick keeps a reserve.
+        let poll = Duration::from_millis(10);
+        let h = crate::short::watermark(poll) - 4 * MIB;
+        assert!(update(Some(h), poll, 1));
+        assert!(arm_at_mark(false, 2 << 20), "tight, no reserve kept yet: armed");
+        assert!(arm_at_mark(false, 2 << 20), "2 MiB of 4 left: armed");
+        assert!(!arm_at_mark(false, 2 << 20), "the reserve it called for: paid off");
+        assert!(update(Some(h), poll, 2));
+        assert!(!arm_at_mark(false, 2 << 20), "still tight: the tick keeps the deficit");
         reset();
     }
 
