@@ -14,6 +14,8 @@
 //!   `nobody` sends `Welcome` and `Purge` to whoever connects; a root participant never counts
 //!   the connection, never says `Hello`, and purges nothing.
 
+// ci: host only: hostile peers on the coordinator's socket, the protocol rather than the kernel
+
 mod common;
 
 use common::{participant, purged_bits, socket_dir, ANSWER, CHUNK};

@@ -7,6 +7,8 @@
 //! The program is `tests/c/big_blocks.c` (large blocks through every entry point, threads and
 //! fork children, a checksum on stdout), compiled with gcc.
 
+// ci: host only: the settings grammar and its one-line warnings, the same on every kernel
+
 // Plays the program vrange is a guest in: closes, duplicates and inspects descriptors by
 // number, which vrange's own code may only do through vrange_sys (clippy.toml).
 #![allow(clippy::disallowed_methods)]

@@ -11,6 +11,8 @@
 //! Needs root (a mount namespace, files owned by another user); elsewhere the tests print
 //! "skipped: ..." (and fail under CI).
 
+// ci: host only: files and links in a private tmpfs, the same on every kernel
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

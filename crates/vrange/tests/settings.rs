@@ -6,6 +6,8 @@
 //! The environment is read once per process, so each case runs in a child: this test executable
 //! again, running only [`child`] (which does nothing unless `CHILD` is set).
 
+// ci: host only: the settings grammar and its one-line warnings, the same on every kernel
+
 use std::process::{Command, Output};
 use vrange::{OptionError, Options, Policy, VolatileRegion};
 
