@@ -501,6 +501,34 @@ fn cache_trace_replays_an_arc_file_alone() {
     files(&out, &["cache-trace.csv", "cache-trace.svg"]);
 }
 
+/// The SQLite service beside its neighbour: SQLite's own cache at two sizes and
+/// `vrange_sqlite_pcache()`, loaded from the libvrange.so beside the command (built here for
+/// this profile, as the C ABI's test builds it).
+#[test]
+fn sqlite_quick_runs_the_service_on_each_cache() {
+    let _s = serial();
+    let profile = vrange_testkit::build::profile();
+    vrange_testkit::build::cargo_build("vrange-ffi", &profile.name)
+        .unwrap_or_else(|e| panic!("building libvrange.so failed: {e}"));
+    let Some(out) = bench_in_cgroups("sqlite") else {
+        return;
+    };
+    let (header, rows) = table(&out, "peer");
+    let col = |name: &str| column(&header, name);
+    assert_eq!(rows.len(), 3, "three caches:\n{}", out.text);
+    assert!(
+        rows[2][0].starts_with("vrange_sqlite_pcache()"),
+        "{:?}",
+        rows[2]
+    );
+    for r in &rows {
+        positive(&r[col("operations/s")], "operations/s");
+        assert_eq!(r[col("wrong rows")], "0", "{r:?}");
+    }
+    assert_eq!(rows[2][col("OOM kills")], "0", "{:?}", rows[2]);
+    files(&out, &["sqlite-seconds.csv", "sqlite.svg"]);
+}
+
 #[test]
 fn coordinate_quick_compares_reclaimers_coordinator_and_kills() {
     let _s = serial();

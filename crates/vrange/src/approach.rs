@@ -195,11 +195,20 @@ mod tests {
         let poll = Duration::from_millis(10);
         let h = crate::short::watermark(poll) - 4 * MIB;
         assert!(update(Some(h), poll, 1));
-        assert!(arm_at_mark(false, 2 << 20), "tight, no reserve kept yet: armed");
+        assert!(
+            arm_at_mark(false, 2 << 20),
+            "tight, no reserve kept yet: armed"
+        );
         assert!(arm_at_mark(false, 2 << 20), "2 MiB of 4 left: armed");
-        assert!(!arm_at_mark(false, 2 << 20), "the reserve it called for: paid off");
+        assert!(
+            !arm_at_mark(false, 2 << 20),
+            "the reserve it called for: paid off"
+        );
         assert!(update(Some(h), poll, 2));
-        assert!(!arm_at_mark(false, 2 << 20), "still tight: the tick keeps the deficit");
+        assert!(
+            !arm_at_mark(false, 2 << 20),
+            "still tight: the tick keeps the deficit"
+        );
         reset();
     }
 
