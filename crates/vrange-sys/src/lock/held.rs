@@ -27,7 +27,7 @@ use super::Rank;
 use crate::sync::{SpinGuard, SpinLock};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 
 /// A spin lock with a rank: never allocates, usable in a `const` static, and held across fork.
 /// Waiting spins, then yields, then sleeps.
@@ -171,13 +171,19 @@ fn forked() {
     GENERATION.fetch_add(1, Relaxed);
 }
 
-const NOT_INSTALLED: u8 = 0;
-const INSTALLING: u8 = 1;
-const INSTALLED: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(NOT_INSTALLED);
-/// The process whose thread is installing: a fork child that finds `INSTALLING` set by its
-/// parent (the installing thread is not in the child) installs its own.
-static INSTALLER: AtomicU32 = AtomicU32::new(0);
+/// The handlers' installation: [`NOT_INSTALLED`], [`INSTALLED`], or the pid of the process
+/// whose thread is installing them. One word, so that the installer and its process are seen
+/// together: a fork child that finds its parent's pid there (the installing thread did not
+/// come along) installs its own, and a thread of the installing process waits. (With the pid
+/// in a word of its own, stored after the state, a second thread could read the state set
+/// and the pid not yet, take the installation for a parent's, and install the handlers a
+/// second time: each fork then ran the preparation twice and waited for itself.)
+const NOT_INSTALLED: u32 = 0;
+const INSTALLED: u32 = u32::MAX;
+static STATE: AtomicU32 = AtomicU32::new(NOT_INSTALLED);
+/// Installations in this process (tests: exactly one).
+#[cfg(test)]
+static INSTALLS: AtomicU32 = AtomicU32::new(0);
 
 /// Installs the handlers once per process; a second caller waits until they are in place.
 /// Called before the first acquisition of any lock of this module, so no lock of vrange is
@@ -192,21 +198,21 @@ pub(super) fn ensure_installed() {
 
 #[cold]
 fn install() {
+    let me = std::process::id();
     loop {
-        match STATE.compare_exchange(NOT_INSTALLED, INSTALLING, AcqRel, Acquire) {
+        match STATE.compare_exchange(NOT_INSTALLED, me, AcqRel, Acquire) {
             Ok(_) => break,
             Err(INSTALLED) => return,
-            Err(_) => {
-                // The installing thread of the parent is not in a fork child.
-                if INSTALLER.load(Acquire) != std::process::id() {
-                    let _ = STATE.compare_exchange(INSTALLING, NOT_INSTALLED, AcqRel, Acquire);
-                } else {
-                    std::thread::yield_now();
-                }
+            // Another thread of this process is installing.
+            Err(pid) if pid == me => std::thread::yield_now(),
+            // A parent's installation, inherited by this fork child without its thread.
+            Err(pid) => {
+                let _ = STATE.compare_exchange(pid, NOT_INSTALLED, AcqRel, Acquire);
             }
         }
     }
-    INSTALLER.store(std::process::id(), Release);
+    #[cfg(test)]
+    INSTALLS.fetch_add(1, Relaxed);
     // Without room for the handlers (ENOMEM: the process is dying), a fork child could inherit
     // a lock held: nothing better to do than what the C library's own allocator does.
     let _ = crate::process::at_fork(prepare, parent, child);
@@ -343,6 +349,33 @@ mod tests {
 
     /// A lock another thread holds when a fork starts: the fork waits for it, so the child
     /// takes it at once; the lock's child hook ran there; a lock never taken is not enrolled.
+    /// While a thread of this process installs the handlers, another waits for it rather than
+    /// installing them a second time (which made every fork prepare twice and wait for
+    /// itself); an installation inherited from a parent, whose thread did not come along, is
+    /// taken over. In a fork child, whose state the test may set.
+    #[test]
+    fn the_handlers_are_installed_once_and_a_parents_installation_is_taken_over() {
+        let ok = fork_and_check(
+            || {
+                let me = std::process::id();
+                STATE.store(me, Release);
+                INSTALLS.store(0, Relaxed);
+                let waiter = std::thread::spawn(ensure_installed);
+                std::thread::sleep(Duration::from_millis(100));
+                let waited = INSTALLS.load(Relaxed) == 0 && !waiter.is_finished();
+                STATE.store(INSTALLED, Release);
+                let joined = waiter.join().is_ok() && INSTALLS.load(Relaxed) == 0;
+                // The parent's (a pid that is not this process's).
+                STATE.store(me.wrapping_add(1).max(1), Release);
+                ensure_installed();
+                let taken_over = INSTALLS.load(Relaxed) == 1 && STATE.load(Acquire) == INSTALLED;
+                waited && joined && taken_over
+            },
+            Duration::from_secs(30),
+        );
+        assert!(ok, "installed twice, or a parent's installation waited for");
+    }
+
     #[test]
     fn a_fork_waits_for_a_held_lock_and_the_child_finds_it_free() {
         drop(HELD.lock());
