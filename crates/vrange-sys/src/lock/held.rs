@@ -347,8 +347,6 @@ mod tests {
     static HELD: Lock = Lock::with_child_hook(Rank::Regions, Some(child_hook));
     static NEVER: Lock = Lock::new(Rank::Registry);
 
-    /// A lock another thread holds when a fork starts: the fork waits for it, so the child
-    /// takes it at once; the lock's child hook ran there; a lock never taken is not enrolled.
     /// While a thread of this process installs the handlers, another waits for it rather than
     /// installing them a second time (which made every fork prepare twice and wait for
     /// itself); an installation inherited from a parent, whose thread did not come along, is
@@ -376,6 +374,8 @@ mod tests {
         assert!(ok, "installed twice, or a parent's installation waited for");
     }
 
+    /// A lock another thread holds when a fork starts: the fork waits for it, so the child
+    /// takes it at once; the lock's child hook ran there; a lock never taken is not enrolled.
     #[test]
     fn a_fork_waits_for_a_held_lock_and_the_child_finds_it_free() {
         drop(HELD.lock());
