@@ -70,8 +70,17 @@ fn flush_hooks_run_before_a_purge_chooses_and_not_after_they_are_dropped() {
             unsafe { r.mark().unwrap() };
         })
     };
-    // The region was pinned; the purge runs the hook first, which makes it volatile.
-    assert!(vrange::purge(usize::MAX) >= MIB);
+    // The region was pinned; the purge runs the hook first, which makes it volatile. Unless
+    // the reclaimer's tick was running the hooks at that moment (`reclaim/flush.rs`: a purge
+    // does not wait for another flush, which marks the range itself): then the next purge,
+    // once that flush is done, takes it. Seen once in an emulated guest.
+    if vrange::purge(usize::MAX) < MIB {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            vrange::purge(usize::MAX) >= MIB,
+            "neither the purge's own flush nor the other one marked the range"
+        );
+    }
     assert!(
         r.unmark().unwrap().was_purged(),
         "the hook's mark came before the choice"
