@@ -373,27 +373,39 @@ pub fn collapse_huge(ptr: *mut u8, len: usize) -> io::Result<()> {
 pub fn resident_pages(ptr: *mut u8, len: usize) -> io::Result<usize> {
     let page = page_size();
     let mut resident = 0;
-    let mut buf = [0u8; 4096];
+    let mut buf = [0u8; RESIDENCY_PAGES];
     let mut off = 0;
     while off < len {
         let chunk = (len - off).min(buf.len() * page);
-        // SAFETY: buf holds one byte per page of the chunk (chunk <= buf.len() pages); mincore
-        // reports holes as ENOMEM rather than touching them.
-        let rc = unsafe {
-            libc::mincore(
-                ptr.wrapping_add(off).cast(),
-                chunk,
-                buf.as_mut_ptr().cast::<libc::c_uchar>(),
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        residency(ptr.wrapping_add(off), chunk, &mut buf)?;
         let pages = chunk.div_ceil(page);
         resident += buf[..pages].iter().filter(|b| **b & 1 != 0).count();
         off += chunk;
     }
     Ok(resident)
+}
+
+/// Pages one [`residency`] call into a stack buffer of this many bytes covers (16 MiB of
+/// 4 KiB pages).
+pub const RESIDENCY_PAGES: usize = 4096;
+
+/// Which pages of the range are resident, one byte per page into `out` (bit 0 set: resident),
+/// from one mincore(2): for a caller that counts many ranges of one mapping with one call.
+///
+/// # Errors
+/// ENOMEM for holes; EINVAL if `out` has fewer bytes than the range has pages or `ptr` is not
+/// page-aligned.
+pub fn residency(ptr: *mut u8, len: usize, out: &mut [u8]) -> io::Result<()> {
+    if len.div_ceil(page_size()) > out.len() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: out holds one byte per page of the range (checked above); mincore writes only
+    // those and reports holes as ENOMEM rather than touching them.
+    let rc = unsafe { libc::mincore(ptr.cast(), len, out.as_mut_ptr().cast::<libc::c_uchar>()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ pub(super) fn run() {
     // descriptor table, never in the program's).
     let mut refill_room = OwnHeadroom::new();
     // The armed reserve's candidates, kept from tick to tick (no allocation once grown).
-    let mut reserve = Vec::new();
+    let mut reserve = victims::Scratch::default();
     // When dead holders of shared regions were last looked for (ns).
     let mut reaped_at = 0;
     // Before the first tick: a process that starts close to its limit arms at once.
@@ -349,17 +349,17 @@ fn arm(
     pace: &mut Pace,
     (look, reaction): (Duration, Duration),
     delay_ns: u64,
-    buf: &mut Vec<victims::Candidate>,
+    buf: &mut victims::Scratch,
 ) {
     let target = short::reserve(headroom, short::burst(pace.rate(), look + reaction));
     let now = now_ns();
-    let armed = victims::armed(pace.discarded());
-    buf.clear();
+    let armed = victims::armed(pace.discarded(), buf);
+    buf.candidates.clear();
     if armed.bytes < target {
-        victims::reserve_candidates(now, target - armed.bytes, buf);
+        victims::reserve_candidates(now, target - armed.bytes, &mut buf.candidates);
     }
     let p = pause();
-    let (done, missing) = victims::keep_reserve(&armed, buf, target);
+    let (done, missing) = victims::keep_reserve(&armed, &buf.candidates, target);
     let aged = victims::arm_due(now, delay_ns);
     drop(p);
     approach::set_reserve(target, missing);

@@ -6,8 +6,9 @@ use crate::order::Place;
 use crate::registry::{self, Priority};
 use crate::short::{pressure_share, Event};
 use crate::stats::Source;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use vrange_sys::clock::now_ns;
+use vrange_sys::mem;
 
 /// A range the reclaimer may purge, as seen in one pass over the registry: a private range
 /// (its snapshot `word`), or a run of a shared region's volatile pages last used at the same
@@ -137,31 +138,102 @@ pub(crate) struct Armed {
     emptied: Vec<Candidate>,
 }
 
+impl Armed {
+    /// Counts `c`, an armed range of which `resident` bytes are still resident.
+    fn count(&mut self, c: Candidate, resident: usize) {
+        if resident == 0 {
+            self.emptied.push(c);
+        }
+        self.bytes = self.bytes.saturating_add(resident as u64);
+    }
+}
+
+/// The reserve's buffers, kept by the reclaimer from tick to tick (no allocation once grown):
+/// the candidates to arm, and the armed ranges seen by [`armed`].
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub candidates: Vec<Candidate>,
+    seen: Vec<Seen>,
+}
+
+/// An armed range seen by [`armed`]: its start and its region's, so that the armed ranges of
+/// one region are counted with one mincore(2).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    start: usize,
+    region: usize,
+    /// `len`: the bytes recorded armed.
+    c: Candidate,
+}
+
 /// What is armed now, one pass over the registry. The armed bytes are as recorded, or, with
 /// `verify` (the kernel discarded lazily freed pages since the last look: a recorded count
-/// would keep counting what it took), the armed pages still resident, one mincore(2) per armed
-/// range. Outside the purge lock, as [`candidates`] (a range freed meanwhile counts nothing:
-/// mincore of a hole fails). Allocates only for ranges found emptied.
-pub(crate) fn armed(verify: bool) -> Armed {
+/// would keep counting what it took), the armed pages still resident: one mincore(2) per run
+/// of armed ranges of one region (up to `mem::RESIDENCY_PAGES` pages), not one per range,
+/// since SQLite's page cache arms thousands of one-page ranges and a call for each made a
+/// tight tick take 15 ms, which the reserve then counted as reaction time and grew by. Outside
+/// the purge lock, as [`candidates`] (a range freed meanwhile counts nothing: mincore of a
+/// hole fails). Allocates only to grow `scratch` and for ranges found emptied.
+pub(crate) fn armed(verify: bool, scratch: &mut Scratch) -> Armed {
     let mut a = Armed::default();
+    let seen = &mut scratch.seen;
+    seen.clear();
+    if verify {
+        seen.reserve(registry::slots());
+    }
     registry::for_each_live(|idx, slot| {
         let word = slot.state().load();
         let recorded = managed::armed_bytes(slot, word);
         if recorded == 0 {
             return;
         }
-        let bytes = if verify {
-            managed::armed_resident(slot, word)
+        let c = Candidate::private(idx, slot, word, recorded);
+        if !verify {
+            a.bytes = a.bytes.saturating_add(recorded as u64);
+        } else if seen.len() < seen.capacity() {
+            let start = slot.start.load(Acquire);
+            let region = slot.region_start.load(Relaxed);
+            seen.push(Seen { start, region, c });
         } else {
-            recorded
-        };
-        if bytes == 0 {
-            a.emptied
-                .push(Candidate::private(idx, slot, word, recorded));
+            // More armed ranges than the registry had slots when the scan began: one call.
+            a.count(c, managed::armed_resident(slot, word));
         }
-        a.bytes = a.bytes.saturating_add(bytes as u64);
+    });
+    seen.sort_unstable_by_key(|s| s.start);
+    count_runs(seen, &mut a, |s| {
+        managed::armed_resident(registry::slot(s.c.idx), s.c.word)
     });
     a
+}
+
+/// Counts the armed ranges `seen` (sorted by start) into `a`: one mincore(2) per run of ranges
+/// of one region that fits [`mem::RESIDENCY_PAGES`] pages; `alone` counts a range by itself
+/// where its run's call failed (a range freed meanwhile: a hole) or it is longer than that.
+fn count_runs(seen: &[Seen], a: &mut Armed, alone: impl Fn(&Seen) -> usize) {
+    let mut pages = [0u8; mem::RESIDENCY_PAGES];
+    let page = mem::page_size();
+    let mut rest = seen;
+    while let Some(first) = rest.first() {
+        let fits = |s: &&Seen| {
+            s.region == first.region
+                && (s.start - first.start + s.c.len).div_ceil(page) <= pages.len()
+        };
+        let (run, after) = rest.split_at(rest.iter().take_while(fits).count().max(1));
+        rest = after;
+        let last = run[run.len() - 1];
+        let len = last.start - first.start + last.c.len;
+        let whole = mem::residency(first.start as *mut u8, len, &mut pages).is_ok();
+        for s in run {
+            let resident = if whole {
+                let at = (s.start - first.start) / page;
+                let bits = &pages[at..at + s.c.len.div_ceil(page)];
+                bits.iter().filter(|b| **b & 1 != 0).count() * page
+            } else {
+                alone(s)
+            };
+            a.count(s.c, resident);
+        }
+    }
 }
 
 /// The reserve's candidates, into `out` (the reclaimer's, kept from tick to tick, so that a
@@ -305,6 +377,66 @@ mod tests {
                     break;
                 }
             }
+        }
+    }
+
+    /// Armed ranges are counted by runs of one region, one mincore(2) each: exactly the
+    /// resident pages of each range; a range longer than one call covers, and one freed
+    /// meanwhile (a hole), are counted alone, and an emptied range is listed to settle.
+    #[test]
+    fn armed_ranges_are_counted_by_runs_of_a_region() {
+        let page = mem::page_size();
+        let map = |pages: usize| {
+            let p = mem::map_anon(pages * page, page).expect("map").as_ptr();
+            mem::populate_write(p, pages * page).expect("populate");
+            p
+        };
+        let gone = |p: *mut u8| {
+            // SAFETY: one page of a mapping of this test, which nothing reads afterwards.
+            unsafe { mem::purge_forced(p, page) }.expect("purge");
+        };
+        let seen_at = |start: *mut u8, region: *mut u8, pages: usize, idx: u32| Seen {
+            start: start as usize,
+            region: region as usize,
+            c: Candidate {
+                len: pages * page,
+                ..c(Priority::Normal, 0, idx)
+            },
+        };
+        // A region of 128 pages with a one-page range at every even page: pages 2, 10 and 40
+        // (ranges 1, 5 and 20) gone.
+        let a = map(128);
+        for p in [2, 10, 40] {
+            gone(a.wrapping_add(p * page));
+        }
+        // A range longer than one call covers, its first page gone.
+        let long = mem::RESIDENCY_PAGES + 1;
+        let b = map(long);
+        gone(b);
+        // A region freed before the count.
+        let c4 = map(4);
+        // SAFETY: this test's mapping, not used again.
+        unsafe { mem::unmap(std::ptr::NonNull::new(c4).expect("mapped"), 4 * page) };
+        let mut seen: Vec<Seen> = (0..64u32)
+            .map(|i| seen_at(a.wrapping_add(2 * i as usize * page), a, 1, i))
+            .collect();
+        seen.push(seen_at(b, b, long, 100));
+        seen.push(seen_at(c4, c4, 4, 101));
+        seen.sort_unstable_by_key(|s| s.start);
+        let alone = std::cell::Cell::new(0);
+        let mut armed = Armed::default();
+        count_runs(&seen, &mut armed, |s| {
+            alone.set(alone.get() + 1);
+            mem::resident_pages(s.start as *mut u8, s.c.len).map_or(0, |n| n * page)
+        });
+        assert_eq!(armed.bytes, ((64 - 3) + (long - 1)) as u64 * page as u64);
+        let mut emptied: Vec<u32> = armed.emptied.iter().map(|c| c.idx).collect();
+        emptied.sort_unstable();
+        assert_eq!(emptied, [1, 5, 20, 101]);
+        assert_eq!(alone.get(), 2, "the long range and the hole, each alone");
+        for (p, pages) in [(a, 128), (b, long)] {
+            // SAFETY: this test's mappings, not used again.
+            unsafe { mem::unmap(std::ptr::NonNull::new(p).expect("mapped"), pages * page) };
         }
     }
 
