@@ -337,6 +337,10 @@ impl Pace {
     }
 }
 
+/// The longest a tick spends arming the reserve (`victims::keep_reserve`): a fifth of a
+/// tight tick.
+const ARM_WORK: Duration = Duration::from_millis(approach::TIGHT_POLL.as_millis() as u64 / 5);
+
 /// Keeps the armed reserve while memory is tight (`crate::approach`, `crate::short::reserve`):
 /// arms the coldest volatile hybrid ranges until the kernel could take, by itself, what can
 /// be charged before this thread looks again (`look`: its poll, or the longest recent gap
@@ -359,7 +363,8 @@ fn arm(
         victims::reserve_candidates(now, target - armed.bytes, &mut buf.candidates);
     }
     let p = pause();
-    let (done, missing) = victims::keep_reserve(&armed, &buf.candidates, target);
+    let until = now_ns().saturating_add(ARM_WORK.as_nanos() as u64);
+    let (done, missing) = victims::keep_reserve(&armed, &buf.candidates, target, until);
     let aged = victims::arm_due(now, delay_ns);
     drop(p);
     approach::set_reserve(target, missing);
