@@ -551,9 +551,12 @@ impl<'a> Server<'a> {
             .unwrap_or(0);
         let merged = self.merged(None);
         let volatile: u64 = merged.iter().flatten().sum();
+        // A vmpressure event asks only while memory is short (`vrange::short::vmpressure_purges`).
+        let short = vrange::short::vmpressure_purges((ceiling != 0).then_some(headroom), threshold);
         for e in events.iter().flatten() {
             self.shared.event(*e);
             target = target.max(match e {
+                Event::Critical | Event::Medium if !short => 0,
                 Event::Critical => volatile,
                 Event::Psi | Event::Medium => (volatile / 4).max(2 << 20),
             });

@@ -15,6 +15,7 @@
 //! | should one able to recycle its oldest for less than the kernel's reclaim costs do so before taking `bytes`? | memory is short for them, or taking them would pass the ceiling, so that the kernel reclaims in the taker's path (free = ceiling − usage, page cache not counted as free, < `bytes`) ([`Room::recycle_for`]) | a refill region before a fill (it makes the block in its oldest block's pages, or gives those back) |
 //! | by how much? | back to twice the threshold: 2 × threshold − (headroom − `bytes`), nothing while headroom − `bytes` ≥ threshold ([`deficit`]) | the reclaimer at each tick (`bytes` 0), [`make_room`](crate::reclaimer::make_room) before a client maps memory, the coordinator for its container |
 //! | how much a pressure event asks | vmpressure critical: every volatile byte; medium and PSI: `VRANGE_PRESSURE_SHARE` % of them, at least 2 MiB | the reclaimer |
+//! | does a vmpressure event ask at all? | only while the headroom is under twice the threshold (the `auto` one where `VRANGE_HEADROOM` is off), or cannot be read ([`vmpressure_purges`]); above it the cgroup's reclaim is cycling clean page cache, which the kernel drops itself | the reclaimer, the coordinator |
 //! | is the machine short? (a stall on the system's PSI file purges only then) | MemAvailable < MemTotal / 10 (earlyoom's line) | the reclaimer |
 //! | is memory tight? | headroom under what a neighbour faults in within one tick (4 GiB/s × tick), at least 64 MiB; relaxed again above twice that (`watermark`) | `crate::approach` |
 //! | how much must the kernel be able to take at once (the armed reserve)? | what can be charged before the reclaimer acts again, beyond the headroom: the faster of 4 GiB/s and twice the measured charge rate, over the tick and the reclaimer's reaction, at least 64 MiB, less the headroom (`burst`, `reserve`) | the reclaimer, which arms the coldest volatile ranges to keep it |
@@ -102,6 +103,28 @@ impl Room {
     }
 }
 
+/// Whether a vmpressure event of a cgroup asks for a purge, given its headroom read at the
+/// event (`None`: unreadable) and the threshold (the `auto` one where a process's
+/// `VRANGE_HEADROOM` is off: the event still speaks): only while the headroom is under twice
+/// the threshold, the level every purge restores. A cgroup whose page cache fills it reclaims
+/// at its limit all the time and cgroup v1 reports medium and critical levels for it; while
+/// clean page cache is there the kernel drops it by itself, and a purge answering the event
+/// (every volatile byte, for a critical one) only makes the program read again what it
+/// purged: SQLite's page cache in a 256 MiB container lost its pages to such purges several
+/// times a second. Asked by the reclaimer and the coordinator.
+pub fn vmpressure_purges(headroom: Option<u64>, threshold: u64) -> bool {
+    headroom.is_none_or(|headroom| headroom < threshold.saturating_mul(2))
+}
+
+/// The threshold a process's `VRANGE_HEADROOM` `setting` gives a vmpressure event
+/// ([`vmpressure_purges`]) under `ceiling`: the `auto` one where the setting is off.
+pub(crate) fn event_threshold(setting: u64, ceiling: u64) -> u64 {
+    match setting {
+        0 => auto_threshold(ceiling),
+        s => threshold(s, ceiling),
+    }
+}
+
 /// Which pressure event asks for a share of the volatile bytes (see [`pressure_share`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Event {
@@ -171,6 +194,23 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_vmpressure_event_purges_only_while_memory_is_short() {
+        let ceiling = 256 * MIB;
+        // auto: a threshold of 16 MiB, short under 32 MiB of headroom.
+        let auto = event_threshold(AUTO, ceiling);
+        assert_eq!(auto, 16 * MIB);
+        assert!(vmpressure_purges(Some(31 * MIB), auto));
+        assert!(!vmpressure_purges(Some(32 * MIB), auto));
+        assert!(vmpressure_purges(None, auto));
+        // Headroom purges off: the event still speaks, by the auto threshold.
+        assert_eq!(event_threshold(0, ceiling), auto);
+        // A set threshold.
+        let set = event_threshold(50 * MIB, ceiling);
+        assert!(vmpressure_purges(Some(99 * MIB), set));
+        assert!(!vmpressure_purges(Some(100 * MIB), set));
+    }
 
     #[test]
     fn thresholds_and_deficits() {
