@@ -50,11 +50,8 @@ use vrange_testkit::role::{command, role, role_command, say, Reply, Role};
 use vrange_testkit::serial;
 
 const MIB: usize = 1 << 20;
-/// The child cgroup's hard limit: with the holder's 96 MiB (and its runtime) charged, its
-/// headroom stays above the tight watermark (82 MiB at its 20 ms poll) while it settles,
-/// where the arm delay arms every volatile hybrid range (near the limit only the armed
-/// reserve is armed).
-const LIMIT: usize = 224 * MIB;
+/// The child cgroup's hard limit.
+const LIMIT: usize = 160 * MIB;
 /// The holder's regions: `VOLATILE_REGIONS` volatile, the rest pinned.
 const REGION: usize = 4 * MIB;
 const REGIONS: usize = 24;
@@ -66,7 +63,7 @@ const PINNED_BYTES: usize = (REGIONS - VOLATILE_REGIONS) * REGION;
 const MUST_FREE: usize = 32 * MIB;
 /// Hybrid ranges are armed this long after marking.
 const ARM_DELAY_MS: u64 = 200;
-/// The holder's reclaimer polls headroom this often.
+/// The managed holder's reclaimer polls headroom this often.
 const POLL_MS: u64 = 20;
 /// The slow hog's step and pause.
 const SLOW_STEP: usize = MIB;
@@ -216,11 +213,11 @@ fn say_stats(s: &Stats) {
 fn holder(policy: Policy) {
     // Options first: the reclaimer starts with the first region. The control run disables the
     // reclaimer through the environment (VRANGE_RECLAIMER=off), which these do not change.
-    // The poll sets the tight watermark (what a neighbour faults in within one): at 20 ms,
-    // 82 MiB, under the hybrid holder's headroom (see `LIMIT`).
-    vrange::set_option("VRANGE_POLL_MS", &POLL_MS.to_string()).unwrap();
-    if policy == Policy::Hybrid {
-        vrange::set_option("VRANGE_ARM_DELAY_MS", &ARM_DELAY_MS.to_string()).unwrap();
+    match policy {
+        Policy::Hybrid => {
+            vrange::set_option("VRANGE_ARM_DELAY_MS", &ARM_DELAY_MS.to_string()).unwrap()
+        }
+        _ => vrange::set_option("VRANGE_POLL_MS", &POLL_MS.to_string()).unwrap(),
     }
     let regions: Vec<VolatileRegion> = (0..REGIONS)
         .map(|i| {
@@ -799,7 +796,7 @@ fn hybrid(label: &str, test: &'static str, sources_off: bool) -> Option<(String,
 }
 
 /// 24 hybrid regions of 4 MiB, 16 volatile and armed (handed to the kernel after 200 ms), 8
-/// pinned, in a 224 MiB cgroup; a hog touches enough memory at once that at least 32 MiB of
+/// pinned, in a 160 MiB cgroup; a hog touches enough memory at once that at least 32 MiB of
 /// volatile memory must go. The hog must exit normally with no OOM kill, and every volatile
 /// region must report exactly its zero-reading pages as purged, every other page holding its
 /// pattern; pinned regions intact byte for byte. Prints which sources fired and how the purged
@@ -841,7 +838,7 @@ fn hybrid_under_fast_pressure_kernel_alone_reports_exactly() {
 }
 
 /// 24 managed regions of 4 MiB, 16 volatile (64 MiB), 8 pinned (32 MiB), VRANGE_POLL_MS=20,
-/// in a 224 MiB cgroup; a hog grows 1 MiB every 15 ms to 32 MiB over what fits. The kernel
+/// in a 160 MiB cgroup; a hog grows 1 MiB every 15 ms to 32 MiB over what fits. The kernel
 /// cannot take managed memory (resident anonymous, no swap), so only the reclaimer can make
 /// room: the hog must exit normally with no OOM kill, purged regions must read zero (whole),
 /// the others and the pinned ones their pattern, and headroom, vmpressure or PSI must have

@@ -81,9 +81,10 @@ pub(super) fn run() {
     let first_poll = Duration::from_millis(cfg.poll_ms.load(Relaxed));
     if let Some(headroom) = approach_check(None, measured, first_poll, true, &mut pace) {
         if approach::is_tight() {
+            let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
             // Tight: its ticks come every TIGHT_POLL from now on.
             let ticks = (approach::TIGHT_POLL, Duration::ZERO);
-            arm(headroom, &mut pace, ticks, &mut reserve);
+            arm(headroom, &mut pace, ticks, delay_ns, &mut reserve);
         }
     }
     while STATE.load(Acquire) == RUNNING {
@@ -215,17 +216,17 @@ pub(super) fn run() {
             measured = t;
             headroom = approach_check(watch.as_ref(), t, configured, false, &mut pace);
         }
+        let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
         match headroom {
             Some(h) if approach::is_tight() => {
                 let ticks = (pace.look(poll), reaction);
-                arm(h, &mut pace, ticks, &mut reserve)
+                arm(h, &mut pace, ticks, delay_ns, &mut reserve)
             }
             // Tight, and nothing measured this tick (no volatile memory, or no file could be
             // read): the reserve and its deficit stay as the last measure left them.
             _ if approach::is_tight() => {}
             _ => {
                 approach::set_reserve(0, 0);
-                let delay_ns = cfg.arm_delay_ms.load(Relaxed).saturating_mul(1_000_000);
                 let p = pause();
                 stats::count_armed(victims::arm_due(now_ns(), delay_ns) as usize);
                 drop(p);
@@ -362,21 +363,15 @@ const ARM_WORK: Duration = Duration::from_millis(approach::TIGHT_POLL.as_millis(
 /// Keeps the armed reserve while memory is tight (`crate::approach`, `crate::short::reserve`):
 /// arms the coldest volatile hybrid ranges until the kernel could take, by itself, what can
 /// be charged before this thread looks again (`look`: its poll, or the longest recent gap
-/// between its ticks) and reacts (`reaction`) beyond `headroom`; what could not be armed is
-/// left to the next marks (the deficit). Candidates are looked for only when the reserve is
-/// short (`buf` holds them, kept from tick to tick).
-///
-/// Only the reserve: ranges volatile for the arm delay are not armed while tight, as they are
-/// away from the limit. Near the limit the kernel's reclaim runs all the time (the page cache
-/// cycles through a full cgroup) and takes lazily freed pages first, so every idle range armed
-/// beyond the reserve is one the program likely loses for nothing, and each costs a madvise(2)
-/// and its proof at the next unmark: SQLite's page cache, whose pages are reused at random
-/// over its whole size, ran at a fifth of SQLite's own cache that way. What is armed already
-/// stays armed until it is unmarked.
+/// between its ticks) and reacts (`reaction`) beyond `headroom`; what could not be armed is left to the next marks (the deficit). Ranges volatile
+/// for the arm delay (`delay_ns`) are armed as well, as away from the limit.
+/// Candidates are looked for only when the reserve is short (`buf` holds them, kept from tick
+/// to tick).
 fn arm(
     headroom: u64,
     pace: &mut Pace,
     (look, reaction): (Duration, Duration),
+    delay_ns: u64,
     buf: &mut victims::Scratch,
 ) {
     let target = short::reserve(headroom, short::burst(pace.rate(), look + reaction));
@@ -389,9 +384,10 @@ fn arm(
     let p = pause();
     let until = now_ns().saturating_add(ARM_WORK.as_nanos() as u64);
     let (done, missing) = victims::keep_reserve(&armed, &buf.candidates, target, until);
+    let aged = victims::arm_due(now, delay_ns);
     drop(p);
     approach::set_reserve(target, missing);
-    stats::count_armed(done as usize);
+    stats::count_armed((done + aged) as usize);
 }
 
 /// Measures headroom (the watch's open source; else short-lived reads of the cgroup's files,
