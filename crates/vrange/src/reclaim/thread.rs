@@ -149,7 +149,8 @@ pub(super) fn run() {
                     Source::VmpressureCritical | Source::VmpressureMedium
                 );
                 let short = short
-                    && (!vmpressure || *vm_short.get_or_insert_with(|| vmpressure_short(&watch)));
+                    && (!vmpressure
+                        || *vm_short.get_or_insert_with(|| vmpressure_short(watch.as_ref())));
                 if !short {
                     // Some cgroup stalled at its own limit, not the machine, or this one
                     // reclaims page cache it can drop: counted, no purge.
@@ -250,8 +251,8 @@ pub(super) fn run() {
 /// (`waker::files_ok`); otherwise it cannot tell, and takes the stall at its word.
 /// Whether a vmpressure event asks for a purge (`short::vmpressure_purges`): the headroom
 /// read from the watch's open source.
-fn vmpressure_short(watch: &Option<Watch>) -> bool {
-    let Some(h) = watch.as_ref().and_then(|w| w.headroom.as_ref()) else {
+fn vmpressure_short(watch: Option<&Watch>) -> bool {
+    let Some(h) = watch.and_then(|w| w.headroom.as_ref()) else {
         return true;
     };
     let threshold = short::event_threshold(config::get().headroom.load(Relaxed), h.ceiling());

@@ -216,12 +216,15 @@ fn count_runs(seen: &[Seen], a: &mut Armed, alone: impl Fn(&Seen) -> usize) {
     while let Some(first) = rest.first() {
         let fits = |s: &&Seen| {
             s.region == first.region
-                && (s.start - first.start + s.c.len).div_ceil(page) <= pages.len()
+                && (s.start - first.start)
+                    .saturating_add(s.c.len)
+                    .div_ceil(page)
+                    <= pages.len()
         };
         let (run, after) = rest.split_at(rest.iter().take_while(fits).count().max(1));
         rest = after;
         let last = run[run.len() - 1];
-        let len = last.start - first.start + last.c.len;
+        let len = (last.start - first.start).saturating_add(last.c.len);
         let whole = mem::residency(first.start as *mut u8, len, &mut pages).is_ok();
         for s in run {
             let resident = if whole {
