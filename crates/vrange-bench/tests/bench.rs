@@ -601,7 +601,7 @@ fn tradeoff_quick_puts_every_configuration_on_both_axes() {
         .filter(|r| !(r[ops].starts_with("skipped") && r[ops].contains("installed")))
         .collect();
     for r in &ran {
-        positive(&r[ops], "ops/s");
+        positive(&r[ops], &format!("ops/s of {r:?}"));
         assert_eq!(r[col("threads")], "1", "quick: one thread: {r:?}");
         assert!(num(&r[col("peak RSS")]).is_some(), "{r:?}");
         assert!(num(&r[col("returned within 1 s")]).is_some(), "{r:?}");
