@@ -8,7 +8,7 @@
  *     [64 KiB, 2 MiB), writing one byte per 4 KiB page of it so that the memory is really
  *     used. After a warm-up (a quarter of SECONDS, at most 0.5 s, so that the allocator
  *     holds the memory it keeps for this working set) the iterations of SECONDS seconds are
- *     counted. Then every thread grows its share of the working set to PEAK_MIB
+ *     counted, each thread over its own window of at least 16 iterations. Then every thread grows its share of the working set to PEAK_MIB
  *     MiB in all, each block followed by a 64-byte block that stays live (so no allocator can
  *     give the peak back by trimming the top of a heap), and the process prints
  *     "PEAK ops_per_s=R ops=N seconds=T threads=THREADS" and waits for a line on stdin (the
@@ -43,6 +43,8 @@
 
 /* What the threads do: the main thread moves them on. */
 enum phase { WARM, MEASURE, PEAK, STOP };
+/* The fewest iterations a thread's measured window counts. */
+#define MIN_MEASURED 16
 
 static unsigned threads = 1;
 static double seconds = 2.0;
@@ -152,7 +154,11 @@ static void *work(void *arg)
 		churn_once(w);
 	uint64_t ops0 = w->ops;
 	double t0 = now();
-	while (atomic_load_explicit(&phase, memory_order_relaxed) == MEASURE)
+	/* At least MIN_MEASURED iterations, each thread over its own window: on a loaded machine
+	 * one iteration of the warm-up can outlast the whole measured window (the quick form's is
+	 * 0.3 s), which counted 0 iterations. */
+	while (atomic_load_explicit(&phase, memory_order_relaxed) == MEASURE ||
+	       w->ops - ops0 < MIN_MEASURED)
 		churn_once(w);
 	w->measured_ops = w->ops - ops0;
 	w->measured_s = now() - t0;

@@ -13,7 +13,9 @@
 //! 1. The churner (the allocator under test, preloaded) runs T threads over a working set of
 //!    64 MiB: each iteration frees a random block and mallocs one of a random size,
 //!    log-uniform in [64 KiB, 2 MiB), writing one byte per 4 KiB page. After a warm-up, the
-//!    iterations of 2 s (0.3 s with `--quick`) give the throughput.
+//!    iterations of 2 s (0.3 s with `--quick`) give the throughput, each thread's over its
+//!    own window of at least 16 iterations (a loaded machine can stretch one iteration past
+//!    the quick window).
 //! 2. It grows the working set to the peak (512 MiB; 256 MiB with `--quick`), each block
 //!    followed by a small block that stays live so that no allocator can give memory back by
 //!    trimming a heap top; we read its RSS; it frees back to the steady working set and goes
