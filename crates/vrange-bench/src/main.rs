@@ -90,8 +90,8 @@ pub enum Suite {
     Tradeoff,
     /// Memory back before anyone is OOM-killed: N trials (20; --quick 3) of each adversarial
     /// scenario (a burst right after a mark, Python's bytearrays under the shim, the tradeoff
-    /// and cache neighbours) on a busy machine, default settings; any OOM kill fails the
-    /// suite.
+    /// neighbour, an idle peak process's next one, the cache and SQLite neighbours) on a busy
+    /// machine, default settings; any OOM kill fails the suite.
     Stress,
     /// Every suite above, in that order.
     All,

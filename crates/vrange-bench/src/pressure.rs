@@ -27,28 +27,37 @@ use vrange_testkit::{cgroup, procfs};
 const IDLE: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(30);
 
-struct Sizes {
+pub(crate) struct Sizes {
     limit_mib: u64,
     peak_mib: u64,
     next_mib: u64,
 }
 
-struct Outcome {
-    next: Exit,
-    next_ms: f64,
-    oom_kills: u64,
+/// The suite's sizes (`--quick` halves them).
+pub(crate) const FULL: Sizes = Sizes {
+    limit_mib: 384,
+    peak_mib: 300,
+    next_mib: 250,
+};
+
+pub(crate) struct Outcome {
+    pub(crate) next: Exit,
+    pub(crate) next_ms: f64,
+    pub(crate) oom_kills: u64,
     rss_done_kb: u64,
-    rss_start_kb: u64,
-    lazy_start_kb: u64,
-    rss_end_kb: u64,
-    max_usage: Option<u64>,
-    peak: Exit,
-    reused_nonzero: Option<u64>,
+    pub(crate) rss_start_kb: u64,
+    pub(crate) lazy_start_kb: u64,
+    pub(crate) rss_end_kb: u64,
+    pub(crate) max_usage: Option<u64>,
+    pub(crate) peak: Exit,
+    pub(crate) reused_nonzero: Option<u64>,
     /// (ms since the next process started, peak RSS MiB, cgroup usage MiB).
     trace: Vec<(f64, f64, f64)>,
 }
 
-fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> {
+/// One run of the scenario for allocator configuration `c` (`exe`: the installed
+/// `peak_and_next` workload).
+pub(crate) fn one(exe: &std::path::Path, c: &Config, s: &Sizes) -> Result<Outcome, String> {
     let cg = cgroup::try_child("vrange-bench-pressure", s.limit_mib << 20)?;
     let command = |args: &[String]| -> Result<Proc, String> {
         let mut cmd = clean_command(exe);
@@ -128,11 +137,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
             next_mib: 125,
         }
     } else {
-        Sizes {
-            limit_mib: 384,
-            peak_mib: 300,
-            next_mib: 250,
-        }
+        FULL
     };
     let exe = super::workload::PEAK_AND_NEXT.install(&ctx.out)?;
     let mut versions = Vec::new();

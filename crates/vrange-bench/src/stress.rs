@@ -32,6 +32,15 @@
 //!   `--quick` ones with `--quick`). Reaction: the time the neighbour took to get its memory,
 //!   as the tradeoff suite measures it.
 //!
+//! - `idle-peak`: one run of the pressure suite's scenario (`c/peak_and_next.c`) under the
+//!   vrange-malloc shim with its defaults: in a 384 MiB cgroup a process frees 300 MiB of
+//!   96 KiB blocks and idles 1.5 s (past the arm delay), then a next process writes 250 MiB as
+//!   fast as it can, so 166 MiB must leave the idle one; the next process is the OOM killer's
+//!   first choice. A kill counts as made with volatile memory held when the idle process was
+//!   still resident by more than `IDLE_PEAK_SLACK` (its live blocks and runtime) afterwards.
+//!   Its calloc of the blocks again must read zero. No reaction time (the pressure suite plots
+//!   the idle process's RSS).
+//!
 //! - `cache`: one run of the cache suite's service-beside-a-neighbour scenario for vrange-cache
 //!   (no capacity, default settings), always in that suite's `--quick` form (a 128 MiB cgroup,
 //!   a neighbour ramping to 60 % of it over 15 s: 18 s a trial; the full form takes 75 s). No
@@ -50,7 +59,7 @@
 //! Needs root and a memory cgroup; skipped otherwise.
 
 use super::report::{self, progress, Csv, Table};
-use super::{alloc, cache, sqlite, tradeoff, Ctx};
+use super::{alloc, cache, pressure, sqlite, tradeoff, Ctx};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -426,6 +435,44 @@ fn tradeoff_once(
     })
 }
 
+/// What the idle-peak scenario's idle process may keep resident beyond its free memory: its
+/// live small blocks, the allocator's metadata, its libraries and runtime.
+const IDLE_PEAK_SLACK_KB: u64 = 32 << 10;
+
+fn idle_peak_once(exe: &Path, ours: &alloc::Config) -> Result<Trial, String> {
+    let o = pressure::one(exe, ours, &pressure::FULL)?;
+    let mib = |kb: u64| kb >> 10;
+    let wrong = if o.next != Exit::Code(0) && o.oom_kills == 0 {
+        Some(format!("the next process ended {}", o.next))
+    } else if o.peak != Exit::Code(0) {
+        Some(format!("the idle process ended {}", o.peak))
+    } else if o.reused_nonzero != Some(0) {
+        Some(format!(
+            "the idle process's calloc read {} nonzero words",
+            o.reused_nonzero.map_or("?".into(), |n| n.to_string())
+        ))
+    } else {
+        None
+    };
+    Ok(Trial {
+        kills: o.oom_kills,
+        held: (o.oom_kills > 0).then_some(o.rss_end_kb > IDLE_PEAK_SLACK_KB),
+        reaction_us: None,
+        wrong,
+        detail: format!(
+            "next process {} in {:.0} ms; idle process resident {} MiB ({} lazily freed) when \
+             it started, {} MiB after; cgroup max {}",
+            o.next,
+            o.next_ms,
+            mib(o.rss_start_kb),
+            mib(o.lazy_start_kb),
+            mib(o.rss_end_kb),
+            o.max_usage
+                .map_or("?".into(), |b| format!("{} MiB", b >> 20))
+        ),
+    })
+}
+
 fn sqlite_once(service: &Path, db: &Path) -> Result<Trial, String> {
     let r = sqlite::stress_once(service, db)?;
     Ok(service_trial(
@@ -536,6 +583,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let quick = ctx.quick();
     let trials = ctx.args.reps.unwrap_or(if quick { 3 } else { 20 }).max(1);
     let exe = super::workload::TRADEOFF.install(&ctx.out)?;
+    let peak_and_next = super::workload::PEAK_AND_NEXT.install(&ctx.out)?;
     let lib = ctx.lib();
     let ours = alloc::configs(lib.clone(), &mut Vec::new())
         .into_iter()
@@ -548,6 +596,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let mut burst = Scenario::new("burst", "from the mark to the region armed");
     let mut python = Scenario::new("python-bytearrays", "none");
     let mut trade = Scenario::new("tradeoff", "neighbour's time to get its memory");
+    let mut idle_peak = Scenario::new("idle-peak", "none");
     let mut cache = Scenario::new("cache", "none");
     let mut sqlite = Scenario::new("sqlite", "none");
     // Skipped only where this machine's SQLite cannot run the service; any other failure to
@@ -558,6 +607,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     if let Err(e) = &lib {
         python.skipped = Some(e.clone());
         trade.skipped = Some(e.clone());
+        idle_peak.skipped = Some(e.clone());
     }
     if !Path::new(PYTHON).exists() {
         python.skipped = Some(format!("{PYTHON} not installed"));
@@ -572,7 +622,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
          python-bytearrays: python3 writing 100 bytearrays of 1 MiB under the vrange-malloc \
          shim in a {} MiB cgroup; it must exit 0. tradeoff: one run of the tradeoff suite's \
          vrange-malloc default configuration ({} MiB peak, {seconds} s of churn, one thread, a \
-         {} MiB cgroup) per trial. cache: the cache suite's quick scenario for vrange-cache (a \
+         {} MiB cgroup) per trial. idle-peak: the pressure suite's scenario under the \
+         vrange-malloc shim's defaults (a process frees 300 MiB and idles 1.5 s, a next one \
+         writes 250 MiB at full speed in a 384 MiB cgroup). cache: the cache suite's quick scenario for vrange-cache (a \
          service beside a neighbour ramping to 60 % of a 128 MiB cgroup over 15 s). sqlite: \
          SQLite on vrange_sqlite_pcache() (a cache_size for all memory) in a {} MiB cgroup, \
          a neighbour taking 40 MiB within half a second once the cache is warm. OOM kills: every kill in the scenario's cgroup (the \
@@ -603,7 +655,14 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     for i in 0..trials {
         let seed = 1 + (i as u64) * (BURST_REGION as u64);
         let delay = Duration::from_millis(BURST_DELAYS_MS[i % BURST_DELAYS_MS.len()]);
-        for s in [&mut burst, &mut python, &mut trade, &mut cache, &mut sqlite] {
+        for s in [
+            &mut burst,
+            &mut python,
+            &mut trade,
+            &mut idle_peak,
+            &mut cache,
+            &mut sqlite,
+        ] {
             if s.skipped.is_some() {
                 continue;
             }
@@ -613,6 +672,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
                 "burst" => burst_once(&exe, seed, delay),
                 "python-bytearrays" => python_once(lib.as_ref().map_err(Clone::clone)?),
                 "tradeoff" => tradeoff_once(&exe, &ours, seconds, &sizes),
+                "idle-peak" => idle_peak_once(&peak_and_next, &ours),
                 "sqlite" => match &sqlite_db {
                     Some((service, db)) => sqlite_once(service, db),
                     None => Err("no database".into()),
@@ -666,7 +726,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         "status",
     ]);
     let mut trouble = Vec::new();
-    for s in [&burst, &python, &trade, &cache, &sqlite] {
+    for s in [&burst, &python, &trade, &idle_peak, &cache, &sqlite] {
         if let Some(why) = &s.skipped {
             table.row(vec![s.name.to_string(), format!("skipped: {why}")]);
             csv.note(&[s.name], &format!("skipped: {why}"));
@@ -680,9 +740,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         let median = report::median(&mut reactions);
         let killed = s.ok().filter(|t| t.kills > 0).count();
         let held = s.ok().filter(|t| t.held == Some(true)).count();
-        // Whether a kill found volatile memory still held can be seen (burst's holder says).
-        let held =
-            (s.ok().any(|t| t.held.is_some()) || s.name == "burst").then(|| held.to_string());
+        // Whether a kill found volatile memory still held can be seen (burst's holder says;
+        // idle-peak's idle process is measured).
+        let seen = matches!(s.name, "burst" | "idle-peak");
+        let held = (s.ok().any(|t| t.held.is_some()) || seen).then(|| held.to_string());
         let us = |x: Option<f64>| x.map_or("–".into(), |us| report::ns(us * 1e3));
         table.row(vec![
             s.name.to_string(),

@@ -646,7 +646,14 @@ fn stress_quick_runs_every_scenario_without_an_oom_kill() {
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(
         names,
-        ["burst", "python-bytearrays", "tradeoff", "cache", "sqlite"]
+        [
+            "burst",
+            "python-bytearrays",
+            "tradeoff",
+            "idle-peak",
+            "cache",
+            "sqlite"
+        ]
     );
     for r in rows.iter().filter(|r| !r[1].starts_with("skipped")) {
         assert_eq!(r[col("trials")], "3", "quick: three trials: {r:?}");
