@@ -337,6 +337,7 @@ fn managed_marking_makes_no_syscall_and_no_fault_at_any_size() {
     let _s = serial();
     quiet();
     const PAIRS: usize = 100;
+    const STRAY_FAULTS: u64 = 2;
     for (policy, len) in [
         (Policy::Managed, page_size()),
         (Policy::Managed, 1 << 30),
@@ -373,7 +374,13 @@ fn managed_marking_makes_no_syscall_and_no_fault_at_any_size() {
             calls.iter().all(|&nr| nr == libc::SYS_getppid),
             "{policy:?} marking of {len} bytes made system calls: {calls:?}"
         );
-        assert_eq!(faults, 0);
+        // A fault per pair (the hot path touching memory it must not) shows as PAIRS or more;
+        // one or two are the machine's: with THP always, khugepaged collapsing a page the
+        // loop touches clears its mapping for a moment (the 6.1 guest's CI run saw one).
+        assert!(
+            faults <= STRAY_FAULTS,
+            "{policy:?} marking of {len} bytes: {faults} minor faults in {PAIRS} pairs"
+        );
     }
     // The same count on the lazy path sees its madvise calls: the counter works.
     let lazy = filled(4 * MIB, Policy::Lazy, 40);
