@@ -8,9 +8,10 @@
  *     [64 KiB, 2 MiB), writing one byte per 4 KiB page of it so that the memory is really
  *     used. After a warm-up (a quarter of SECONDS, at most 0.5 s, so that the allocator
  *     holds the memory it keeps for this working set) the iterations of SECONDS seconds are
- *     counted, each thread over its own window of at least 16 iterations. Then every thread grows its share of the working set to PEAK_MIB
- *     MiB in all, each block followed by a 64-byte block that stays live (so no allocator can
- *     give the peak back by trimming the top of a heap), and the process prints
+ *     counted, each thread over its own window of at least 16 iterations. Then every thread
+ *     grows its share of the working set to PEAK_MIB MiB in all, each block followed by a
+ *     64-byte block that stays live (so no allocator can give the peak back by trimming the
+ *     top of a heap), and the process prints
  *     "PEAK ops_per_s=R ops=N seconds=T threads=THREADS" and waits for a line on stdin (the
  *     parent reads its RSS meanwhile). Then the threads free every block of the peak, back to
  *     the steady working set, the process prints "FREED ms=T" and the threads go on churning

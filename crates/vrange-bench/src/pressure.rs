@@ -24,13 +24,13 @@ use vrange_testkit::role::field;
 use vrange_testkit::{cgroup, procfs};
 
 /// Longer than vrange-malloc's arm delay (1 s), the same for every allocator.
-const IDLE: Duration = Duration::from_millis(1500);
+pub(crate) const IDLE: Duration = Duration::from_millis(1500);
 const DEADLINE: Duration = Duration::from_secs(30);
 
 pub(crate) struct Sizes {
-    limit_mib: u64,
-    peak_mib: u64,
-    next_mib: u64,
+    pub(crate) limit_mib: u64,
+    pub(crate) peak_mib: u64,
+    pub(crate) next_mib: u64,
 }
 
 /// The suite's sizes (`--quick` halves them).

@@ -37,7 +37,8 @@
 //!   96 KiB blocks and idles 1.5 s (past the arm delay), then a next process writes 250 MiB as
 //!   fast as it can, so 166 MiB must leave the idle one; the next process is the OOM killer's
 //!   first choice. A kill counts as made with volatile memory held when the idle process was
-//!   still resident by more than `IDLE_PEAK_SLACK` (its live blocks and runtime) afterwards.
+//!   still resident by more than `IDLE_PEAK_SLACK_KB` (its live blocks and runtime) right
+//!   after the kill (a lower bound: the reclaimer may purge between the kill and that read).
 //!   Its calloc of the blocks again must read zero. No reaction time (the pressure suite plots
 //!   the idle process's RSS).
 //!
@@ -623,9 +624,9 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
          shim in a {} MiB cgroup; it must exit 0. tradeoff: one run of the tradeoff suite's \
          vrange-malloc default configuration ({} MiB peak, {seconds} s of churn, one thread, a \
          {} MiB cgroup) per trial. idle-peak: the pressure suite's scenario under the \
-         vrange-malloc shim's defaults (a process frees 300 MiB and idles 1.5 s, a next one \
-         writes 250 MiB at full speed in a 384 MiB cgroup). cache: the cache suite's quick scenario for vrange-cache (a \
-         service beside a neighbour ramping to 60 % of a 128 MiB cgroup over 15 s). sqlite: \
+         vrange-malloc shim's defaults (a process frees {} MiB and idles {} ms, a next one \
+         writes {} MiB at full speed in a {} MiB cgroup). cache: the cache suite's quick \
+         scenario for vrange-cache (a service beside a neighbour ramping to 60 % of a 128 MiB cgroup over 15 s). sqlite: \
          SQLite on vrange_sqlite_pcache() (a cache_size for all memory) in a {} MiB cgroup, \
          a neighbour taking 40 MiB within half a second once the cache is warm. OOM kills: every kill in the scenario's cgroup (the \
          thrashing cgroup's are not counted). Any kill fails the suite.",
@@ -638,6 +639,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         PYTHON_LIMIT / MIB,
         sizes.peak_mib,
         sizes.limit_mib,
+        pressure::FULL.peak_mib,
+        pressure::IDLE.as_millis(),
+        pressure::FULL.next_mib,
+        pressure::FULL.limit_mib,
         sqlite::STRESS_LIMIT / MIB,
     ));
 

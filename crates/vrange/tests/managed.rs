@@ -337,7 +337,12 @@ fn managed_marking_makes_no_syscall_and_no_fault_at_any_size() {
     let _s = serial();
     quiet();
     const PAIRS: usize = 100;
-    const STRAY_FAULTS: u64 = 2;
+    // A fault the hot path makes (on every pair, or once per process) shows in every fresh
+    // fork; a stray one of the machine's (with THP always, khugepaged collapsing a page the
+    // loop touches clears its mapping for a moment: the 6.1 guest's CI run saw one) does not.
+    // So a window with faults is measured again in a new fork, at most twice, and one window
+    // must have none.
+    const WINDOWS: usize = 3;
     for (policy, len) in [
         (Policy::Managed, page_size()),
         (Policy::Managed, 1 << 30),
@@ -352,34 +357,39 @@ fn managed_marking_makes_no_syscall_and_no_fault_at_any_size() {
         }
         // Start this process's reclaimer now, so the child's start is not in the window.
         vrange::purge(0);
-        let (calls, faults) = syscalls_and_faults(
-            || {
-                // The child's reclaimer starts outside the window too, and one warm-up pair takes
-                // the copy-on-write faults the fork left on the state words and counters.
-                vrange::purge(0);
-                // SAFETY: nothing refers into the region.
-                unsafe { r.mark().unwrap() };
-                r.unmark().unwrap();
-            },
-            || {
-                for _ in 0..PAIRS {
+        let mut seen = Vec::new();
+        for _ in 0..WINDOWS {
+            let (calls, faults) = syscalls_and_faults(
+                || {
+                    // The child's reclaimer starts outside the window too, and one warm-up pair
+                    // takes the copy-on-write faults the fork left on the state words and
+                    // counters.
+                    vrange::purge(0);
                     // SAFETY: nothing refers into the region.
                     unsafe { r.mark().unwrap() };
                     r.unmark().unwrap();
-                }
-            },
-        );
-        println!("{policy:?} {len} bytes: {PAIRS} mark+unmark pairs, syscalls {calls:?}, minor faults {faults}");
+                },
+                || {
+                    for _ in 0..PAIRS {
+                        // SAFETY: nothing refers into the region.
+                        unsafe { r.mark().unwrap() };
+                        r.unmark().unwrap();
+                    }
+                },
+            );
+            println!("{policy:?} {len} bytes: {PAIRS} mark+unmark pairs, syscalls {calls:?}, minor faults {faults}");
+            assert!(
+                calls.iter().all(|&nr| nr == libc::SYS_getppid),
+                "{policy:?} marking of {len} bytes made system calls: {calls:?}"
+            );
+            seen.push(faults);
+            if faults == 0 {
+                break;
+            }
+        }
         assert!(
-            calls.iter().all(|&nr| nr == libc::SYS_getppid),
-            "{policy:?} marking of {len} bytes made system calls: {calls:?}"
-        );
-        // A fault per pair (the hot path touching memory it must not) shows as PAIRS or more;
-        // one or two are the machine's: with THP always, khugepaged collapsing a page the
-        // loop touches clears its mapping for a moment (the 6.1 guest's CI run saw one).
-        assert!(
-            faults <= STRAY_FAULTS,
-            "{policy:?} marking of {len} bytes: {faults} minor faults in {PAIRS} pairs"
+            seen.contains(&0),
+            "{policy:?} marking of {len} bytes faulted in every window of {PAIRS} pairs: {seen:?}"
         );
     }
     // The same count on the lazy path sees its madvise calls: the counter works.
