@@ -32,10 +32,10 @@ extern "C" {
 /// malloc's alignment guarantee on x86-64 and arm64.
 const MALLOC_ALIGN: usize = 16;
 
-// Every entry point lives in `.text.hot.vrange_malloc`, which the linker gathers at the start
-// of the text: a program calls them all the time, and nothing else of the shim's if its blocks
-// are all below the threshold, so one page-in window of the file (the kernel maps 64 KiB
-// around a fault) holds what it runs, rather than one window per function.
+// Every entry point lives in `.text.hot.vrange_malloc`, which `hot.ld` places with the rest
+// of what a program runs when the shim serves none of its blocks (the settings read at load,
+// the foreign-pointer lookup) ahead of the text: one page-in window of the file (the kernel
+// maps 64 KiB around a fault) holds it, rather than one window per function.
 
 /// glibc's own malloc_usable_size, found once at load time.
 static LIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
