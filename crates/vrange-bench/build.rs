@@ -1,6 +1,6 @@
-//! Compiles the C workloads (`c/NAME.c`, each a program) into `OUT_DIR/NAME` with the C
-//! compiler the `cc` crate finds (`$CC`, else `cc`), so that vrange-bench carries them
-//! (`workload.rs`) and nothing compiles at run time. `sqlite_service` links Debian's
+//! Compiles the C workloads (`c/NAME.c`, each a program, and `forward.c`, a shared object)
+//! into `OUT_DIR/NAME` with the C compiler the `cc` crate finds (`$CC`, else `cc`), so that
+//! vrange-bench carries them (`workload.rs`) and nothing compiles at run time. `sqlite_service` links Debian's
 //! libsqlite3 (`libsqlite3-dev`); where that is missing it is built without SQLite and says so
 //! when run (the sqlite suite then reports itself skipped).
 
@@ -45,6 +45,15 @@ fn main() {
         }
         assert!(done.status.success(), "{cmd:?} failed ({})", done.status);
     }
+    // The one shared object: preloaded by the mimalloc-bench suite.
+    let mut cmd = compiler.to_command();
+    cmd.args(["-shared", "-fPIC", "-fno-plt", "-o"])
+        .arg(out.join("forward.so"))
+        .arg("c/forward.c");
+    let done = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {cmd:?}: {e}"));
+    assert!(done.status.success(), "{cmd:?} failed ({})", done.status);
 }
 
 /// Whether a program including `<sqlite3.h>` compiles and links with `-lsqlite3` here.

@@ -22,6 +22,9 @@ macro_rules! workload {
 
 /// `churn.c`: the ebizzy 0.3 workload.
 pub const CHURN: Workload = workload!("churn");
+/// `forward.c`: malloc, free, calloc and realloc that only call glibc's (a shared object to
+/// preload: the cost of interposition alone).
+pub const FORWARD: Workload = workload!("forward.so");
 /// `pair.c`: one malloc+free pair of a large block, in a loop.
 pub const PAIR: Workload = workload!("pair");
 /// `peak_and_next.c`: the pressure suite's two processes.

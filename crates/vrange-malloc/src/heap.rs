@@ -88,6 +88,13 @@ pub fn serves(size: usize, align: usize) -> bool {
     size >= config::threshold() && align <= CHUNK && config::mode() != MallocMode::Off
 }
 
+/// Whether a request of `size` bytes may be the allocator's: false below the threshold (one
+/// load and one comparison), where [`alloc`] declines at once.
+#[inline]
+pub fn may_serve(size: usize) -> bool {
+    size >= config::threshold()
+}
+
 /// Allocates `size` bytes aligned to `align` (a power of two), or `None` when the request is
 /// not the allocator's (see [`serves`]) or memory is exhausted.
 ///
@@ -97,7 +104,7 @@ pub fn serves(size: usize, align: usize) -> bool {
 /// then goes to the system allocator, which is always right.)
 #[inline]
 pub fn alloc(size: usize, align: usize) -> Option<Block> {
-    if size < config::threshold() {
+    if !may_serve(size) {
         return None;
     }
     alloc_at_threshold(size, align)

@@ -101,7 +101,11 @@ fn small_blocks_peak(exe: &std::path::Path, shim: bool) -> u64 {
     }
     // The shim as a user runs it: without the exit summary the other tests ask for.
     let out = output(shim_if(&mut cmd, shim).env_remove("VRANGE_MALLOC_STATS"));
-    assert!(out.status.success(), "small_blocks (shim: {shim}): {}", show(&out));
+    assert!(
+        out.status.success(),
+        "small_blocks (shim: {shim}): {}",
+        show(&out)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("hwm_kib "))

@@ -37,12 +37,24 @@ const MALLOC_ALIGN: usize = 16;
 // the foreign-pointer lookup) ahead of the text: one page-in window of the file (the kernel
 // maps 64 KiB around a fault) holds it, rather than one window per function.
 
+/// The allocator's threshold, copied here when the settings are read at load: the shim's own
+/// static is one load away for `malloc`, where the allocator's, in another crate, is two
+/// (through the global offset table). Until then, the default, as the allocator's is.
+static THRESHOLD: AtomicUsize = AtomicUsize::new(engine::config::DEFAULT_THRESHOLD);
+
+/// Whether a request of `size` bytes may be the allocator's (see `heap::may_serve`).
+#[inline]
+fn may_serve(size: usize) -> bool {
+    size >= THRESHOLD.load(Relaxed)
+}
+
 /// glibc's own malloc_usable_size, found once at load time.
 static LIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
 
 #[link_section = ".text.hot.vrange_malloc"]
 extern "C" fn on_load() {
     heap::read_settings();
+    THRESHOLD.store(engine::config::threshold(), Relaxed);
     // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; its few small allocations go to
     // glibc (below the threshold).
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
@@ -65,6 +77,19 @@ fn ours(size: usize, align: usize) -> Option<heap::Block> {
 #[no_mangle]
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    if !may_serve(size) {
+        // Most requests: declined with one comparison and a jump, no register saved.
+        // SAFETY: glibc's malloc, same contract.
+        return unsafe { __libc_malloc(size) };
+    }
+    malloc_at_threshold(size)
+}
+
+/// `malloc` of a request at or above the threshold: out of line, so that `malloc` of the rest
+/// saves no register. `extern "C"` (which cannot unwind: a panic inside aborts) so that
+/// `malloc` needs no unwinding pad around the call and can jump to it as its last act.
+#[inline(never)]
+extern "C" fn malloc_at_threshold(size: size_t) -> *mut c_void {
     match ours(size, MALLOC_ALIGN) {
         Some(b) => b.ptr.as_ptr().cast(),
         // SAFETY: glibc's malloc, same contract.
@@ -75,23 +100,41 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 #[no_mangle]
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
-    if ptr.is_null() {
-        return;
+    if heap::owns(ptr.cast()) {
+        // SAFETY: the caller frees a live block of ours once.
+        unsafe { free_ours(ptr) }
+    } else {
+        // Most calls: a lookup and a jump, no register saved. (Null is nobody's block; glibc's
+        // free ignores it.)
+        // SAFETY: not ours, so glibc's (or null).
+        unsafe { __libc_free(ptr) }
     }
-    // SAFETY: the caller frees a live block once; heap::free declines foreign pointers.
-    if !unsafe { heap::free(ptr.cast()) } {
-        // SAFETY: not ours, so glibc's.
-        unsafe { __libc_free(ptr) };
-    }
+}
+
+/// `free` of the allocator's own block, out of line (see `malloc_at_threshold`).
+///
+/// # Safety
+/// `ptr` is a live block of the allocator's, freed once.
+#[inline(never)]
+unsafe extern "C" fn free_ours(ptr: *mut c_void) {
+    // SAFETY: as the caller promises.
+    unsafe { heap::free(ptr.cast()) };
 }
 
 #[no_mangle]
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
-    let Some(total) = n.checked_mul(size) else {
-        set_errno(libc::ENOMEM);
-        return std::ptr::null_mut();
-    };
+    match n.checked_mul(size) {
+        Some(total) if may_serve(total) => calloc_at_threshold(total),
+        // Most calls, and an overflowing product (glibc's calloc fails it with ENOMEM):
+        // SAFETY: glibc's calloc, same contract.
+        _ => unsafe { __libc_calloc(n, size) },
+    }
+}
+
+/// `calloc` of `total` bytes at or above the threshold, out of line (see `malloc_at_threshold`).
+#[inline(never)]
+extern "C" fn calloc_at_threshold(total: size_t) -> *mut c_void {
     match ours(total, MALLOC_ALIGN) {
         Some(b) => {
             if !b.zeroed {
@@ -100,8 +143,8 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
             }
             b.ptr.as_ptr().cast()
         }
-        // SAFETY: glibc's calloc, same contract.
-        None => unsafe { __libc_calloc(n, size) },
+        // SAFETY: glibc's calloc, same contract (1 × total cannot overflow).
+        None => unsafe { __libc_calloc(1, total) },
     }
 }
 
@@ -120,6 +163,22 @@ fn libc_usable(ptr: *mut c_void) -> usize {
 #[no_mangle]
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
+    if !heap::owns(ptr.cast()) && !may_serve(size) {
+        // Most calls: glibc's block (or null) staying below the threshold.
+        // SAFETY: glibc's block (or null) and glibc's realloc.
+        return unsafe { __libc_realloc(ptr, size) };
+    }
+    // SAFETY: as the caller promises.
+    unsafe { realloc_either(ptr, size) }
+}
+
+/// `realloc` where the block is ours or the new size may be ours, out of line (see
+/// `malloc_at_threshold`).
+///
+/// # Safety
+/// realloc(3)'s contract.
+#[inline(never)]
+unsafe extern "C" fn realloc_either(ptr: *mut c_void, size: size_t) -> *mut c_void {
     if ptr.is_null() {
         // SAFETY: malloc's contract.
         return unsafe { malloc(size) };
