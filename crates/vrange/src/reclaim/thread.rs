@@ -491,23 +491,23 @@ mod tests {
             Duration::from_millis(210),
             "a tick 200 ms late counts"
         );
-        // Ticks on time for 4 s: the lateness is still remembered (a starved thread is
-        // starved again), halved.
-        for t in (251..4251).step_by(10) {
-            pace.ticked(t * ms, poll);
-        }
+        // Ticks every 10 ms, on time, from `from` ms to before `to` ms.
+        let on_time = |pace: &mut Pace, from: u64, to: u64| {
+            for t in (from..to).step_by(10) {
+                pace.ticked(t * ms, poll);
+            }
+        };
+        // On time for 4 s: the lateness is still remembered whole (a starved thread is
+        // starved again).
+        on_time(&mut pace, 251, 4251);
         assert_eq!(pace.look(poll), Duration::from_millis(210));
-        for t in (4251..5261).step_by(10) {
-            pace.ticked(t * ms, poll);
-        }
+        on_time(&mut pace, 4251, 5261);
         assert_eq!(
             pace.look(poll),
             Duration::from_millis(110),
             "halved after 5 s"
         );
-        for t in (5261..60_000).step_by(10) {
-            pace.ticked(t * ms, poll);
-        }
+        on_time(&mut pace, 5261, 60_000);
         assert!(
             pace.look(poll) < poll + Duration::from_millis(1),
             "forgotten in a minute"
