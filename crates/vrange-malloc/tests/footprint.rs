@@ -29,17 +29,18 @@ fn footprint(exe: &std::path::Path, size: usize, shim: bool) -> u64 {
     let mut cmd = Command::new(exe);
     cmd.arg(size.to_string()).arg(TOTAL.to_string());
     let out = output(shim_if(&mut cmd, shim));
-    assert!(
-        out.status.success(),
-        "footprint {size} (shim: {shim}): {}",
-        show(&out)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
+    reported(&out, "rss_kib", &format!("footprint {size} (shim: {shim})"))
+}
+
+/// The number on the line `key N` of a helper's output, which must have succeeded (`what`
+/// names the run in a failure).
+fn reported(out: &std::process::Output, key: &str, what: &str) -> u64 {
+    assert!(out.status.success(), "{what}: {}", show(out));
+    String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("rss_kib "))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no rss_kib line: {}", show(&out)))
+        .unwrap_or_else(|| panic!("{what}: no {key} line: {}", show(out)))
 }
 
 #[test]
@@ -101,16 +102,7 @@ fn small_blocks_peak(exe: &std::path::Path, shim: bool) -> u64 {
     }
     // The shim as a user runs it: without the exit summary the other tests ask for.
     let out = output(shim_if(&mut cmd, shim).env_remove("VRANGE_MALLOC_STATS"));
-    assert!(
-        out.status.success(),
-        "small_blocks (shim: {shim}): {}",
-        show(&out)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("hwm_kib "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no hwm_kib line: {}", show(&out)))
+    reported(&out, "hwm_kib", &format!("small_blocks (shim: {shim})"))
 }
 
 /// Regression test for the shim's own image: a preloaded program held 500 KiB of it resident

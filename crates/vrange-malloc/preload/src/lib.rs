@@ -37,24 +37,12 @@ const MALLOC_ALIGN: usize = 16;
 // the foreign-pointer lookup) ahead of the text: one page-in window of the file (the kernel
 // maps 64 KiB around a fault) holds it, rather than one window per function.
 
-/// The allocator's threshold, copied here when the settings are read at load: the shim's own
-/// static is one load away for `malloc`, where the allocator's, in another crate, is two
-/// (through the global offset table). Until then, the default, as the allocator's is.
-static THRESHOLD: AtomicUsize = AtomicUsize::new(engine::config::DEFAULT_THRESHOLD);
-
-/// Whether a request of `size` bytes may be the allocator's (see `heap::may_serve`).
-#[inline]
-fn may_serve(size: usize) -> bool {
-    size >= THRESHOLD.load(Relaxed)
-}
-
 /// glibc's own malloc_usable_size, found once at load time.
 static LIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
 
 #[link_section = ".text.hot.vrange_malloc"]
 extern "C" fn on_load() {
     heap::read_settings();
-    THRESHOLD.store(engine::config::threshold(), Relaxed);
     // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; its few small allocations go to
     // glibc (below the threshold).
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
@@ -77,7 +65,7 @@ fn ours(size: usize, align: usize) -> Option<heap::Block> {
 #[no_mangle]
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
-    if !may_serve(size) {
+    if !heap::may_serve(size) {
         // Most requests: declined with one comparison and a jump, no register saved.
         // SAFETY: glibc's malloc, same contract.
         return unsafe { __libc_malloc(size) };
@@ -125,7 +113,7 @@ unsafe extern "C" fn free_ours(ptr: *mut c_void) {
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     match n.checked_mul(size) {
-        Some(total) if may_serve(total) => calloc_at_threshold(total),
+        Some(total) if heap::may_serve(total) => calloc_at_threshold(total),
         // Most calls, and an overflowing product (glibc's calloc fails it with ENOMEM):
         // SAFETY: glibc's calloc, same contract.
         _ => unsafe { __libc_calloc(n, size) },
@@ -163,7 +151,7 @@ fn libc_usable(ptr: *mut c_void) -> usize {
 #[no_mangle]
 #[link_section = ".text.hot.vrange_malloc"]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
-    if !heap::owns(ptr.cast()) && !may_serve(size) {
+    if !heap::owns(ptr.cast()) && !heap::may_serve(size) {
         // Most calls: glibc's block (or null) staying below the threshold.
         // SAFETY: glibc's block (or null) and glibc's realloc.
         return unsafe { __libc_realloc(ptr, size) };
