@@ -34,6 +34,46 @@ pub struct DaemonArgs {
     /// which survive a restart; processes sharing both are summed).
     #[arg(long, requires = "metrics")]
     metrics_pid: bool,
+    /// Proactive mode: while the scope's memory stall stays under --proactive-stall, free a
+    /// step of its memory each second from the coldest volatile memory (and, on cgroup v2, the
+    /// kernel's page cache); hold at once on a stall, pressure or refaults. Off by default.
+    #[arg(long)]
+    proactive: bool,
+    /// The stall to keep under: percent of the time some task stalled on memory (PSI some).
+    #[arg(long, value_name = "PERCENT", default_value = "0.1", requires = "proactive",
+          value_parser = percent_arg)]
+    proactive_stall: f64,
+    /// Volatile memory idle at least this long is a candidate; younger memory never is.
+    #[arg(long, value_name = "DURATION", default_value = "30s", requires = "proactive",
+          value_parser = age_arg)]
+    proactive_age: Duration,
+    /// A step, in percent of the scope's usage.
+    #[arg(long, value_name = "PERCENT", default_value = "1", requires = "proactive",
+          value_parser = step_arg)]
+    proactive_step: f64,
+}
+
+/// A percentage in 0..=100 (a decimal number).
+fn percent_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err("a number from 0 to 100 (0.1, 1)".into()),
+    }
+}
+
+/// A step: a percentage above 0 and at most 100.
+fn step_arg(s: &str) -> Result<f64, String> {
+    percent_arg(s).and_then(|v| {
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err("above 0".into())
+        }
+    })
+}
+
+fn age_arg(s: &str) -> Result<Duration, String> {
+    crate::stat::duration_arg(s, Duration::ZERO)
 }
 
 fn tick_arg(s: &str) -> Result<Duration, String> {
@@ -57,6 +97,12 @@ pub fn daemon(args: DaemonArgs) -> i32 {
     opts.interval = args.interval;
     opts.metrics = args.metrics;
     opts.metrics_pid = args.metrics_pid;
+    opts.proactive = args.proactive.then_some(vrange_coordinator::Proactive {
+        stall_pct: args.proactive_stall,
+        min_idle: args.proactive_age,
+        step_pct: args.proactive_step,
+        ..vrange_coordinator::Proactive::default()
+    });
     match vrange_coordinator::check(&opts) {
         Ok(Some(warning)) => eprintln!("vrange daemon: warning: {warning}"),
         Ok(None) => {}
@@ -208,8 +254,18 @@ fn screen(socket: &std::path::Path, key: SortKey) -> Result<String, String> {
     } else {
         format!("{} of {} MiB", mib(status.headroom), mib(status.limit))
     };
+    let proactive = if status.proactive == 0 {
+        String::new()
+    } else {
+        format!(
+            "proactive: saved {} MiB, target {} MiB, stalls {}\n",
+            mib(status.proactive_saved),
+            mib(status.proactive_target),
+            status.proactive_stalls
+        )
+    };
     Ok(format!(
-        "vrange top: {} at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{}{}",
+        "vrange top: {} at {}; headroom {limit}; rounds {}, requests {}, freed {} MiB, refused {}\n{proactive}{}{}",
         count(status.participants, "participant", "participants"),
         socket.display(),
         status.rounds,

@@ -21,11 +21,13 @@
 
 mod metrics;
 mod plan;
+mod proactive;
 mod procself;
 mod scope;
 mod server;
 
 pub use metrics::{BadMetricsAddr, MetricsAddr};
+pub use proactive::{Proactive, Report as ProactiveReport};
 pub use scope::Scope;
 
 use std::io;
@@ -62,6 +64,8 @@ pub struct Options {
     /// labelled by program name and cgroup, which survive a restart, and processes sharing
     /// both are summed).
     pub metrics_pid: bool,
+    /// Proactive mode: memory back before anyone asks ([`Proactive`]; default `None`: off).
+    pub proactive: Option<Proactive>,
 }
 
 impl Default for Options {
@@ -77,6 +81,7 @@ impl Default for Options {
             headroom: None,
             metrics: None,
             metrics_pid: false,
+            proactive: None,
         }
     }
 }
@@ -240,6 +245,10 @@ impl Shared {
 
     pub(crate) fn event(&self, e: scope::Event) {
         self.lock().events[e as usize] += 1;
+    }
+
+    pub(crate) fn proactive(&self, report: Option<ProactiveReport>) {
+        self.lock().proactive = report;
     }
 
     pub(crate) fn round_done(&self, took: Duration, cut: plan::Cut) {

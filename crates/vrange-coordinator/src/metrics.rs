@@ -137,6 +137,8 @@ pub(crate) struct Snapshot {
     pub last_cut: Option<Cut>,
     /// OOM kills in the coordinated cgroup (`None`: the machine, or no counter).
     pub oom_kills: Option<u64>,
+    /// The proactive mode's report (`None`: off).
+    pub proactive: Option<crate::ProactiveReport>,
 }
 
 fn escape(text: &str) -> String {
@@ -306,6 +308,36 @@ pub(crate) fn render(s: &Snapshot) -> String {
             "Processes the kernel's OOM killer killed in the coordinated cgroup.",
             &one(n),
         );
+    }
+    if let Some(p) = s.proactive {
+        for (name, kind, help, v) in [
+            (
+                "vrange_proactive_saved_bytes_total",
+                "counter",
+                "Bytes the proactive mode freed before any pressure (purged cold volatile memory, and on cgroup v2 page cache reclaimed at its request).",
+                p.saved,
+            ),
+            (
+                "vrange_proactive_target_bytes",
+                "gauge",
+                "The usage the proactive mode aims for now (the usage less a step while it steps, the usage while it holds).",
+                p.target,
+            ),
+            (
+                "vrange_proactive_stalls_total",
+                "counter",
+                "Looks of the proactive mode that found a stall above its target, pressure or refaults, and held.",
+                p.stalls,
+            ),
+            (
+                "vrange_proactive_steps_total",
+                "counter",
+                "Steps the proactive mode took.",
+                p.steps,
+            ),
+        ] {
+            metric(name, kind, help, &one(v));
+        }
     }
     let groups = groups(s);
     let per = |f: fn(&Group) -> u64| -> Vec<(String, f64)> {

@@ -89,6 +89,21 @@ pub fn cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64) -> Option<Cut> {
     last
 }
 
+/// The latest cut reaching `target` bytes that passes only memory volatile for at least
+/// `min_idle_ms` (a proactive step's): within the lowest class holding volatile memory (a cut
+/// into a higher class passes all of the lower ones, whatever their age), over its buckets
+/// whose floor is at least `min_idle_ms`. `None` if that class has none so old.
+pub fn cold_cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64, min_idle_ms: u64) -> Option<Cut> {
+    let class = (0..CLASSES).find(|&c| merged[c].iter().any(|&v| v != 0))?;
+    let mut cold = [[0u64; BUCKETS]; CLASSES];
+    for (b, v) in merged[class].iter().enumerate() {
+        if bucket_floor_ms(b) >= min_idle_ms {
+            cold[class][b] = *v;
+        }
+    }
+    cut(&cold, target)
+}
+
 /// Bytes before `cut` in one inventory (whether a participant is asked at all).
 pub fn before(inv: &Inventory, cut: &Cut) -> u64 {
     let mut bytes = 0u64;
@@ -144,6 +159,33 @@ mod tests {
         // More than everything: the last cut, everything.
         assert_eq!(cut(&m, 1000).unwrap().bytes, 35);
         assert_eq!(cut(&merge([&Inventory::default()]), 1), None);
+    }
+
+    #[test]
+    fn a_cold_cut_passes_only_memory_idle_long_enough_in_the_lowest_class() {
+        // Class 2 holds old and young data; class 3 only old.
+        let a = inv(&[
+            (2, 120_000, 10),
+            (2, 40_000, 10),
+            (2, 1_000, 10),
+            (3, 600_000, 10),
+        ]);
+        let m = merge([&a]);
+        // Idle at least 30 s: the two old cells of class 2, oldest first, never the young one.
+        let c = cold_cut(&m, 5, 30_000).unwrap();
+        assert_eq!((c.at.class, c.bytes), (2, 10));
+        assert!(c.admits(2, 120_000) && !c.admits(2, 40_000));
+        let c = cold_cut(&m, 100, 30_000).unwrap();
+        assert_eq!(c.bytes, 20);
+        assert!(c.admits(2, 40_000) && !c.admits(2, 1_000) && !c.admits(3, 600_000));
+        // The lowest class has nothing so old: nothing, not the next class's old data (a cut
+        // there would pass the young data below it).
+        assert_eq!(cold_cut(&m, 100, 200_000), None);
+        // Once the lowest class is empty, the next one's old data.
+        let b = inv(&[(3, 600_000, 10), (3, 1_000, 10)]);
+        let c = cold_cut(&merge([&b]), 100, 30_000).unwrap();
+        assert_eq!((c.at.class, c.bytes), (3, 10));
+        assert_eq!(cold_cut(&merge([&Inventory::default()]), 1, 0), None);
     }
 
     #[test]

@@ -135,6 +135,17 @@ impl Watch {
         }
     }
 
+    /// Bytes charged to the cgroup now, or for the machine MemTotal less MemAvailable.
+    pub fn usage(&self) -> Option<u64> {
+        match &self.cgroup {
+            Some(cg) => cg.usage().ok(),
+            None => {
+                let (total, avail) = vrange_sys::procfs::mem_available_kb().ok()??;
+                Some(total.saturating_sub(avail).saturating_mul(1024))
+            }
+        }
+    }
+
     /// OOM kills in the cgroup so far (`None` for the machine or where the kernel has no
     /// counter).
     pub fn oom_kills(&self) -> Option<u64> {

@@ -6,6 +6,7 @@
 
 use crate::metrics::{self, Refusal, REFUSALS};
 use crate::plan::{self, Cut};
+use crate::proactive::{Controller, Decision, Reading};
 use crate::scope::{Event, Scope, Watch};
 use crate::{Options, Shared};
 use std::io;
@@ -54,6 +55,8 @@ struct Conn {
     room: Option<RoomAsk>,
     /// Its CPU time (clock ticks) when its pending request was sent, if it could be read.
     cpu_at_ask: Option<u64>,
+    /// Purged bytes it had taken back (reused or freed) at the proactive mode's last look.
+    reused_seen: Option<u64>,
 }
 
 /// How long a participant that keeps working (its CPU time grows) may take to answer a purge
@@ -193,6 +196,10 @@ pub(crate) struct Server<'a> {
     refused: Refused,
     /// Purge requests answered since the last look: (request id, bytes freed).
     answered: Vec<(u64, u64)>,
+    /// The proactive mode, if on.
+    proactive: Option<Controller>,
+    /// Pressure events since the proactive mode's last look.
+    events_since_look: u64,
 }
 
 /// Connections refused or dropped, by [`Refusal`].
@@ -212,6 +219,13 @@ impl Refused {
 impl<'a> Server<'a> {
     pub fn new(opts: &'a Options, shared: &'a Shared, listener: OwnedFd, watch: Watch) -> Self {
         shared.lock().with_pid = opts.metrics_pid;
+        let proactive = opts.proactive.map(|p| {
+            let stall_file = match &watch.cgroup {
+                Some(cg) => cg.stall_file(),
+                None => Some(vrange_sys::pressure::SYSTEM_PSI_FILE.into()),
+            };
+            Controller::new(p, stall_file, Instant::now())
+        });
         Server {
             opts,
             shared,
@@ -223,9 +237,14 @@ impl<'a> Server<'a> {
             last_ping: Instant::now(),
             // SAFETY: geteuid cannot fail.
             me: unsafe { libc::geteuid() },
-            status: Status::default(),
+            status: Status {
+                proactive: u64::from(opts.proactive.is_some()),
+                ..Status::default()
+            },
             refused: Refused::default(),
             answered: Vec::new(),
+            proactive,
+            events_since_look: 0,
         }
     }
 
@@ -326,6 +345,7 @@ impl<'a> Server<'a> {
                 cgroup: String::new(),
                 room: None,
                 cpu_at_ask: None,
+                reused_seen: None,
             });
         }
     }
@@ -420,6 +440,9 @@ impl<'a> Server<'a> {
                         c.responsive = true;
                         self.status.freed += bytes;
                         self.answered.push((id, bytes));
+                        if let Some(p) = self.proactive.as_mut() {
+                            p.answered(id, bytes);
+                        }
                         // A further purge planned while this one ran goes now.
                         if let Some(mut r) = c.next.take() {
                             r.sent = Instant::now();
@@ -555,6 +578,7 @@ impl<'a> Server<'a> {
         let short = vrange::short::vmpressure_purges((ceiling != 0).then_some(headroom), threshold);
         for e in events.iter().flatten() {
             self.shared.event(*e);
+            self.events_since_look += 1;
             target = target.max(match e {
                 Event::Critical | Event::Medium if !short => 0,
                 Event::Critical => volatile,
@@ -562,11 +586,18 @@ impl<'a> Server<'a> {
             });
         }
         self.status.refused = self.refused.total();
+        if let Some(p) = &self.proactive {
+            self.status.proactive_saved = p.report.saved;
+            self.status.proactive_target = p.report.target;
+            self.status.proactive_stalls = p.report.stalls;
+            self.shared.proactive(Some(p.report));
+        }
         self.shared
             .publish(&self.status, self.metrics_rows(now), self.watch.oom_kills());
         self.shared.refused(self.refused.0);
         if self.round.is_none() && target.max(asked) > 0 {
-            let (cut, ids, direct) = self.send_round(&merged, target.max(asked), now, None);
+            let cut = plan::cut(&merged, target.max(asked));
+            let (cut, ids, direct) = self.send_round(cut, now, None);
             match cut {
                 Some(cut) if !ids.is_empty() => self.round = Some(Round { started: now, cut }),
                 // Only shared regions, purged by the coordinator itself: over already.
@@ -581,10 +612,52 @@ impl<'a> Server<'a> {
             // as long as a room may (they may be stopped): the room comes from the others.
             let patience = self.room_patience();
             let free = self.merged(Some(patience));
-            let (cut, ids, direct) = self.send_round(&free, asked, now, Some(patience));
+            let cut = plan::cut(&free, asked);
+            let (cut, ids, direct) = self.send_round(cut, now, Some(patience));
             self.plan_rooms(cut, ids, direct);
+        } else if self.round.is_none() {
+            // Nothing short, nothing asked: memory back before anyone asks, if on.
+            self.proactive_look(&merged, now);
         }
         self.answer_rooms();
+    }
+
+    /// The proactive mode's look, when due: reads the stall, the events and the refaults
+    /// since the last, and takes a step if they are quiet (`crate::proactive`).
+    fn proactive_look(&mut self, merged: &[[u64; BUCKETS]; CLASSES], now: Instant) {
+        let Some(mut p) = self.proactive.take() else {
+            return;
+        };
+        if p.due(now) {
+            let mut refaulted = 0u64;
+            for c in self.conns.iter_mut() {
+                let Some(inv) = c.inventory.as_deref() else {
+                    continue;
+                };
+                let reused = inv.purged_total.saturating_sub(inv.purged);
+                let seen = c.reused_seen.replace(reused).unwrap_or(reused);
+                refaulted = refaulted.saturating_add(reused.saturating_sub(seen));
+            }
+            let reading = Reading {
+                usage: self.watch.usage().unwrap_or(0),
+                stall_pct: p.stall(now),
+                events: std::mem::take(&mut self.events_since_look),
+                refaulted,
+            };
+            if let Decision::Step(bytes) = p.decide(now, &reading) {
+                let min_idle = p.settings.min_idle.as_millis() as u64;
+                let cut = plan::cold_cut(merged, bytes, min_idle);
+                let (cut, ids, direct) = self.send_round(cut, now, None);
+                // What the volatile memory cannot give, from the kernel's page cache (v2).
+                let rest = bytes.saturating_sub(cut.map_or(0, |c| c.bytes));
+                let reclaimed = match &self.watch.cgroup {
+                    Some(cg) if rest > 0 && cg.reclaim(rest).is_ok() => rest,
+                    _ => 0,
+                };
+                p.stepped(now, ids, direct.saturating_add(reclaimed));
+            }
+        }
+        self.proactive = Some(p);
     }
 
     /// How long a `Room` request waits for the purges planned for it from a participant that
@@ -621,20 +694,19 @@ impl<'a> Server<'a> {
         plan::merge(live.iter().chain([&shared]))
     }
 
-    /// Cuts the order where `target` bytes are reached, purges the runs of the shared regions
-    /// passed that come before the cut, and asks every participant that answers to purge what
+    /// Purges the runs of the shared regions passed that come before `cut` (of the global order:
+    /// `plan::cut`, or `plan::cold_cut` for a proactive step), and asks every participant that answers to purge what
     /// it holds before the cut: at once if it has no request open, else when it answers
     /// (unless the open one reaches as far); those whose open request is older than `late`, if
-    /// given, are not asked. Returns the cut (`None`: nothing volatile), the ids of the
+    /// given, are not asked. Returns the cut (`None`: nothing to cut), the ids of the
     /// requests that will free that data, and the bytes purged from shared regions.
     fn send_round(
         &mut self,
-        merged: &[[u64; BUCKETS]; CLASSES],
-        target: u64,
+        cut: Option<Cut>,
         now: Instant,
         late: Option<Duration>,
     ) -> (Option<Cut>, Vec<u64>, u64) {
-        let Some(cut) = plan::cut(merged, target) else {
+        let Some(cut) = cut else {
             return (None, Vec::new(), 0);
         };
         self.status.rounds += 1;

@@ -120,7 +120,7 @@ fn any_message() -> impl Strategy<Value = Message> {
             youngest_ms: v[3],
         }),
         Just(Message::Monitor),
-        any::<[u64; 7]>().prop_map(|v| Message::Status(Status {
+        any::<[u64; 11]>().prop_map(|v| Message::Status(Status {
             participants: v[0],
             rounds: v[1],
             requests: v[2],
@@ -128,6 +128,10 @@ fn any_message() -> impl Strategy<Value = Message> {
             headroom: v[4],
             limit: v[5],
             refused: v[6],
+            proactive: v[7],
+            proactive_saved: v[8],
+            proactive_target: v[9],
+            proactive_stalls: v[10],
         })),
         row,
         Just(Message::End),

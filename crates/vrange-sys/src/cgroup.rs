@@ -161,6 +161,33 @@ impl MemCgroup {
         }
     }
 
+    /// Asks the kernel to reclaim `bytes` from the cgroup (v2 `memory.reclaim`, Linux 5.19+):
+    /// without swap, page cache alone. Unsupported on v1, which has no such file.
+    ///
+    /// # Errors
+    /// Unsupported on v1 or a kernel without the file; EAGAIN when the kernel reclaimed less
+    /// than asked (it tried); the errno of writing otherwise.
+    pub fn reclaim(&self, bytes: u64) -> io::Result<()> {
+        let file = self.file("memory.reclaim");
+        if self.version == Version::V1 || !file.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no memory.reclaim (cgroup v1, or a kernel before 5.19)",
+            ));
+        }
+        write_file(&file, &bytes.to_string())
+    }
+
+    /// The stall file for this cgroup's tasks: its `memory.pressure` on v2; on v1, whose
+    /// cgroups have none, the machine's `/proc/pressure/memory` (any task's stall counts:
+    /// the cautious reading). `None` without PSI.
+    pub fn stall_file(&self) -> Option<PathBuf> {
+        self.pressure_file().or_else(|| {
+            let system = PathBuf::from(crate::pressure::SYSTEM_PSI_FILE);
+            system.exists().then_some(system)
+        })
+    }
+
     /// Whether these credentials may create a child of this cgroup that has memory files of its
     /// own (what [`MemCgroup::create_child`] needs), and if not, why, in words.
     ///

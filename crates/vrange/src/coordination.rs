@@ -198,6 +198,12 @@ pub struct Status {
     pub limit: u64,
     /// Connections dropped for malformed messages or refused credentials.
     pub refused: u64,
+    /// The proactive mode (`vrange daemon --proactive`): 1 on, 0 off; bytes it freed, the usage
+    /// it aims for, and its looks that held for a stall.
+    pub proactive: u64,
+    pub proactive_saved: u64,
+    pub proactive_target: u64,
+    pub proactive_stalls: u64,
 }
 
 /// A message of the protocol.
@@ -294,7 +300,7 @@ impl Message {
             5 => 24,
             6 => 32,
             7 | 10 => 0,
-            8 => 7 * 8,
+            8 => 11 * 8,
             9 => ROW_LEN,
             11 => 24,
             12 => 16,
@@ -388,6 +394,10 @@ impl Message {
                     s.headroom,
                     s.limit,
                     s.refused,
+                    s.proactive,
+                    s.proactive_saved,
+                    s.proactive_target,
+                    s.proactive_stalls,
                 ] {
                     w.u64(v);
                 }
@@ -518,6 +528,10 @@ impl Message {
                 headroom: r.u64(),
                 limit: r.u64(),
                 refused: r.u64(),
+                proactive: r.u64(),
+                proactive_saved: r.u64(),
+                proactive_target: r.u64(),
+                proactive_stalls: r.u64(),
             }),
             9 => {
                 let (pid, uid, name) = (r.u32(), r.u32(), r.array());
@@ -770,6 +784,8 @@ mod tests {
             Message::Monitor,
             Message::Status(Status {
                 participants: 4,
+                proactive: 1,
+                proactive_stalls: 9,
                 ..Status::default()
             }),
             Message::Row(Box::new(Row {

@@ -227,6 +227,7 @@ pub fn options(socket: &Path, cgroup: &Path) -> vrange_coordinator::Options {
         headroom: Some(32 << 20),
         metrics: None,
         metrics_pid: false,
+        proactive: None,
     }
 }
 

@@ -184,6 +184,56 @@ fn check_trigger(stall_us: u64, window_us: u64, privileged: bool) -> Result<(), 
     Ok(())
 }
 
+/// One reading of a PSI file's `some` line (`/proc/pressure/memory`, a v2 cgroup's
+/// `memory.pressure`): the kernel's ten-second average (percent of wall time at least one task
+/// stalled) and the stalled time so far (microseconds, monotonic: two readings give the share
+/// of any interval between them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PsiReading {
+    pub some_avg10: f64,
+    pub some_total_us: u64,
+}
+
+impl PsiReading {
+    /// Reads `path` (one open, read and close).
+    ///
+    /// # Errors
+    /// The errno of reading; InvalidData when its `some` line lacks `avg10=` or `total=`.
+    pub fn read(path: &Path) -> io::Result<PsiReading> {
+        let text = crate::fd::read_file(path)?;
+        PsiReading::parse(&text).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: no some line with avg10 and total", path.display()),
+            )
+        })
+    }
+
+    /// Parses the text of a PSI file.
+    pub fn parse(text: &str) -> Option<PsiReading> {
+        let line = text.lines().find(|l| l.starts_with("some "))?;
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        };
+        Some(PsiReading {
+            some_avg10: field("avg10")?.parse().ok()?,
+            some_total_us: field("total")?.parse().ok()?,
+        })
+    }
+
+    /// Percent of the time between `earlier` and this reading, `elapsed` apart, that some task
+    /// stalled (0 for no time).
+    pub fn some_pct_since(&self, earlier: &PsiReading, elapsed: std::time::Duration) -> f64 {
+        let us = elapsed.as_micros() as f64;
+        if us <= 0.0 {
+            return 0.0;
+        }
+        let stalled = self.some_total_us.saturating_sub(earlier.some_total_us) as f64;
+        (stalled / us * 100.0).min(100.0)
+    }
+}
+
 /// The PSI window closest to `requested_us` (rounding up) that the kernel accepts from this
 /// thread: without CAP_SYS_RESOURCE a multiple of 2 s in 2..=10 s, with it 500 ms..=10 s.
 /// Scale the stall threshold with it if it grew.
@@ -303,5 +353,27 @@ mod tests {
         assert_eq!(&buf[..n], b"some 150000 2000000\0");
         let n = trigger_text(&mut buf, 10_000_000, 10_000_000, true);
         assert_eq!(&buf[..n], b"full 10000000 10000000\0");
+    }
+}
+
+#[cfg(test)]
+mod reading_tests {
+    use super::*;
+
+    #[test]
+    fn a_psi_file_is_read_for_its_some_line() {
+        let text = "some avg10=0.25 avg60=1.00 avg300=0.50 total=3000000\n\
+                    full avg10=0.10 avg60=0.00 avg300=0.00 total=1000\n";
+        let r = PsiReading::parse(text).unwrap();
+        assert_eq!(r.some_avg10, 0.25);
+        assert_eq!(r.some_total_us, 3_000_000);
+        let later = PsiReading {
+            some_avg10: 0.0,
+            some_total_us: 3_010_000,
+        };
+        let pct = later.some_pct_since(&r, std::time::Duration::from_secs(1));
+        assert!((pct - 1.0).abs() < 1e-9, "{pct}");
+        assert_eq!(PsiReading::parse("full avg10=0.00 total=1\n"), None);
+        assert_eq!(PsiReading::parse("some avg10=x total=1\n"), None);
     }
 }

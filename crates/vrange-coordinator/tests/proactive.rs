@@ -1,0 +1,202 @@
+//! The proactive mode on the real kernel, in a child memory cgroup far from its limit (no
+//! pressure at all): a participant's volatile chunks idle longer than the mode's age are purged
+//! before anyone asks, and its usage falls by them; younger chunks and pinned ones stay, byte
+//! for byte; the participant learns of each purge exactly. Without the mode (the default)
+//! nothing is purged. On cgroup v1 (the host, the 6.1 guest) and v2 (the 6.12 guest) alike.
+//! The controller's holds (a stall, pressure, refaults) are decided by a pure function, tested
+//! with made-up readings in the crate.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+use vrange_coordinator::Proactive;
+use vrange_testkit::role::{role, Reply, Role};
+use vrange_testkit::{cgroup, serial, skip};
+
+const LIMIT: u64 = 256 << 20;
+/// The mode's age in these tests: long enough that chunks marked after the old ones are
+/// still younger when the old ones go, on a busy emulated machine.
+const AGE: Duration = Duration::from_secs(6);
+const OLD: usize = 4;
+const YOUNG: usize = 2;
+
+fn roles() -> bool {
+    match role().as_deref() {
+        Some("participant") => participant(),
+        Some(_) => panic!("unknown role"),
+        None => return false,
+    }
+    true
+}
+
+fn command(p: &mut Role, cmd: &str, tag: &str) -> Reply {
+    assert!(p.send(cmd));
+    let r = p
+        .next(ANSWER)
+        .unwrap_or_else(|e| panic!("no answer to {cmd}: {e}"));
+    assert_eq!(r.tag, tag, "{cmd}");
+    r
+}
+
+/// Marks `OLD` chunks and a pinned one, waits `AGE`, marks `YOUNG` more; returns the
+/// participant and when the young ones were marked.
+fn old_and_young(test: &str, cg: &vrange_sys::cgroup::MemCgroup, socket: &str) -> (Role, Instant) {
+    let mut p = spawn(
+        test,
+        "participant",
+        cg,
+        &[("VRANGE_COORDINATOR", socket.to_string())],
+    );
+    for _ in 0..OLD {
+        command(&mut p, "mark", "MARKED");
+    }
+    command(&mut p, "pin", "PINNED");
+    std::thread::sleep(AGE + Duration::from_millis(500));
+    let young = Instant::now();
+    for _ in 0..YOUNG {
+        command(&mut p, "mark", "MARKED");
+    }
+    (p, young)
+}
+
+#[test]
+fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let test = "cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays";
+    let child = match cgroup::child("vrange-proactive-", LIMIT) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("proactive");
+    let socket = dir.join("coordinator.sock");
+    let coordinator = InProcess::start(vrange_coordinator::Options {
+        proactive: Some(Proactive {
+            min_idle: AGE,
+            interval: Duration::from_millis(200),
+            // Any stall holds the mode (the machine's, on v1): these tests run beside others
+            // and under emulation. The holds are the controller's unit tests.
+            stall_pct: 100.0,
+            ..Proactive::default()
+        }),
+        ..options(&socket, cg.path())
+    });
+    let (mut p, young) = old_and_young(test, &cg, &socket.display().to_string());
+    await_participants(&socket, 1, ANSWER).expect("the participant connects");
+    let usage_before = cg.usage().expect("usage");
+    // The old chunks go within the young ones' age; the young ones are still young then.
+    let report = loop {
+        let r = command(&mut p, "report", "REPORT");
+        let bits = purged_bits(&r);
+        if bits[..OLD].iter().all(|&b| b) {
+            break r;
+        }
+        assert!(
+            young.elapsed() < AGE,
+            "the old chunks were not all purged while the young ones were young: {bits:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let bits = purged_bits(&report);
+    assert!(
+        young.elapsed() < AGE,
+        "the report came after the young ones aged: {bits:?}"
+    );
+    assert_eq!(
+        bits[OLD..],
+        [false; YOUNG],
+        "young chunks are never candidates"
+    );
+    assert_eq!(
+        report.u64("pinned_ok"),
+        1,
+        "a pinned chunk keeps every byte"
+    );
+    let usage_after = cg.usage().expect("usage");
+    let freed = usage_before.saturating_sub(usage_after);
+    assert!(
+        freed >= (OLD * CHUNK) as u64 * 3 / 4,
+        "the cgroup holds less by the old chunks: {} MiB freed ({} -> {} MiB)",
+        freed >> 20,
+        usage_before >> 20,
+        usage_after >> 20
+    );
+    // The answers are counted at the coordinator's next tick.
+    let deadline = Instant::now() + ANSWER;
+    loop {
+        let (status, _) = vrange_coordinator::query(&socket).expect("query");
+        assert_eq!(status.proactive, 1);
+        if status.proactive_saved >= (OLD * CHUNK) as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mode counts what it freed: {status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = coordinator.shared.metrics();
+    let saved = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("vrange_proactive_saved_bytes_total "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no saved bytes in the metrics:\n{metrics}"));
+    assert!(saved >= (OLD * CHUNK) as f64, "{saved}");
+    // The young chunks turn old and go too: the mode keeps stepping while quiet.
+    let deadline = Instant::now() + ANSWER;
+    loop {
+        let r = command(&mut p, "report", "REPORT");
+        if purged_bits(&r).iter().all(|&b| b) {
+            assert_eq!(r.u64("pinned_ok"), 1);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the young chunks never went");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(p.send("exit"));
+    p.wait(ANSWER);
+    drop(coordinator);
+    assert_eq!(cg.oom_kills().unwrap_or(0), 0);
+    cgroup::remove(child);
+}
+
+#[test]
+fn without_the_mode_cold_volatile_memory_stays_until_pressure() {
+    if roles() {
+        return;
+    }
+    let _s = serial();
+    let test = "without_the_mode_cold_volatile_memory_stays_until_pressure";
+    let child = match cgroup::child("vrange-proactive-off-", LIMIT) {
+        Ok(c) => c,
+        Err(why) => return skip(why),
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("proactive-off");
+    let socket = dir.join("coordinator.sock");
+    let coordinator = InProcess::start(options(&socket, cg.path()));
+    let (mut p, _) = old_and_young(test, &cg, &socket.display().to_string());
+    await_participants(&socket, 1, ANSWER).expect("the participant connects");
+    // As long as the mode would have taken to purge them (its interval, many times over).
+    std::thread::sleep(Duration::from_secs(3));
+    let r = command(&mut p, "report", "REPORT");
+    assert_eq!(
+        purged_bits(&r),
+        [false; OLD + YOUNG],
+        "nothing goes without pressure"
+    );
+    let (status, _) = vrange_coordinator::query(&socket).expect("query");
+    assert_eq!((status.proactive, status.proactive_saved), (0, 0));
+    assert!(!coordinator
+        .shared
+        .metrics()
+        .contains("vrange_proactive_saved_bytes_total"));
+    assert!(p.send("exit"));
+    p.wait(ANSWER);
+    drop(coordinator);
+    cgroup::remove(child);
+}
