@@ -2,12 +2,12 @@
 //!
 //! `vrange-bench SUITE [--quick] [--out DIR] ...` (`cargo run --release -p vrange-bench --
 //! SUITE`): one file per suite (`cache` and `coordinate` are directories) (`ebizzy`,
-//! `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `pairs`, `tradeoff`,
-//! `stress`, `markcost`); the shared pieces are the machine description (`machine`), CSV and
+//! `pressure`, `lazyfree`, `pagetable`, `refill`, `cache`, `coordinate`, `proactive`, `pairs`,
+//! `tradeoff`, `stress`, `markcost`); the shared pieces are the machine description (`machine`), CSV and
 //! number formats (`report`), the SVG plots (`plot`), the allocators compared and how they are
 //! preloaded (`alloc`), the C workloads (`c/`, compiled by build.rs and carried in the binary:
 //! `workload`), and the neighbour and services of the cache and coordinate scenarios
-//! (`neighbour`, `service`); child processes, memory cgroups and hogs are vrange-testkit's, as
+//! (`neighbour`, `service`), a coordinator in a thread (`coordinator`); child processes, memory cgroups and hogs are vrange-testkit's, as
 //! the tests' are. Every suite prints the machine first, then aligned tables with the
 //! published numbers beside ours where they exist, and writes the same report in Markdown
 //! (`SUITE.md`), CSV files and an SVG plot into `--out`. A suite that cannot run here (no root,
@@ -35,6 +35,7 @@ use vrange_print::{clock, table};
 mod alloc;
 mod cache;
 mod coordinate;
+mod coordinator;
 mod ebizzy;
 mod lazyfree;
 mod machine;
@@ -45,6 +46,7 @@ mod pagetable;
 mod pairs;
 mod plot;
 mod pressure;
+mod proactive;
 mod refill;
 mod report;
 mod service;
@@ -80,6 +82,9 @@ pub enum Suite {
     /// Processes with volatile caches and a growing neighbour in one memory cgroup: their own
     /// reclaimers, the coordinator, or the kernel OOM killer alone.
     Coordinate,
+    /// A service's memory over five minutes with nothing proactive, a senpai-style controller
+    /// and the coordinator's proactive mode (`vrange daemon --proactive`), in a memory cgroup.
+    Proactive,
     /// SQLite on vrange_sqlite_pcache() against SQLite's own page cache (default and sized for
     /// all memory), a service whose neighbour takes memory in a small cgroup.
     Sqlite,
@@ -104,7 +109,7 @@ pub enum Suite {
 impl Suite {
     /// The suites `all` runs, in its order (markcost last: it changes this process's
     /// reclaimer settings).
-    const ALL: [Suite; 12] = [
+    const ALL: [Suite; 13] = [
         Suite::Ebizzy,
         Suite::Pressure,
         Suite::Lazyfree,
@@ -112,6 +117,7 @@ impl Suite {
         Suite::Refill,
         Suite::Cache,
         Suite::Coordinate,
+        Suite::Proactive,
         Suite::Sqlite,
         Suite::Pairs,
         Suite::Tradeoff,
@@ -129,6 +135,7 @@ impl Suite {
             Suite::Refill => "refill",
             Suite::Cache => "cache",
             Suite::Coordinate => "coordinate",
+            Suite::Proactive => "proactive",
             Suite::Sqlite => "sqlite",
             Suite::Pairs => "pairs",
             Suite::Tradeoff => "tradeoff",
@@ -382,6 +389,7 @@ fn run(args: Args) -> i32 {
             Suite::Refill => refill::run(&ctx),
             Suite::Cache => cache::run(&ctx),
             Suite::Coordinate => coordinate::run(&ctx),
+            Suite::Proactive => proactive::run(&ctx),
             Suite::Sqlite => sqlite::run(&ctx),
             Suite::Pairs => pairs::run(&ctx),
             Suite::Tradeoff => tradeoff::run(&ctx),

@@ -586,6 +586,38 @@ fn coordinate_quick_compares_reclaimers_coordinator_and_kills() {
 }
 
 #[test]
+fn proactive_quick_runs_every_configuration() {
+    let _s = serial();
+    let Some(out) = bench_in_cgroups("proactive") else {
+        return;
+    };
+    let (header, rows) = table(&out, "configuration");
+    let col = |name: &str| column(&header, name);
+    let labels = [
+        "(a) nothing proactive",
+        "(b) senpai-style, plain cache (no vrange)",
+        "(b′) senpai-style beside vrange-cache",
+        "(c) vrange daemon --proactive",
+    ];
+    assert_eq!(rows.len(), labels.len(), "{}", out.text);
+    for (row, label) in rows.iter().zip(labels) {
+        assert_eq!(row[0], label, "{row:?}");
+        positive(&row[col("mean memory")], "mean memory");
+        positive(&row[col("requests/s")], "requests/s");
+        positive(&row[col("hit rate")], "hit rate");
+        assert!(num(&row[col("OOM kills")]).is_some(), "{row:?}");
+        assert_eq!(row[col("wrong values")], "0", "{row:?}");
+    }
+    // vrange's configurations kill nothing.
+    for row in [&rows[0], &rows[3]] {
+        assert_eq!(row[col("OOM kills")], "0", "{row:?}");
+    }
+    let (_, targets) = table(&out, "target");
+    assert!(targets.len() >= 5, "{targets:?}");
+    files(&out, &["proactive-seconds.csv", "proactive.svg"]);
+}
+
+#[test]
 fn tradeoff_quick_puts_every_configuration_on_both_axes() {
     let _s = serial();
     let Some(out) = bench_in_cgroups("tradeoff") else {

@@ -978,6 +978,10 @@ fn daemon_top_and_metrics() {
     assert!(top.status.success(), "{top:?}");
     assert!(text.contains("0 participants"), "{text}");
     assert!(text.contains("VOLATILE MiB"), "{text}");
+    assert!(
+        !text.contains("proactive:"),
+        "the mode is off by default: {text}"
+    );
     let metrics = {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -1003,6 +1007,54 @@ fn daemon_top_and_metrics() {
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
+}
+
+/// `vrange daemon --proactive`: its options need the flag and are checked (exit 2, nothing
+/// bound), and `vrange top` says what the mode did.
+#[test]
+fn daemon_proactive_options_and_top() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("coordinator.sock");
+    for args in [
+        &["--proactive-age", "5s"][..],
+        &["--proactive", "--proactive-stall", "101"],
+        &["--proactive", "--proactive-step", "0"],
+        &["--proactive", "--proactive-age", "5"],
+    ] {
+        let out = vrange()
+            .args(["daemon", "--machine", "--socket"])
+            .arg(&socket)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--proactive"), "{args:?}: {err}");
+        assert!(!socket.exists(), "nothing bound");
+    }
+    let (daemon, first) = daemon_started(&[
+        "--machine",
+        "--proactive",
+        "--proactive-age",
+        "2s",
+        "--socket",
+        socket.to_str().unwrap(),
+    ]);
+    let top = vrange()
+        .args(["top", "--once", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    // Stopped before any assertion: a daemon left running would hold the test's output open.
+    stop(daemon);
+    assert!(first.contains("coordinating the machine"), "{first}");
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "{top:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("proactive: saved ") && l.contains(" stalls ")),
+        "{text}"
+    );
 }
 
 /// `vrange top` shows the shared regions the coordinator holds, each once, with their bytes by

@@ -14,17 +14,20 @@ pub struct Cut {
     pub at: order::Cut,
     /// Bytes before the cut, by the inventories.
     pub bytes: u64,
+    /// Of what comes before `at`, only memory volatile for at least this long (ms; 0: all): a
+    /// proactive step's floor.
+    pub floor_ms: u64,
 }
 
 impl Cut {
     /// Whether everything before `other` is before `self` too (`self` reaches as far).
     pub fn covers(&self, other: &Cut) -> bool {
-        self.at.covers(&other.at)
+        self.at.covers(&other.at) && self.floor_ms <= other.floor_ms
     }
 
     /// Whether memory of `class` volatile for `idle_ms` comes before the cut.
     pub fn admits(&self, class: u8, idle_ms: u64) -> bool {
-        self.at.admits(Place::new(class, idle_ms))
+        idle_ms >= self.floor_ms && self.at.admits(Place::new(class, idle_ms))
     }
 }
 
@@ -81,6 +84,7 @@ pub fn cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64) -> Option<Cut> {
         last = Some(Cut {
             at: order::Cut::after(p),
             bytes,
+            floor_ms: 0,
         });
         if bytes >= target {
             break;
@@ -89,19 +93,23 @@ pub fn cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64) -> Option<Cut> {
     last
 }
 
-/// The latest cut reaching `target` bytes that passes only memory volatile for at least
-/// `min_idle_ms` (a proactive step's): within the lowest class holding volatile memory (a cut
-/// into a higher class passes all of the lower ones, whatever their age), over its buckets
-/// whose floor is at least `min_idle_ms`. `None` if that class has none so old.
+/// The latest cut reaching `target` bytes over memory volatile for at least `min_idle_ms` (a
+/// proactive step's): the cells of every class whose bucket floor is that old, in the victim
+/// order, with the floor on the cut, so that younger memory of a lower class (which an
+/// ordinary cut into a higher class passes whatever its age) stays. `None` if none is so old.
 pub fn cold_cut(merged: &[[u64; BUCKETS]; CLASSES], target: u64, min_idle_ms: u64) -> Option<Cut> {
-    let class = (0..CLASSES).find(|&c| merged[c].iter().any(|&v| v != 0))?;
     let mut cold = [[0u64; BUCKETS]; CLASSES];
-    for (b, v) in merged[class].iter().enumerate() {
-        if bucket_floor_ms(b) >= min_idle_ms {
-            cold[class][b] = *v;
+    for (c, row) in merged.iter().enumerate() {
+        for (b, v) in row.iter().enumerate() {
+            if bucket_floor_ms(b) >= min_idle_ms {
+                cold[c][b] = *v;
+            }
         }
     }
-    cut(&cold, target)
+    cut(&cold, target).map(|c| Cut {
+        floor_ms: min_idle_ms,
+        ..c
+    })
 }
 
 /// Bytes before `cut` in one inventory (whether a participant is asked at all).
@@ -109,7 +117,7 @@ pub fn before(inv: &Inventory, cut: &Cut) -> u64 {
     let mut bytes = 0u64;
     for (class, row) in inv.volatile.iter().enumerate() {
         for (bucket, v) in row.iter().enumerate() {
-            if cut.at.admits(place(class, bucket)) {
+            if cut.admits(class as u8, bucket_floor_ms(bucket)) {
                 bytes = bytes.saturating_add(*v);
             }
         }
@@ -162,29 +170,37 @@ mod tests {
     }
 
     #[test]
-    fn a_cold_cut_passes_only_memory_idle_long_enough_in_the_lowest_class() {
-        // Class 2 holds old and young data; class 3 only old.
+    fn a_cold_cut_passes_only_memory_idle_long_enough_in_every_class() {
+        // Class 1 holds only young data; class 2 old and young; class 3 only old.
         let a = inv(&[
+            (1, 1_000, 10),
             (2, 120_000, 10),
             (2, 40_000, 10),
             (2, 1_000, 10),
             (3, 600_000, 10),
         ]);
         let m = merge([&a]);
-        // Idle at least 30 s: the two old cells of class 2, oldest first, never the young one.
+        // Idle at least 30 s: class 2's two old cells, oldest first, never the young ones
+        // (class 1's, younger than the floor, though its class comes first).
         let c = cold_cut(&m, 5, 30_000).unwrap();
-        assert_eq!((c.at.class, c.bytes), (2, 10));
-        assert!(c.admits(2, 120_000) && !c.admits(2, 40_000));
-        let c = cold_cut(&m, 100, 30_000).unwrap();
+        assert_eq!((c.at.class, c.bytes, c.floor_ms), (2, 10, 30_000));
+        assert!(c.admits(2, 120_000) && !c.admits(2, 40_000) && !c.admits(1, 1_000));
+        assert_eq!(before(&a, &c), 10);
+        let c = cold_cut(&m, 20, 30_000).unwrap();
         assert_eq!(c.bytes, 20);
-        assert!(c.admits(2, 40_000) && !c.admits(2, 1_000) && !c.admits(3, 600_000));
-        // The lowest class has nothing so old: nothing, not the next class's old data (a cut
-        // there would pass the young data below it).
-        assert_eq!(cold_cut(&m, 100, 200_000), None);
-        // Once the lowest class is empty, the next one's old data.
-        let b = inv(&[(3, 600_000, 10), (3, 1_000, 10)]);
-        let c = cold_cut(&merge([&b]), 100, 30_000).unwrap();
-        assert_eq!((c.at.class, c.bytes), (3, 10));
+        assert!(c.admits(2, 40_000) && !c.admits(2, 1_000) && !c.admits(1, 1_000));
+        assert!(!c.admits(3, 600_000));
+        // Then class 3's old data.
+        let c = cold_cut(&m, 100, 30_000).unwrap();
+        assert_eq!((c.at.class, c.bytes), (3, 30));
+        assert!(c.admits(3, 600_000) && c.admits(2, 40_000));
+        assert!(!c.admits(1, 1_000) && !c.admits(2, 1_000));
+        assert_eq!(before(&a, &c), 30);
+        // A floor never covers a cut without one that reaches as far.
+        let plain = cut(&m, 100).unwrap();
+        assert!(plain.covers(&c) && !c.covers(&plain));
+        // Nothing so old: nothing.
+        assert_eq!(cold_cut(&m, 100, 1_000_000), None);
         assert_eq!(cold_cut(&merge([&Inventory::default()]), 1, 0), None);
     }
 

@@ -130,6 +130,7 @@ impl Conn {
             id: r.id,
             class: r.cut.at.class,
             min_age_ms: r.cut.at.min_idle,
+            cold_ms: r.cut.floor_ms,
         };
         let told = matches!(self.send(&m), Ok(true));
         if told {
@@ -220,10 +221,7 @@ impl<'a> Server<'a> {
     pub fn new(opts: &'a Options, shared: &'a Shared, listener: OwnedFd, watch: Watch) -> Self {
         shared.lock().with_pid = opts.metrics_pid;
         let proactive = opts.proactive.map(|p| {
-            let stall_file = match &watch.cgroup {
-                Some(cg) => cg.stall_file(),
-                None => Some(vrange_sys::pressure::SYSTEM_PSI_FILE.into()),
-            };
+            let stall_file = vrange_sys::pressure::stall_file(watch.cgroup.as_ref());
             Controller::new(p, stall_file, Instant::now())
         });
         Server {

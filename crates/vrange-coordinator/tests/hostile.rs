@@ -106,13 +106,14 @@ fn any_message() -> impl Strategy<Value = Message> {
         (1..=u32::MAX).prop_map(|ping_ms| Message::Welcome { ping_ms }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         inventory,
-        (any::<u64>(), 0..CLASSES as u8, any::<u64>()).prop_map(|(id, class, min_age_ms)| {
-            Message::Purge {
+        (any::<u64>(), 0..CLASSES as u8, any::<u64>(), any::<u64>()).prop_map(
+            |(id, class, min_age_ms, cold_ms)| Message::Purge {
                 id,
                 class,
                 min_age_ms,
+                cold_ms,
             }
-        }),
+        ),
         any::<[u64; 4]>().prop_map(|v| Message::Purged {
             id: v[0],
             bytes: v[1],
@@ -385,6 +386,7 @@ fn hostile_cases() -> Vec<Case> {
         id: 7,
         class: 3,
         min_age_ms: 0,
+        cold_ms: 0,
     });
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut with_extra = purge.clone();
@@ -546,6 +548,7 @@ fn a_participant_drops_a_hostile_coordinator_and_purges_nothing() {
             id: 42,
             class: 3,
             min_age_ms: 0,
+            cold_ms: 0,
         },
     );
     let mut purged = None;
@@ -622,6 +625,7 @@ fn nobody_coordinator() {
         id: 1,
         class: 3,
         min_age_ms: 0,
+        cold_ms: 0,
     };
     while let Some(conn) = accept_within(
         listener.as_fd(),

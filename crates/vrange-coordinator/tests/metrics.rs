@@ -8,17 +8,8 @@ mod common;
 use common::*;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-use vrange_testkit::role::{role, Role};
+use vrange_testkit::role::Role;
 use vrange_testkit::{cgroup, serial, skip};
-
-fn roles() -> bool {
-    match role().as_deref() {
-        Some("participant") => participant(),
-        Some(_) => panic!("unknown role"),
-        None => return false,
-    }
-    true
-}
 
 /// A loopback port free a moment ago.
 fn free_port() -> u16 {
@@ -208,7 +199,7 @@ fn series_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
 #[test]
 fn a_scrape_is_valid_and_labels_participants_by_program_and_cgroup() {
     const TEST: &str = "a_scrape_is_valid_and_labels_participants_by_program_and_cgroup";
-    if roles() {
+    if participant_role() {
         return;
     }
     let _s = serial();
@@ -334,7 +325,7 @@ fn a_scrape_is_valid_and_labels_participants_by_program_and_cgroup() {
 /// The lint itself: it must catch what it is there to catch.
 #[test]
 fn the_lint_catches_invalid_exposition() {
-    if roles() {
+    if participant_role() {
         return;
     }
     let ok = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\"} 2\n";

@@ -1,7 +1,8 @@
 //! The proactive mode on the real kernel, in a child memory cgroup far from its limit (no
 //! pressure at all): a participant's volatile chunks idle longer than the mode's age are purged
-//! before anyone asks, and its usage falls by them; younger chunks and pinned ones stay, byte
-//! for byte; the participant learns of each purge exactly. Without the mode (the default)
+//! before anyone asks, and its usage falls by them; younger chunks (of the low class, which an
+//! ordinary cut would take first) and pinned ones stay, byte for byte; the participant learns
+//! of each purge exactly. Without the mode (the default)
 //! nothing is purged. On cgroup v1 (the host, the 6.1 guest) and v2 (the 6.12 guest) alike.
 //! The controller's holds (a stall, pressure, refaults) are decided by a pure function, tested
 //! with made-up readings in the crate.
@@ -9,9 +10,11 @@
 mod common;
 
 use common::*;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vrange_coordinator::Proactive;
-use vrange_testkit::role::{role, Reply, Role};
+use vrange_sys::cgroup::{ChildCgroup, MemCgroup};
+use vrange_testkit::role::{Reply, Role};
 use vrange_testkit::{cgroup, serial, skip};
 
 const LIMIT: u64 = 256 << 20;
@@ -21,13 +24,19 @@ const AGE: Duration = Duration::from_secs(6);
 const OLD: usize = 4;
 const YOUNG: usize = 2;
 
-fn roles() -> bool {
-    match role().as_deref() {
-        Some("participant") => participant(),
-        Some(_) => panic!("unknown role"),
-        None => return false,
-    }
-    true
+/// A child cgroup of `LIMIT` and a socket directory for a test (`None` after a skip).
+fn place(tag: &str) -> Option<(ChildCgroup, MemCgroup, SocketDir, PathBuf)> {
+    let child = match cgroup::child(&format!("vrange-proactive-{tag}-"), LIMIT) {
+        Ok(c) => c,
+        Err(why) => {
+            skip(why);
+            return None;
+        }
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir(&format!("proactive-{tag}"));
+    let socket = dir.join("coordinator.sock");
+    Some((child, cg, dir, socket))
 }
 
 fn command(p: &mut Role, cmd: &str, tag: &str) -> Reply {
@@ -39,9 +48,10 @@ fn command(p: &mut Role, cmd: &str, tag: &str) -> Reply {
     r
 }
 
-/// Marks `OLD` chunks and a pinned one, waits `AGE`, marks `YOUNG` more; returns the
-/// participant and when the young ones were marked.
-fn old_and_young(test: &str, cg: &vrange_sys::cgroup::MemCgroup, socket: &str) -> (Role, Instant) {
+/// Marks `OLD` chunks and a pinned one, waits `AGE`, marks `YOUNG` more of the low class
+/// (before the old ones in the victim order); returns the participant and when the young ones
+/// were marked.
+fn old_and_young(test: &str, cg: &MemCgroup, socket: &str) -> (Role, Instant) {
     let mut p = spawn(
         test,
         "participant",
@@ -55,25 +65,21 @@ fn old_and_young(test: &str, cg: &vrange_sys::cgroup::MemCgroup, socket: &str) -
     std::thread::sleep(AGE + Duration::from_millis(500));
     let young = Instant::now();
     for _ in 0..YOUNG {
-        command(&mut p, "mark", "MARKED");
+        command(&mut p, "mark-low", "MARKED");
     }
     (p, young)
 }
 
 #[test]
 fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
-    if roles() {
+    if participant_role() {
         return;
     }
     let _s = serial();
     let test = "cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays";
-    let child = match cgroup::child("vrange-proactive-", LIMIT) {
-        Ok(c) => c,
-        Err(why) => return skip(why),
+    let Some((child, cg, _dir, socket)) = place("on") else {
+        return;
     };
-    let cg = child.cgroup().clone();
-    let dir = socket_dir("proactive");
-    let socket = dir.join("coordinator.sock");
     let coordinator = InProcess::start(vrange_coordinator::Options {
         proactive: Some(Proactive {
             min_idle: AGE,
@@ -166,18 +172,14 @@ fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
 
 #[test]
 fn without_the_mode_cold_volatile_memory_stays_until_pressure() {
-    if roles() {
+    if participant_role() {
         return;
     }
     let _s = serial();
     let test = "without_the_mode_cold_volatile_memory_stays_until_pressure";
-    let child = match cgroup::child("vrange-proactive-off-", LIMIT) {
-        Ok(c) => c,
-        Err(why) => return skip(why),
+    let Some((child, cg, _dir, socket)) = place("off") else {
+        return;
     };
-    let cg = child.cgroup().clone();
-    let dir = socket_dir("proactive-off");
-    let socket = dir.join("coordinator.sock");
     let coordinator = InProcess::start(options(&socket, cg.path()));
     let (mut p, _) = old_and_young(test, &cg, &socket.display().to_string());
     await_participants(&socket, 1, ANSWER).expect("the participant connects");

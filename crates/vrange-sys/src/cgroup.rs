@@ -178,16 +178,6 @@ impl MemCgroup {
         write_file(&file, &bytes.to_string())
     }
 
-    /// The stall file for this cgroup's tasks: its `memory.pressure` on v2; on v1, whose
-    /// cgroups have none, the machine's `/proc/pressure/memory` (any task's stall counts:
-    /// the cautious reading). `None` without PSI.
-    pub fn stall_file(&self) -> Option<PathBuf> {
-        self.pressure_file().or_else(|| {
-            let system = PathBuf::from(crate::pressure::SYSTEM_PSI_FILE);
-            system.exists().then_some(system)
-        })
-    }
-
     /// Whether these credentials may create a child of this cgroup that has memory files of its
     /// own (what [`MemCgroup::create_child`] needs), and if not, why, in words.
     ///

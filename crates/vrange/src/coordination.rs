@@ -221,10 +221,14 @@ pub enum Message {
         seq: u64,
     },
     Inventory(Box<Inventory>),
+    /// Purge what comes before the cut (`class`, `min_age_ms`) of the global order, and of
+    /// that only what has been volatile for at least `cold_ms` (0: no such floor; a proactive
+    /// step's, which must never take young memory of a lower class).
     Purge {
         id: u64,
         class: u8,
         min_age_ms: u64,
+        cold_ms: u64,
     },
     Purged {
         id: u64,
@@ -297,7 +301,7 @@ impl Message {
             2 => 8,
             3 => 8,
             4 => INVENTORY_LEN,
-            5 => 24,
+            5 => 32,
             6 => 32,
             7 | 10 => 0,
             8 => 11 * 8,
@@ -362,10 +366,12 @@ impl Message {
                 id,
                 class,
                 min_age_ms,
+                cold_ms,
             } => {
                 w.u64(*id);
                 w.bytes(&[*class, 0, 0, 0, 0, 0, 0, 0]);
                 w.u64(*min_age_ms);
+                w.u64(*cold_ms);
             }
             Message::Purged {
                 id,
@@ -482,6 +488,7 @@ impl Message {
                     id,
                     class: pad[0],
                     min_age_ms: r.u64(),
+                    cold_ms: r.u64(),
                 }
             }
             12 => Message::Room {
@@ -774,6 +781,7 @@ mod tests {
                 id: 1,
                 class: 3,
                 min_age_ms: 1000,
+                cold_ms: 500,
             },
             Message::Purged {
                 id: 1,
@@ -838,6 +846,7 @@ mod tests {
             id: 1,
             class: 0,
             min_age_ms: 0,
+            cold_ms: 0,
         }
         .encode(&mut buf);
         buf[HEADER + 8] = CLASSES as u8;

@@ -44,6 +44,7 @@ use super::service::{
 };
 use super::Ctx;
 use hot::{hot_path, hot_role};
+pub(crate) use scenario::keys_for;
 pub(super) use scenario::vrange_cache_run;
 use scenario::{scenario, service_role};
 use std::mem::MaybeUninit;
@@ -81,7 +82,7 @@ const HIT_TARGET: f64 = 1.5;
 /// The neighbour's peak, in percent of the limit.
 const NEIGHBOUR_PERCENT: u64 = 60;
 /// The Zipf exponent of the service's keys.
-const ZIPF: f64 = 0.8;
+pub(crate) const ZIPF: f64 = 0.8;
 
 // ---------------------------------------------------------------------------------------
 // Values: a cheap deterministic pattern per key, checkable word by word.
@@ -115,6 +116,11 @@ pub(super) fn check(key: u64, len: usize, v: &[u8]) -> bool {
     });
     let last = word(key, usize::MAX).to_le_bytes();
     diff == 0 && rest == &last[..rest.len()]
+}
+
+/// The bytes of the values of keys `0..keys`.
+pub(crate) fn values_bytes(keys: u64) -> u64 {
+    (0..keys).map(|k| len_of(k) as u64).sum()
 }
 
 /// The length of key `key`'s value in the scenario: 4 KiB to 64 KiB, 34 KiB on average.

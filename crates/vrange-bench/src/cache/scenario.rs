@@ -6,7 +6,7 @@ use super::*;
 // The scenario's processes.
 
 /// The number of keys whose values total `bytes`.
-fn keys_for(bytes: u64) -> u64 {
+pub(crate) fn keys_for(bytes: u64) -> u64 {
     let (mut k, mut total) = (0u64, 0u64);
     while total < bytes {
         total += len_of(k) as u64;
@@ -15,11 +15,24 @@ fn keys_for(bytes: u64) -> u64 {
     k
 }
 
-/// `service PEER CAPACITY KEYS EPOCH_NS END_NS ZIPF`: answers requests from the epoch to the
-/// end, printing `sec n= req= hit= purged= wrong= failed= bytes=` for every second.
-pub(super) fn service_role(args: &[String]) -> i32 {
-    let [peer, capacity, keys, epoch, end, zipf] = args else {
-        eprintln!("usage: vrange-bench role cache service PEER CAPACITY KEYS EPOCH END ZIPF");
+/// `service PEER CAPACITY KEYS EPOCH_NS END_NS ZIPF [RATE [DRIFT]]`: answers requests from
+/// the epoch to the end (as fast as it can, or RATE per second: a steady load), printing `sec
+/// n= req= hit= purged= wrong= failed= bytes=` for every second. With DRIFT (keys per second),
+/// the KEYS drawn move on as time passes: the key of Zipf rank r at t seconds is
+/// `floor(t × DRIFT) + r`, so yesterday's popular keys turn cold (new content replacing old).
+pub(crate) fn service_role(args: &[String]) -> i32 {
+    let number = |a: &String| a.parse::<u64>().ok();
+    let (args, rate, drift) = match args {
+        [head @ .., rate] if args.len() == 7 => (head, number(rate), Some(0)),
+        [head @ .., rate, drift] if args.len() == 8 => (head, number(rate), number(drift)),
+        _ => (args, Some(0), Some(0)),
+    };
+    let ([peer, capacity, keys, epoch, end, zipf], Some(rate), Some(drift)) = (args, rate, drift)
+    else {
+        eprintln!(
+            "usage: vrange-bench role cache service PEER CAPACITY KEYS EPOCH END ZIPF [RATE \
+             [DRIFT]]"
+        );
         return 2;
     };
     let (Ok(capacity), Ok(keys), Ok(epoch), Ok(end), Ok(zipf)) = (
@@ -38,8 +51,18 @@ pub(super) fn service_role(args: &[String]) -> i32 {
     let zipf = Zipf::new(keys as usize, zipf);
     let seed = u64::from(std::process::id());
     match peer.as_str() {
-        "vrange-cache" => serve(&Vr(Cache::new(Options::default())), &zipf, epoch, end, seed),
-        "quick_cache" => serve(&quick(capacity, 34 << 10), &zipf, epoch, end, seed),
+        "vrange-cache" => serve(
+            &Vr(Cache::new(Options::default())),
+            &zipf,
+            (epoch, end, rate, drift),
+            seed,
+        ),
+        "quick_cache" => serve(
+            &quick(capacity, 34 << 10),
+            &zipf,
+            (epoch, end, rate, drift),
+            seed,
+        ),
         other => {
             eprintln!("cache service role: unknown peer {other}");
             2
@@ -47,14 +70,26 @@ pub(super) fn service_role(args: &[String]) -> i32 {
     }
 }
 
-fn serve(store: &impl Store, zipf: &Zipf, epoch: u64, end: u64, seed: u64) -> i32 {
+fn serve(
+    store: &impl Store,
+    zipf: &Zipf,
+    (epoch, end, rate, drift): (u64, u64, u64, u64),
+    seed: u64,
+) -> i32 {
     sleep_until(epoch);
     let mut rng = Rng::new(seed);
     let mut sec = now_ns().saturating_sub(epoch) / SEC;
     let mut c = Second::default();
+    let mut served = 0u64;
     loop {
+        // A steady load: the next 16 requests are due when the rate says.
+        if let Some(due) = served.saturating_mul(SEC).checked_div(rate) {
+            sleep_until(epoch.saturating_add(due));
+        }
+        served += 16;
+        let offset = now_ns().saturating_sub(epoch).saturating_mul(drift) / SEC;
         for _ in 0..16 {
-            let key = zipf.sample(&mut rng) as u64;
+            let key = offset + zipf.sample(&mut rng) as u64;
             let len = len_of(key);
             c.req += 1;
             let found = store.with(key, |f| match f {

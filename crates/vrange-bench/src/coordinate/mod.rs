@@ -39,6 +39,7 @@
 //! each reclaimer's reaction time), and the participants' hit rate, overall, while the
 //! neighbour is above half its peak, and per participant.
 
+use super::coordinator::InProcess;
 use super::neighbour::{Neighbour, Ramp};
 use super::plot::{self, Axis, Series, Unit};
 use super::report::{self, mib, pct, progress, Csv, Table};
@@ -47,10 +48,8 @@ use super::service::{
     RESTART, SEC,
 };
 use super::Ctx;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 use vrange::{Policy, Source, VolatileRegion};
 use vrange_sys::clock::now_ns;
 use vrange_testkit::proc::{clean_command, Proc};

@@ -164,62 +164,6 @@ impl Run {
     }
 }
 
-/// A coordinator in a thread of this process.
-pub(super) struct InProcess {
-    pub(super) shared: Arc<vrange_coordinator::Shared>,
-    pub(super) thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-}
-
-impl InProcess {
-    /// Starts one on `socket` for cgroup `cgroup` (the daemon's defaults otherwise) and waits
-    /// until it answers.
-    pub(super) fn start(socket: &Path, cgroup: &Path) -> Result<InProcess, String> {
-        let opts = vrange_coordinator::Options {
-            socket: socket.to_path_buf(),
-            scope: vrange_coordinator::Scope::Cgroup(cgroup.to_path_buf()),
-            ..vrange_coordinator::Options::default()
-        };
-        let shared = Arc::new(vrange_coordinator::Shared::default());
-        let s = shared.clone();
-        let thread = std::thread::spawn(move || vrange_coordinator::run(&opts, &s));
-        let mut c = InProcess {
-            shared,
-            thread: Some(thread),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while vrange_coordinator::query(socket).is_err() {
-            if c.thread.as_ref().is_some_and(|t| t.is_finished()) || Instant::now() > deadline {
-                return Err(format!("the coordinator did not start: {}", c.stop()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(c)
-    }
-
-    /// A metric of the last snapshot.
-    pub(super) fn metric(&self, name: &str) -> Option<f64> {
-        let text = self.shared.metrics();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    }
-
-    /// Stops it; says how it ended.
-    pub(super) fn stop(&mut self) -> String {
-        self.shared.stop.store(true, Relaxed);
-        match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Ok(()))) | None => "stopped".into(),
-            Some(Ok(Err(e))) => e.to_string(),
-            Some(Err(_)) => "panicked".into(),
-        }
-    }
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
     let cg = cgroup::try_child("vrange-bench-coord", s.limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -229,7 +173,11 @@ pub(super) fn run_one(s: &Scenario, config: Config) -> Result<Run, String> {
         .map_err(|e| format!("temporary directory: {e}"))?;
     let socket: PathBuf = dir.path().join("coordinator.sock");
     let mut coordinator = if config.coordinated() {
-        Some(InProcess::start(&socket, cg.cgroup().path())?)
+        Some(InProcess::start(vrange_coordinator::Options {
+            socket: socket.clone(),
+            scope: vrange_coordinator::Scope::Cgroup(cg.cgroup().path().to_path_buf()),
+            ..vrange_coordinator::Options::default()
+        })?)
     } else {
         None
     };

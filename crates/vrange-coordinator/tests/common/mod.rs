@@ -28,7 +28,8 @@ pub fn seed(i: usize) -> u64 {
 
 /// The participant role: holds volatile chunks made on command, reports which were purged.
 ///
-/// Commands: `mark` (one more chunk, filled, then volatile), `fill N [T]` (N more chunks as
+/// Commands: `mark` (one more chunk, filled, then volatile; `mark-low`: of the low class,
+/// which goes before the default), `fill N [T]` (N more chunks as
 /// fast as it can, in T threads, each after `make_room` for it: what vrange-cache does before
 /// it maps a slab),
 /// `share` (the same in a shared region), `range` (one more chunk as the next page range of a
@@ -46,8 +47,16 @@ pub fn participant() {
     let mut ranges = 0;
     while let Some(cmd) = command() {
         match cmd.as_str() {
-            "mark" => {
-                let mut r = VolatileRegion::new(CHUNK, managed).expect("region");
+            "mark" | "mark-low" => {
+                let opts = Options {
+                    priority: if cmd == "mark-low" {
+                        vrange::Priority::Low
+                    } else {
+                        vrange::Priority::Normal
+                    },
+                    ..managed
+                };
+                let mut r = VolatileRegion::new(CHUNK, opts).expect("region");
                 {
                     let mut p = r.pin().expect("pin");
                     vrange_testkit::pattern::fill(p.as_mut_ptr(), CHUNK, seed(volatile.len()));
@@ -184,6 +193,17 @@ pub fn participant() {
             other => panic!("unknown command {other}"),
         }
     }
+}
+
+/// Plays the participant role if this process was started as one (then `true`: the test
+/// function returns), for test files whose only role it is.
+pub fn participant_role() -> bool {
+    match vrange_testkit::role::role().as_deref() {
+        Some("participant") => participant(),
+        Some(_) => panic!("unknown role"),
+        None => return false,
+    }
+    true
 }
 
 /// The hog role: touches `VRT_HOG_MIB` MiB in 2 MiB steps every `VRT_HOG_STEP_MS`, says

@@ -242,7 +242,9 @@ mod waker;
 
 pub use headroom::{Headroom, OwnHeadroom, Reading};
 pub use poller::{AddError, Poller};
-pub use psi::{has_cap_sys_resource, psi_window_for, psi_window_us, PsiReading, PsiTrigger};
+pub use psi::{
+    has_cap_sys_resource, psi_window_for, psi_window_us, stall_file, PsiReading, PsiTrigger,
+};
 pub use vmpressure::{Level, Propagation, VmPressure};
 pub use waker::Waker;
 

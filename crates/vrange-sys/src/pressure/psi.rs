@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::unavailable::Unavailable;
+use std::path::PathBuf;
 
 /// A PSI trigger: its fd reports POLLPRI when tasks stalled on memory for `stall_us` within
 /// `window_us`. Closing it (drop) removes the trigger.
@@ -192,6 +193,19 @@ fn check_trigger(stall_us: u64, window_us: u64, privileged: bool) -> Result<(), 
 pub struct PsiReading {
     pub some_avg10: f64,
     pub some_total_us: u64,
+    /// The `full` line's ten-second average (all non-idle tasks stalled at once; 0 where the
+    /// file has no such line).
+    pub full_avg10: f64,
+}
+
+/// The stall file for the tasks of `cg`: its `memory.pressure` on v2; on v1, whose cgroups have
+/// none, and for the machine (`None`), `/proc/pressure/memory` (on v1 any task's stall counts:
+/// the cautious reading). `None` without PSI.
+pub fn stall_file(cg: Option<&crate::cgroup::MemCgroup>) -> Option<PathBuf> {
+    cg.and_then(|cg| cg.pressure_file()).or_else(|| {
+        let system = PathBuf::from(SYSTEM_PSI_FILE);
+        system.exists().then_some(system)
+    })
 }
 
 impl PsiReading {
@@ -211,14 +225,15 @@ impl PsiReading {
 
     /// Parses the text of a PSI file.
     pub fn parse(text: &str) -> Option<PsiReading> {
-        let line = text.lines().find(|l| l.starts_with("some "))?;
-        let field = |name: &str| {
+        let field = |kind: &str, name: &str| {
+            let line = text.lines().find(|l| l.split(' ').next() == Some(kind))?;
             line.split_whitespace()
                 .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
         };
         Some(PsiReading {
-            some_avg10: field("avg10")?.parse().ok()?,
-            some_total_us: field("total")?.parse().ok()?,
+            some_avg10: field("some", "avg10")?.parse().ok()?,
+            some_total_us: field("some", "total")?.parse().ok()?,
+            full_avg10: field("full", "avg10").map_or(Some(0.0), |v| v.parse().ok())?,
         })
     }
 
@@ -367,9 +382,11 @@ mod reading_tests {
         let r = PsiReading::parse(text).unwrap();
         assert_eq!(r.some_avg10, 0.25);
         assert_eq!(r.some_total_us, 3_000_000);
+        assert_eq!(r.full_avg10, 0.10);
         let later = PsiReading {
             some_avg10: 0.0,
             some_total_us: 3_010_000,
+            full_avg10: 0.0,
         };
         let pct = later.some_pct_since(&r, std::time::Duration::from_secs(1));
         assert!((pct - 1.0).abs() < 1e-9, "{pct}");

@@ -413,8 +413,10 @@ impl Link {
                     id,
                     class,
                     min_age_ms,
+                    cold_ms,
                 }) if self.welcomed => {
-                    let (ranges, bytes, youngest_ms) = obey(class, min_age_ms, &self.passed);
+                    let (ranges, bytes, youngest_ms) =
+                        obey(class, min_age_ms, cold_ms, &self.passed);
                     let done = Message::Purged {
                         id,
                         bytes,
@@ -535,16 +537,20 @@ fn inventory(seq: u64, shared: [u64; MAX_SHARED]) -> Message {
 
 /// Purges everything before the coordinator's cut (`class`, `min_age_ms`) of the global order
 /// (`crate::order::Cut`): every volatile range of a lower class, and those of `class` volatile
-/// for at least `min_age_ms`, except the shared regions passed to the coordinator (`passed`:
-/// their inodes), which it purges itself. Returns (ranges, bytes, age in ms of the youngest
-/// range purged).
-fn obey(class: u8, min_age_ms: u64, passed: &[u64]) -> (u64, u64, u64) {
+/// for at least `min_age_ms`, of those only ranges volatile for at least `cold_ms` (a proactive
+/// step's floor), except the shared regions passed to the coordinator (`passed`: their inodes),
+/// which it purges itself. Returns (ranges, bytes, age in ms of the youngest range purged).
+fn obey(class: u8, min_age_ms: u64, cold_ms: u64, passed: &[u64]) -> (u64, u64, u64) {
     let cut = Cut::after(Place::new(class, min_age_ms)).scaled(1_000_000);
+    let cold = cold_ms.saturating_mul(1_000_000);
     let victims = super::purge::candidates(u64::MAX);
     let now = now_ns();
     let chosen: Vec<victims::Candidate> = victims
         .into_iter()
-        .filter(|c| cut.admits(c.place(now)) && (c.ino == 0 || !passed.contains(&c.ino)))
+        .filter(|c| {
+            let place = c.place(now);
+            cut.admits(place) && place.idle >= cold && (c.ino == 0 || !passed.contains(&c.ino))
+        })
         .collect();
     let youngest = chosen.iter().map(|c| c.last_used).max();
     let p = pause();
