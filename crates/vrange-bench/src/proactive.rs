@@ -1,5 +1,5 @@
 //! `vrange-bench proactive`: memory back before anyone asks. One memory cgroup runs the cache
-//! scenario's service (vrange-cache, no capacity) at a steady load, its popular keys drifting
+//! scenario's service (vrange-cache, no capacity; vrange-malloc preloaded) at a steady load, its popular keys drifting
 //! (new content replacing old), for the same time, a coordinator beside it: (a) nothing
 //! proactive; (b) a senpai-style controller (Meta's TMO) that lowers the cgroup's ceiling while
 //! its memory stall stays under the target and raises it when the stall rises, through the
@@ -214,7 +214,12 @@ fn senpai(cg: &MemCgroup, limit: u64, stop: &AtomicBool, targets: &Mutex<Vec<u64
     }
 }
 
-fn one(s: &Setup, mode: Mode) -> Result<Run, String> {
+/// The threshold of vrange-malloc in the vrange service: the values' buffers (4 to 64 KiB,
+/// regenerated at each miss, copied into the cache and freed) are its blocks.
+const MALLOC_THRESHOLD: &str = "16K";
+
+/// One configuration's run; `shim` is vrange-malloc's, preloaded into the vrange service.
+fn one(s: &Setup, mode: Mode, shim: &std::path::Path) -> Result<Run, String> {
     let child = cgroup::try_child("vrange-bench-proactive", s.limit)?;
     let cg = child.cgroup().clone();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -233,13 +238,23 @@ fn one(s: &Setup, mode: Mode) -> Result<Run, String> {
         }),
         ..Options::default()
     })?;
-    let spawn = |args: &[String]| -> Result<Proc, String> {
+    let command = |args: &[String]| -> Result<std::process::Command, String> {
         let mut cmd = clean_command(&exe);
         cmd.arg("role")
             .args(args)
             .env("VRANGE_STATS_DIR", "off")
             .env("VRANGE_COORDINATOR", &socket);
         cgroup::join(&mut cmd, &cg)?;
+        Ok(cmd)
+    };
+    let spawn = |args: &[String]| Proc::try_spawn(command(args)?);
+    // The vrange service runs on vrange-malloc too; the plain one on glibc alone.
+    let spawn_service = |args: &[String]| {
+        let mut cmd = command(args)?;
+        if mode != Mode::Senpai {
+            cmd.env("LD_PRELOAD", shim)
+                .env("VRANGE_MALLOC_THRESHOLD", MALLOC_THRESHOLD);
+        }
         Proc::try_spawn(cmd)
     };
     let epoch = now_ns() + SEC / 2;
@@ -311,7 +326,7 @@ fn one(s: &Setup, mode: Mode) -> Result<Run, String> {
             (epoch, end),
             neighbour,
             spawn,
-            || spawn(&service_args),
+            || spawn_service(&service_args),
             |line| {
                 seconds.take(line);
             },
@@ -346,9 +361,12 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
         return Ok(());
     }
     let s = Setup::new(ctx.quick());
+    let shim = ctx.lib()?;
     ctx.say(format!(
         "Scenario: the cache suite's service (vrange-cache, no capacity; a hit checks every \
-         byte, a miss regenerates the value and inserts it) alone in a memory cgroup of {} (no \
+         byte, a miss regenerates the value and inserts it; vrange-malloc preloaded with a \
+         threshold of {MALLOC_THRESHOLD}, so that the values' buffers are its blocks) alone \
+         in a memory cgroup of {} (no \
          swap), {} requests/s offered for {} s, keys drawn from a Zipf law (s = {ZIPF}) over a \
          window of {} keys ({} of values) that moves on by {} keys a second (popular content \
          replaced by new: a window's worth every {} s). A coordinator runs beside it each \
@@ -372,7 +390,7 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let mut runs = Vec::new();
     for mode in Mode::ALL {
         progress(format!("proactive: {} ({} s)", mode.label(), s.seconds));
-        runs.push(one(&s, mode)?);
+        runs.push(one(&s, mode, &shim)?);
     }
     let base = runs[0].mean_usage();
     let mut table = Table::new(&[

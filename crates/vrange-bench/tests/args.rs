@@ -8,7 +8,7 @@ use common::vrange_bench;
 
 use vrange_testkit::proc::show;
 
-const SUITES: [&str; 14] = [
+const SUITES: [&str; 15] = [
     "ebizzy",
     "pressure",
     "lazyfree",
@@ -17,6 +17,7 @@ const SUITES: [&str; 14] = [
     "refill",
     "cache",
     "coordinate",
+    "proactive",
     "sqlite",
     "pairs",
     "tradeoff",
