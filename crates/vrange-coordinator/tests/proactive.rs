@@ -49,9 +49,10 @@ fn command(p: &mut Role, cmd: &str, tag: &str) -> Reply {
 }
 
 /// Marks `OLD` chunks and a pinned one, waits `AGE`, marks `YOUNG` more of the low class
-/// (before the old ones in the victim order); returns the participant and when the young ones
-/// were marked.
-fn old_and_young(test: &str, cg: &MemCgroup, socket: &str) -> (Role, Instant) {
+/// (before the old ones in the victim order); returns the participant, when the young ones
+/// were marked, and the cgroup's usage once the old ones were (the mode may purge them before
+/// the young ones come).
+fn old_and_young(test: &str, cg: &MemCgroup, socket: &str) -> (Role, Instant, u64) {
     let mut p = spawn(
         test,
         "participant",
@@ -62,12 +63,13 @@ fn old_and_young(test: &str, cg: &MemCgroup, socket: &str) -> (Role, Instant) {
         command(&mut p, "mark", "MARKED");
     }
     command(&mut p, "pin", "PINNED");
+    let usage = cg.usage().expect("usage");
     std::thread::sleep(AGE + Duration::from_millis(500));
     let young = Instant::now();
     for _ in 0..YOUNG {
         command(&mut p, "mark-low", "MARKED");
     }
-    (p, young)
+    (p, young, usage)
 }
 
 #[test]
@@ -91,9 +93,8 @@ fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
         }),
         ..options(&socket, cg.path())
     });
-    let (mut p, young) = old_and_young(test, &cg, &socket.display().to_string());
+    let (mut p, young, usage_before) = old_and_young(test, &cg, &socket.display().to_string());
     await_participants(&socket, 1, ANSWER).expect("the participant connects");
-    let usage_before = cg.usage().expect("usage");
     // The old chunks go within the young ones' age; the young ones are still young then.
     let report = loop {
         let r = command(&mut p, "report", "REPORT");
@@ -122,13 +123,16 @@ fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
         1,
         "a pinned chunk keeps every byte"
     );
+    // The young chunks came since; the old ones went.
     let usage_after = cg.usage().expect("usage");
-    let freed = usage_before.saturating_sub(usage_after);
+    let freed = (usage_before + (YOUNG * CHUNK) as u64).saturating_sub(usage_after);
     assert!(
         freed >= (OLD * CHUNK) as u64 * 3 / 4,
-        "the cgroup holds less by the old chunks: {} MiB freed ({} -> {} MiB)",
+        "the cgroup holds less by the old chunks: {} MiB freed ({} MiB with the old chunks, \
+         {} MiB of young ones added, {} MiB now)",
         freed >> 20,
         usage_before >> 20,
+        (YOUNG * CHUNK) >> 20,
         usage_after >> 20
     );
     // The answers are counted at the coordinator's next tick.
@@ -181,7 +185,7 @@ fn without_the_mode_cold_volatile_memory_stays_until_pressure() {
         return;
     };
     let coordinator = InProcess::start(options(&socket, cg.path()));
-    let (mut p, _) = old_and_young(test, &cg, &socket.display().to_string());
+    let (mut p, _, _) = old_and_young(test, &cg, &socket.display().to_string());
     await_participants(&socket, 1, ANSWER).expect("the participant connects");
     // As long as the mode would have taken to purge them (its interval, many times over).
     std::thread::sleep(Duration::from_secs(3));
