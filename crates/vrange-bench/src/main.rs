@@ -207,6 +207,9 @@ pub struct Args {
     /// stress: trials per scenario (default 20; --quick 3).
     #[arg(long)]
     pub reps: Option<usize>,
+    /// stress: only these scenarios, comma-separated (default: every one); to reproduce one.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub scenarios: Option<Vec<String>>,
     /// ebizzy: ebizzy 0.3's never-advancing generator: every thread copies chunk 0.
     #[arg(long)]
     pub classic: bool,

@@ -613,6 +613,24 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     if !Path::new(PYTHON).exists() {
         python.skipped = Some(format!("{PYTHON} not installed"));
     }
+    if let Some(only) = &ctx.args.scenarios {
+        let all = [&burst, &python, &trade, &idle_peak, &cache, &sqlite].map(|s| s.name);
+        if let Some(bad) = only.iter().find(|n| !all.contains(&n.as_str())) {
+            return Err(format!("no stress scenario {bad} (there are {})", all.join(", ")));
+        }
+        for s in [
+            &mut burst,
+            &mut python,
+            &mut trade,
+            &mut idle_peak,
+            &mut cache,
+            &mut sqlite,
+        ] {
+            if !only.iter().any(|n| n == s.name) {
+                s.skipped = Some("not among --scenarios".into());
+            }
+        }
+    }
     ctx.say(format!(
         "stress: {trials} trials per scenario, each in a fresh memory cgroup (no swap), default \
          settings, the scenarios in turn, on a busy machine: {CPU_HOGS} CPU hogs (busy loops) and \
