@@ -616,7 +616,10 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     if let Some(only) = &ctx.args.scenarios {
         let all = [&burst, &python, &trade, &idle_peak, &cache, &sqlite].map(|s| s.name);
         if let Some(bad) = only.iter().find(|n| !all.contains(&n.as_str())) {
-            return Err(format!("no stress scenario {bad} (there are {})", all.join(", ")));
+            return Err(format!(
+                "no stress scenario {bad} (there are {})",
+                all.join(", ")
+            ));
         }
         for s in [
             &mut burst,
