@@ -208,7 +208,8 @@ pub struct Args {
     #[arg(long)]
     pub reps: Option<usize>,
     /// stress: only these scenarios, comma-separated (default: every one); to reproduce one.
-    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    #[arg(long, value_delimiter = ',', value_name = "NAME",
+          value_parser = clap::builder::PossibleValuesParser::new(stress::SCENARIOS))]
     pub scenarios: Option<Vec<String>>,
     /// ebizzy: ebizzy 0.3's never-advancing generator: every thread copies chunk 0.
     #[arg(long)]

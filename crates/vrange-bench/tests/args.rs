@@ -92,6 +92,27 @@ fn refuses_a_malformed_chunk_size_with_status_2() {
 }
 
 #[test]
+fn refuses_an_unknown_stress_scenario_with_status_2_and_lists_them() {
+    let out = vrange_bench()
+        .args(["stress", "--scenarios", "tradeoff,nonsense"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for name in [
+        "nonsense",
+        "burst",
+        "python-bytearrays",
+        "tradeoff",
+        "idle-peak",
+        "cache",
+        "sqlite",
+    ] {
+        assert!(err.contains(name), "{name} not said: {}", show(&out));
+    }
+}
+
+#[test]
 fn a_role_runs_instead_of_a_suite() {
     let out = vrange_bench()
         .args(["role", "nonsense", "1"])

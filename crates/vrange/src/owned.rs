@@ -84,11 +84,11 @@ impl OwnedRange {
             Content::Zero => slot.state().reset_to(state::PURGED),
         }
         new.publish();
-        // The reclaimer starts with the first volatile byte (`noticed_mark` starts it): a zero
-        // range holds nothing to purge, so a program whose only blocks are live (a C++
-        // runtime's emergency pool carved from a fresh chunk) runs no reclaimer thread.
-        if policy != Policy::Lazy && content == Content::Dirty {
-            reclaim::noticed_mark();
+        if policy != Policy::Lazy {
+            reclaim::ensure_running();
+            if content == Content::Dirty {
+                reclaim::noticed_mark();
+            }
         }
         Ok(OwnedRange(idx))
     }
