@@ -604,13 +604,23 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     let seconds = if quick { 0.3 } else { 2.0 };
     let sizes = tradeoff::Sizes::new(if quick { 256 } else { 512 });
 
+    // `--scenarios` takes only names of SCENARIOS (clap refuses others, exit status 2); the
+    // others are skipped, and say so.
+    let only = ctx.args.scenarios.as_deref();
+    let scenario = |name: &'static str, reaction: &'static str| {
+        let mut s = Scenario::new(name, reaction);
+        if only.is_some_and(|only| !only.iter().any(|n| n == name)) {
+            s.skipped = Some("not among --scenarios".into());
+        }
+        s
+    };
     let [burst_, python_, trade_, idle_peak_, cache_, sqlite_] = SCENARIOS;
-    let mut burst = Scenario::new(burst_, "from the mark to the region armed");
-    let mut python = Scenario::new(python_, "none");
-    let mut trade = Scenario::new(trade_, "neighbour's time to get its memory");
-    let mut idle_peak = Scenario::new(idle_peak_, "none");
-    let mut cache = Scenario::new(cache_, "none");
-    let mut sqlite = Scenario::new(sqlite_, "none");
+    let mut burst = scenario(burst_, "from the mark to the region armed");
+    let mut python = scenario(python_, "none");
+    let mut trade = scenario(trade_, "neighbour's time to get its memory");
+    let mut idle_peak = scenario(idle_peak_, "none");
+    let mut cache = scenario(cache_, "none");
+    let mut sqlite = scenario(sqlite_, "none");
     // Skipped only where this machine's SQLite cannot run the service; any other failure to
     // make its database fails the suite.
     let sqlite_db = sqlite::stress_database(&ctx.out)?
@@ -623,21 +633,6 @@ pub fn run(ctx: &Ctx) -> Result<(), String> {
     }
     if !Path::new(PYTHON).exists() {
         python.skipped = Some(format!("{PYTHON} not installed"));
-    }
-    // `--scenarios` takes only names of SCENARIOS (clap refuses others, exit status 2).
-    if let Some(only) = &ctx.args.scenarios {
-        for s in [
-            &mut burst,
-            &mut python,
-            &mut trade,
-            &mut idle_peak,
-            &mut cache,
-            &mut sqlite,
-        ] {
-            if !only.iter().any(|n| n == s.name) {
-                s.skipped = Some("not among --scenarios".into());
-            }
-        }
     }
     ctx.say(format!(
         "stress: {trials} trials per scenario, each in a fresh memory cgroup (no swap), default \
