@@ -60,16 +60,6 @@
 //! Needs root and a memory cgroup; skipped otherwise.
 
 use super::report::{self, progress, Csv, Table};
-
-/// The scenarios' names, in the order their trials take turns (`--scenarios` picks among them).
-pub const SCENARIOS: [&str; 6] = [
-    "burst",
-    "python-bytearrays",
-    "tradeoff",
-    "idle-peak",
-    "cache",
-    "sqlite",
-];
 use super::{alloc, cache, pressure, sqlite, tradeoff, Ctx};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -80,6 +70,16 @@ use vrange_testkit::cgroup;
 use vrange_testkit::proc::{clean_command, Exit, Proc};
 use vrange_testkit::role::field;
 use vrange_testkit::thrash::{self, Thrash};
+
+/// The scenarios' names, in the order their trials take turns (`--scenarios` picks among them).
+pub const SCENARIOS: [&str; 6] = [
+    "burst",
+    "python-bytearrays",
+    "tradeoff",
+    "idle-peak",
+    "cache",
+    "sqlite",
+];
 
 const MIB: u64 = 1 << 20;
 const BURST_LIMIT: u64 = 48 * MIB;

@@ -145,7 +145,8 @@ fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
         let (status, _) = vrange_coordinator::query(&socket).expect("query");
         assert_eq!(status.proactive, 1);
         let asked = status.requests > 0;
-        if status.proactive_saved >= old || (asked && status.proactive_saved + status.freed >= old)
+        if status.proactive_saved >= old
+            || (asked && status.proactive_saved.saturating_add(status.freed) >= old)
         {
             break status;
         }
