@@ -150,6 +150,14 @@ impl Forked {
         })
     }
 
+    /// How the child ended, if it has (reaped); None if it still runs. Does not wait.
+    pub fn try_ended(&mut self) -> Option<Exit> {
+        if self.reaped {
+            return None;
+        }
+        self.ended_within(Duration::ZERO)
+    }
+
     /// How the child ended, if it did within `timeout` (reaped); None if it still runs.
     fn ended_within(&mut self, timeout: Duration) -> Option<Exit> {
         let deadline = Instant::now() + timeout;

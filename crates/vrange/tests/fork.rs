@@ -212,12 +212,17 @@ fn case2b_pageout_discards_once_the_child_is_gone() {
     unsafe { mark_volatile(ptr, len).unwrap() };
     let (mut child, link) = fork_linked(|link| {
         link.send(&[volatile_words(ptr, len)]);
-        0
+        // Alive until the parent's purge of the shared pages is done: a purge that races the
+        // child's exit can find a page unmapped by the child but still referenced by its
+        // unfinished teardown, and the kernel then keeps that page as ordinary anonymous memory
+        // (it is never discarded, and reported intact: the report stays exact).
+        i32::from(link.recv::<1>(DEADLINE).is_err())
     });
     assert_eq!(expect::<1>(&link, &mut child), [PAGES as u64]);
     force_purge(ptr, len);
-    // The child still maps the pages (it may not have reached exit yet, and is not reaped):
-    // nothing can be discarded. Once it is reaped, the pages are the parent's alone again.
+    // The child still maps the pages: nothing can be discarded. Once it is reaped, the pages
+    // are the parent's alone again.
+    link.send(&[1]);
     finish(child);
     force_purge_all(ptr, len);
     // SAFETY: our mapping, unreferenced.

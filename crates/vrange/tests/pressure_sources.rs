@@ -86,7 +86,10 @@ struct Thrasher {
     proc: Forked,
     _link: Link,
     cgroup: ChildCgroup,
+    also: Option<PathBuf>,
     started: Instant,
+    /// How often the thrasher ended early (OOM-killed at its limit) and was started again.
+    restarts: u32,
 }
 
 /// A child memory cgroup for a thrasher, or why there can be none here.
@@ -98,6 +101,18 @@ fn thrasher_cgroup() -> Result<ChildCgroup, String> {
 /// given), and lets it go once it is there; returns when it has filled its anonymous memory
 /// and opened its file.
 fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
+    let (proc, link) = spawn_thrasher(&cgroup, also);
+    Thrasher {
+        proc,
+        _link: link,
+        cgroup,
+        also: also.map(Path::to_path_buf),
+        started: Instant::now(),
+        restarts: 0,
+    }
+}
+
+fn spawn_thrasher(cgroup: &ChildCgroup, also: Option<&Path>) -> (Forked, Link) {
     let dir = thrash::dir(Path::new(env!("CARGO_TARGET_TMPDIR")));
     let (proc, link) = fork_linked(|l| thrash(l, &dir));
     cgroup
@@ -108,9 +123,8 @@ fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
             .expect("move the thrasher into the v2 cgroup");
     }
     assert!(link.send(&[1]), "thrasher gone before the start");
-    let started = Instant::now();
     match link.recv::<1>(SYNC) {
-        Ok(_) => {}
+        Ok(_) => (proc, link),
         Err(e) => {
             let mut proc = proc;
             panic!(
@@ -119,11 +133,24 @@ fn start_thrasher(cgroup: ChildCgroup, also: Option<&Path>) -> Thrasher {
             );
         }
     }
-    Thrasher {
-        proc,
-        _link: link,
-        cgroup,
-        started,
+}
+
+impl Thrasher {
+    /// Starts the thrasher again, in the same cgroups, if it ended before its time. At its
+    /// limit the kernel may OOM-kill it: its file's pages are dirty, and an emulated guest's
+    /// disk may write them back too slowly for reclaim. The pressure is the point, not the
+    /// process, and a source must still fire once it is back.
+    fn keep_going(&mut self) {
+        if let Some(exit) = self.proc.try_ended() {
+            println!(
+                "thrasher ended with {exit} after {}; started again",
+                ms(self.started.elapsed())
+            );
+            let (proc, link) = spawn_thrasher(&self.cgroup, self.also.as_deref());
+            self.proc = proc;
+            self._link = link;
+            self.restarts += 1;
+        }
     }
 }
 
@@ -136,8 +163,9 @@ fn thrashing_report(t: &Thrasher, also: Option<&Path>) -> String {
         Err(_) => "?".into(),
     };
     let mut out = format!(
-        "thrasher state {state}, running for {:?}\n",
-        t.started.elapsed()
+        "thrasher state {state}, running for {:?}, started again {} times\n",
+        t.started.elapsed(),
+        t.restarts
     );
     let dirs = std::iter::once(t.cgroup.cgroup().path()).chain(also);
     for dir in dirs {
@@ -188,21 +216,23 @@ fn saw(seen: &Seen, signal: Signal, broken: bool) -> bool {
 }
 
 /// Polls until `done(seen)` or `deadline`; adds to `seen` every signal first seen, with the
-/// time since `since`.
+/// time since `since`. Calls `between` at least every `STEP` (to keep a thrasher going).
 fn poll_until(
     poller: &mut Poller,
     seen: &mut Seen,
     since: Instant,
     deadline: Duration,
+    mut between: impl FnMut(),
     mut done: impl FnMut(&Seen) -> bool,
 ) {
+    const STEP: Duration = Duration::from_millis(200);
     let end = Instant::now() + deadline;
     while !done(seen) {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return;
         }
-        let ready = poller.wait(Some(left)).expect("poll");
+        let ready = poller.wait(Some(left.min(STEP))).expect("poll");
         for (set, broken) in [(ready.fired(), false), (ready.broken(), true)] {
             for s in set.iter() {
                 if !saw(seen, s, broken) {
@@ -210,6 +240,7 @@ fn poll_until(
                 }
             }
         }
+        between();
     }
 }
 
@@ -445,15 +476,17 @@ fn vmpressure_fires_under_cgroup_pressure() {
     let quiet = poller.wait(Some(Duration::from_millis(100))).unwrap();
     assert!(quiet.is_empty(), "{quiet:?} before any pressure");
 
-    let thrasher = start_thrasher(cgroup, None);
+    let mut thrasher = start_thrasher(cgroup, None);
     let filled = thrasher.started.elapsed();
     let room = headroom.bytes().unwrap();
     let mut seen = Seen::new();
+    let started = thrasher.started;
     poll_until(
         &mut poller,
         &mut seen,
-        thrasher.started,
+        started,
         VMPRESSURE_DEADLINE,
+        || thrasher.keep_going(),
         |seen| {
             saw(seen, Signal::VmpressureMedium, false)
                 || saw(seen, Signal::VmpressureCritical, false)
@@ -537,10 +570,11 @@ fn own_vmpressure_ignores_a_child_cgroups_pressure() {
     let propagated = VmPressure::register(&parent, Level::Low).expect("register default");
     // Reclaim elsewhere before the thrasher (another cgroup's) counts for neither.
     let (_, _) = (own.take_events(), propagated.take_events());
-    let thrasher = start_thrasher(cgroup, None);
+    let mut thrasher = start_thrasher(cgroup, None);
     let mut heard = 0;
     while heard < 10 && thrasher.started.elapsed() < VMPRESSURE_DEADLINE {
         std::thread::sleep(Duration::from_millis(50));
+        thrasher.keep_going();
         heard += propagated.take_events();
     }
     let own_heard = own.take_events();
@@ -659,14 +693,16 @@ fn psi_triggers_fire_under_pressure() {
     }
 
     let before = fs::read_to_string(SYSTEM_PSI_FILE).unwrap();
-    let thrasher = start_thrasher(cgroup, v2.as_ref().map(|c| c.dir.as_path()));
+    let mut thrasher = start_thrasher(cgroup, v2.as_ref().map(|c| c.dir.as_path()));
     let want_cgroup = cgroup_trigger.is_some();
     let mut seen = Seen::new();
+    let started = thrasher.started;
     poll_until(
         &mut poller,
         &mut seen,
-        thrasher.started,
+        started,
         PSI_DEADLINE,
+        || thrasher.keep_going(),
         |seen| {
             saw(seen, Signal::PsiSystem, false)
                 && (!want_cgroup || saw(seen, Signal::PsiCgroup, false))
@@ -711,6 +747,7 @@ fn psi_triggers_fire_under_pressure() {
             &mut seen,
             Instant::now(),
             Duration::from_secs(3),
+            || {},
             |seen| saw(seen, Signal::PsiCgroup, true),
         );
         println!("psi: after removing the v2 cgroup: {}", describe(&seen));
@@ -786,10 +823,11 @@ fn a_neighbour_cgroup_thrashing_at_its_limit_purges_nothing_here() {
     let v2 = (cgroup.cgroup().version() == Version::V1)
         .then(|| V2Cgroup::create().ok())
         .flatten();
-    let thrasher = start_thrasher(cgroup, v2.as_ref().map(|c| c.dir.as_path()));
+    let mut thrasher = start_thrasher(cgroup, v2.as_ref().map(|c| c.dir.as_path()));
     let mut fired = 0;
     while fired == 0 && thrasher.started.elapsed() < PSI_DEADLINE {
         std::thread::sleep(Duration::from_millis(50));
+        thrasher.keep_going();
         fired = vrange::stats().source(Source::Psi).events - before.events;
     }
     let after = *vrange::stats().source(Source::Psi);
