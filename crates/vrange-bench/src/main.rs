@@ -229,6 +229,15 @@ pub struct Args {
     /// built and run (nothing is downloaded).
     #[arg(long, value_name = "DIR")]
     pub src: Option<PathBuf>,
+    /// cache: the scenario's miss costs, microseconds of CPU work per miss, comma-separated
+    /// (default 0,20,200; --quick 0). The first is also the plot's.
+    #[arg(long, value_delimiter = ',', value_name = "MICROSECONDS",
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub miss_cost: Option<Vec<u64>>,
+    /// cache: only these parts, comma-separated (default: every one).
+    #[arg(long, value_delimiter = ',', value_name = "PART",
+          value_parser = clap::builder::PossibleValuesParser::new(["hot", "scenario", "trace"]))]
+    pub parts: Option<Vec<String>>,
     /// cache: the bytes of each value of the trace, a size such as 4K (default 4K, a block).
     #[arg(long, value_name = "SIZE", value_parser = chunk_size_arg)]
     pub value_size: Option<usize>,

@@ -118,6 +118,39 @@ pub(super) fn check(key: u64, len: usize, v: &[u8]) -> bool {
     diff == 0 && rest == &last[..rest.len()]
 }
 
+/// The real CPU work a miss costs besides writing its value (a query, a decode): `units`
+/// rounds of SipHash over a 1 KiB block, each seeded by the last, as the scenario's miss-cost
+/// axis. Returns the last hash, so that the work is done.
+pub(crate) fn miss_work(key: u64, units: u64) -> u64 {
+    use std::hash::Hasher;
+    static BLOCK: [u8; 1024] = [0x5a; 1024];
+    let mut h = key;
+    for _ in 0..units {
+        let mut s = std::collections::hash_map::DefaultHasher::new();
+        s.write_u64(h);
+        s.write(std::hint::black_box(&BLOCK));
+        h = s.finish();
+    }
+    h
+}
+
+/// The units of [`miss_work`] that take `cost` on this machine: the fastest of 7 timings of
+/// 2000 units (the least disturbed), so that every peer of one run does the same work.
+pub(crate) fn work_units(cost: Duration) -> u64 {
+    const UNITS: u64 = 2000;
+    if cost.is_zero() {
+        return 0;
+    }
+    let per_unit = (0..7)
+        .map(|i| {
+            let t = Instant::now();
+            std::hint::black_box(miss_work(i, UNITS));
+            t.elapsed().as_secs_f64() / UNITS as f64
+        })
+        .fold(f64::MAX, f64::min);
+    (cost.as_secs_f64() / per_unit).round().max(1.0) as u64
+}
+
 /// The bytes of the values of keys `0..keys`.
 pub(crate) fn values_bytes(keys: u64) -> u64 {
     (0..keys).map(|k| len_of(k) as u64).sum()
@@ -329,13 +362,26 @@ pub fn role(args: &[String]) -> i32 {
 }
 
 /// With `--trace FILE`, the hit ratio on that trace; else the hot path, the scenario and the
-/// hit ratio on the synthetic trace.
+/// hit ratio on the synthetic trace (or the `--parts` asked for).
 pub fn run(ctx: &Ctx) -> Result<(), String> {
+    let part = |name: &str| {
+        ctx.args
+            .parts
+            .as_ref()
+            .is_none_or(|parts| parts.iter().any(|p| p == name))
+    };
     if ctx.args.trace.is_none() {
-        hot_path(ctx)?;
-        scenario(ctx)?;
+        if part("hot") {
+            hot_path(ctx)?;
+        }
+        if part("scenario") {
+            scenario(ctx)?;
+        }
     }
-    trace::hit_ratio(ctx)
+    if part("trace") || ctx.args.trace.is_some() {
+        trace::hit_ratio(ctx)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,35 +15,43 @@ pub(crate) fn keys_for(bytes: u64) -> u64 {
     k
 }
 
-/// `service PEER CAPACITY KEYS EPOCH_NS END_NS ZIPF [RATE [DRIFT]]`: answers requests from
-/// the epoch to the end (as fast as it can, or RATE per second: a steady load), printing `sec
-/// n= req= hit= purged= wrong= failed= bytes=` for every second. With DRIFT (keys per second),
-/// the KEYS drawn move on as time passes: the key of Zipf rank r at t seconds is
+/// `service PEER CAPACITY KEYS EPOCH_NS END_NS ZIPF [RATE [DRIFT [WORK]]]`: answers requests
+/// from the epoch to the end (as fast as it can, or RATE per second: a steady load), printing
+/// `sec n= req= hit= purged= wrong= failed= bytes=` for every second. With DRIFT (keys per
+/// second), the KEYS drawn move on as time passes: the key of Zipf rank r at t seconds is
 /// `floor(t × DRIFT) + r`, so yesterday's popular keys turn cold (new content replacing old).
+/// WORK: the units of CPU work each miss costs besides writing its value ([`miss_work`]).
 pub(crate) fn service_role(args: &[String]) -> i32 {
-    let number = |a: &String| a.parse::<u64>().ok();
-    let (args, rate, drift) = match args {
-        [head @ .., rate] if args.len() == 7 => (head, number(rate), Some(0)),
-        [head @ .., rate, drift] if args.len() == 8 => (head, number(rate), number(drift)),
-        _ => (args, Some(0), Some(0)),
-    };
-    let ([peer, capacity, keys, epoch, end, zipf], Some(rate), Some(drift)) = (args, rate, drift)
-    else {
+    let usage = || {
         eprintln!(
             "usage: vrange-bench role cache service PEER CAPACITY KEYS EPOCH END ZIPF [RATE \
-             [DRIFT]]"
+             [DRIFT [WORK]]]"
         );
-        return 2;
+        2
     };
-    let (Ok(capacity), Ok(keys), Ok(epoch), Ok(end), Ok(zipf)) = (
-        capacity.parse::<u64>(),
-        keys.parse::<u64>(),
-        epoch.parse::<u64>(),
-        end.parse::<u64>(),
-        zipf.parse::<f64>(),
-    ) else {
+    let (Some((peer, rest)), true) = (args.split_first(), (6..=9).contains(&args.len())) else {
+        return usage();
+    };
+    let Some(numbers) = rest
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match i {
+            4 => a.parse::<f64>().ok().map(f64::to_bits),
+            _ => a.parse::<u64>().ok(),
+        })
+        .collect::<Option<Vec<u64>>>()
+    else {
         eprintln!("cache service role: bad numbers");
         return 2;
+    };
+    let at = |i: usize| numbers.get(i).copied().unwrap_or(0);
+    let (capacity, keys, epoch, end, zipf) = (at(0), at(1), at(2), at(3), f64::from_bits(at(4)));
+    let load = Load {
+        epoch,
+        end,
+        rate: at(5),
+        drift: at(6),
+        work: at(7),
     };
     // The OOM killer's first choice, so that the neighbour is spared (lowering the
     // neighbour's score instead would need CAP_SYS_RESOURCE).
@@ -51,18 +59,8 @@ pub(crate) fn service_role(args: &[String]) -> i32 {
     let zipf = Zipf::new(keys as usize, zipf);
     let seed = u64::from(std::process::id());
     match peer.as_str() {
-        "vrange-cache" => serve(
-            &Vr(Cache::new(Options::default())),
-            &zipf,
-            (epoch, end, rate, drift),
-            seed,
-        ),
-        "quick_cache" => serve(
-            &quick(capacity, 34 << 10),
-            &zipf,
-            (epoch, end, rate, drift),
-            seed,
-        ),
+        "vrange-cache" => serve(&Vr(Cache::new(Options::default())), &zipf, &load, seed),
+        "quick_cache" => serve(&quick(capacity, 34 << 10), &zipf, &load, seed),
         other => {
             eprintln!("cache service role: unknown peer {other}");
             2
@@ -70,13 +68,28 @@ pub(crate) fn service_role(args: &[String]) -> i32 {
     }
 }
 
-fn serve(
-    store: &impl Store,
-    zipf: &Zipf,
-    (epoch, end, rate, drift): (u64, u64, u64, u64),
-    seed: u64,
-) -> i32 {
+/// When the service runs and what its requests cost (the role's arguments).
+struct Load {
+    epoch: u64,
+    end: u64,
+    /// Requests per second (0: as fast as it can).
+    rate: u64,
+    /// Keys per second the popular ones move on by.
+    drift: u64,
+    /// Units of [`miss_work`] per miss.
+    work: u64,
+}
+
+fn serve(store: &impl Store, zipf: &Zipf, load: &Load, seed: u64) -> i32 {
+    let Load {
+        epoch,
+        end,
+        rate,
+        drift,
+        work,
+    } = *load;
     sleep_until(epoch);
+    let mut worked = 0u64;
     let mut rng = Rng::new(seed);
     let mut sec = now_ns().saturating_sub(epoch) / SEC;
     let mut c = Second::default();
@@ -104,8 +117,11 @@ fn serve(
                 }
                 Found::Absent => false,
             });
-            if !found && !store.regenerate(key, len) {
-                c.failed += 1;
+            if !found {
+                worked ^= miss_work(key, work);
+                if !store.regenerate(key, len) {
+                    c.failed += 1;
+                }
             }
         }
         let now = now_ns();
@@ -119,7 +135,8 @@ fn serve(
             break;
         }
     }
-    println!("done");
+    // The work's result, so that it cannot be optimised away.
+    println!("done {}", worked & 1);
     0
 }
 
@@ -184,7 +201,8 @@ struct Run {
     neighbour_kills: Vec<f64>,
 }
 
-fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
+/// One run of the scenario for `peer`, whose misses cost `work` units of [`miss_work`].
+fn scenario_one(s: &Scenario, peer: &ScenarioPeer, work: u64) -> Result<Run, String> {
     let cg = cgroup::try_child("vrange-bench-cache", s.limit)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let spawn = |args: &[String]| -> Result<Proc, String> {
@@ -205,6 +223,9 @@ fn scenario_one(s: &Scenario, peer: &ScenarioPeer) -> Result<Run, String> {
         epoch.to_string(),
         end.to_string(),
         ZIPF.to_string(),
+        "0".into(),
+        "0".into(),
+        work.to_string(),
     ];
     let mut seconds = Seconds::new(s.neighbour.seconds());
     let seen = supervise(
@@ -245,7 +266,7 @@ pub(crate) struct VrangeCacheRun {
 
 /// One run of the scenario for vrange-cache alone.
 pub(crate) fn vrange_cache_run(quick: bool) -> Result<VrangeCacheRun, String> {
-    let run = scenario_one(&Scenario::new(quick), &ScenarioPeer::vrange_cache())?;
+    let run = scenario_one(&Scenario::new(quick), &ScenarioPeer::vrange_cache(), 0)?;
     let total = run.seconds.total();
     Ok(VrangeCacheRun {
         oom_kills: run.oom_kills,
@@ -304,18 +325,40 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
         mib(slack),
         mib(headroom(limit)),
     ));
-    let mut runs = Vec::new();
-    for peer in &peers {
-        progress(format!(
-            "cache: scenario, {} ({} s)",
-            peer.label,
-            s.neighbour.total().as_secs()
-        ));
-        runs.push(scenario_one(&s, peer)?);
+    let costs = ctx.args.miss_cost.clone().unwrap_or_else(|| {
+        if ctx.quick() {
+            vec![0]
+        } else {
+            vec![0, 20, 200]
+        }
+    });
+    ctx.say(format!(
+        "Miss costs: {} µs of real CPU work per miss besides writing the value (SipHash \
+         rounds over a block, calibrated on this machine once for every peer); the cache \
+         sized for the container runs at the first cost only.",
+        costs
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mut cells = Vec::new();
+    for (i, &cost) in costs.iter().enumerate() {
+        let work = work_units(Duration::from_micros(cost));
+        for peer in peers.iter().filter(|p| i == 0 || p.capacity != full) {
+            progress(format!(
+                "cache: scenario, {}, misses cost {cost} µs ({} s)",
+                peer.label,
+                s.neighbour.total().as_secs()
+            ));
+            let run = scenario_one(&s, peer, work)?;
+            cells.push(Cell { cost, peer, run });
+        }
     }
     let n = s.neighbour.seconds();
     let high = |i: usize| s.neighbour.at(i as f64 + 0.5) >= s.neighbour.peak / 2;
     let mut table = Table::new(&[
+        "miss cost",
         "peer",
         "requests/s",
         "hit rate",
@@ -329,6 +372,7 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
         "purged lookups",
     ]);
     let mut csv = Csv::new(&[
+        "miss_cost_us",
         "peer",
         "capacity_bytes",
         "limit_bytes",
@@ -348,6 +392,7 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
         "refused_inserts",
     ]);
     let mut seconds_csv = Csv::new(&[
+        "miss_cost_us",
         "peer",
         "second",
         "requests",
@@ -362,7 +407,7 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
     ]);
     let mut series = Vec::new();
     let mut wrong = 0u64;
-    for (peer, run) in peers.iter().zip(&runs) {
+    for Cell { cost, peer, run } in &cells {
         let t = run.seconds.total();
         wrong += t.wrong;
         let worst = run
@@ -404,17 +449,15 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
                     .join(", ")
             ),
         };
+        let without = run.seconds.iter().filter(|x| x.req == 0).count();
         table.row(vec![
+            format!("{cost} µs"),
             peer.label.clone(),
-            report::rate(t.req as f64 / s.neighbour.total().as_secs_f64()),
+            report::rate(run.requests_per_s(&s)),
             pct(t.rate()),
             pct(run.seconds.rate_where(high)),
             pct(worst),
-            run.seconds
-                .iter()
-                .filter(|x| x.req == 0)
-                .count()
-                .to_string(),
+            without.to_string(),
             oom,
             killed,
             run.peak.map_or("?".into(), mib),
@@ -426,6 +469,7 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
             },
         ]);
         csv.row([
+            cost.to_string(),
             peer.label.clone(),
             peer.capacity.to_string(),
             limit.to_string(),
@@ -434,11 +478,7 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
             format!("{:.4}", t.rate()),
             format!("{:.4}", run.seconds.rate_where(high)),
             format!("{worst:.4}"),
-            run.seconds
-                .iter()
-                .filter(|x| x.req == 0)
-                .count()
-                .to_string(),
+            without.to_string(),
             run.oom_kills.map_or(String::new(), |k| k.to_string()),
             run.kills
                 .iter()
@@ -459,6 +499,7 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
         for (i, sec) in run.seconds.iter().enumerate() {
             let mean = |f: fn(&Sample) -> u64| report::opt(run.samples.mean_in(i, f), 0);
             seconds_csv.row([
+                cost.to_string(),
                 peer.label.clone(),
                 i.to_string(),
                 sec.req.to_string(),
@@ -472,18 +513,103 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
                 mean(|x| x.usage),
             ]);
         }
-        series.push(Series::new(
-            peer.short.clone(),
-            run.seconds
-                .iter()
-                .enumerate()
-                .map(|(i, sec)| (i as f64 + 0.5, 100.0 * sec.rate()))
-                .collect(),
-        ));
+        if *cost == costs[0] {
+            series.push(Series::new(
+                peer.short.clone(),
+                run.seconds
+                    .iter()
+                    .enumerate()
+                    .map(|(i, sec)| (i as f64 + 0.5, 100.0 * sec.rate()))
+                    .collect(),
+            ));
+        }
     }
     ctx.table(&table);
-    // The targets, second by second.
-    let (vr, cons) = (&runs[0], &runs[1]);
+    let mut targets = Table::new(&["target", "result"]);
+    for &cost in &costs {
+        let at = |capacity: u64| {
+            cells
+                .iter()
+                .find(|c| c.cost == cost && c.peer.capacity == capacity)
+                .map(|c| &c.run)
+                .expect("every cost runs vrange-cache and the conservative peer")
+        };
+        let (vr, cons) = (at(0), at(conservative));
+        let vr_kills = vr
+            .oom_kills
+            .unwrap_or(0)
+            .max((vr.kills.len() + vr.neighbour_kills.len()) as u64);
+        targets.row(vec![
+            format!("misses cost {cost} µs: no OOM kill for vrange-cache"),
+            if vr_kills == 0 {
+                "met: 0 OOM kills".into()
+            } else {
+                format!("MISSED: {vr_kills} kills")
+            },
+        ]);
+        let want = if cost == 0 { 0.9 } else { 1.0 };
+        let ratio = vr.requests_per_s(&s) / cons.requests_per_s(&s);
+        targets.row(vec![
+            format!("misses cost {cost} µs: requests/s ≥ {want}× the conservative peer's"),
+            format!(
+                "{}: {ratio:.3}× ({} against {})",
+                if ratio >= want { "met" } else { "MISSED" },
+                report::rate(vr.requests_per_s(&s)),
+                report::rate(cons.requests_per_s(&s))
+            ),
+        ]);
+        targets.row(vec![
+            format!(
+                "misses cost {cost} µs: vrange-cache's hit rate ≥ the conservative peer's, \
+                 every second"
+            ),
+            every_second(&s, vr, cons),
+        ]);
+    }
+    targets.row(wrong_row("values", wrong));
+    ctx.table(&targets);
+    csv.write(&ctx.out, "cache-scenario.csv")?;
+    seconds_csv.write(&ctx.out, "cache-seconds.csv")?;
+    // The first cost's hit rates; the neighbour, as measured during the first run, in percent
+    // of the limit.
+    plot_over_time(
+        ctx,
+        "cache",
+        format!(
+            "Cache hit rate while a neighbour takes up to {NEIGHBOUR_PERCENT} % of a {} cgroup",
+            mib(limit)
+        ),
+        "hit rate (%), neighbour memory (% of the limit)",
+        series,
+        &cells[0].run.samples,
+        n,
+        limit,
+    )?;
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong values read from the caches"));
+    }
+    Ok(())
+}
+
+/// A peer's run at one miss cost.
+struct Cell<'a> {
+    /// Microseconds of CPU work per miss.
+    cost: u64,
+    peer: &'a ScenarioPeer,
+    run: Run,
+}
+
+impl Run {
+    /// Requests answered per second of the scenario.
+    fn requests_per_s(&self, s: &Scenario) -> f64 {
+        self.seconds.total().req as f64 / s.neighbour.total().as_secs_f64()
+    }
+}
+
+/// The hit-rate target's result: `vr`'s hit rate at least `cons`'s in every second.
+fn every_second(s: &Scenario, vr: &Run, cons: &Run) -> String {
+    let n = s.neighbour.seconds();
+    let limit = s.limit;
     let deficits: Vec<(usize, f64)> = (0..n)
         .map(|i| (i, vr.seconds[i].rate() - cons.seconds[i].rate()))
         .filter(|(_, d)| *d < 0.0)
@@ -495,58 +621,21 @@ pub(super) fn scenario(ctx: &Ctx) -> Result<(), String> {
             Some(w) if w.1 <= d.1 => Some(w),
             _ => Some(d),
         });
-    let mut targets = Table::new(&["target", "result"]);
-    let vr_kills = vr
-        .oom_kills
-        .unwrap_or(0)
-        .max((vr.kills.len() + vr.neighbour_kills.len()) as u64);
-    targets.row(vec![
-        "no OOM kill for vrange-cache".into(),
-        if vr_kills == 0 {
-            "met: 0 OOM kills".into()
-        } else {
-            format!("MISSED: {vr_kills} kills")
-        },
-    ]);
-    targets.row(vec![
-        "vrange-cache's hit rate ≥ the conservative peer's, every second".into(),
-        match worst {
-            None => format!("met: {n} of {n} seconds"),
-            Some((i, d)) => format!(
-                "MISSED in {} of {n} seconds (the hog at {:.0} % of the limit or more); worst: \
-                 second {i}, {:.1} points below ({} vs {}; hog at {:.0} % of the limit)",
-                deficits.len(),
-                deficits
-                    .iter()
-                    .map(|&(i, _)| 100.0 * s.neighbour.at(i as f64 + 0.5) as f64 / limit as f64)
-                    .fold(f64::MAX, f64::min),
-                -d * 100.0,
-                pct(vr.seconds[i].rate()),
-                pct(cons.seconds[i].rate()),
-                100.0 * s.neighbour.at(i as f64 + 0.5) as f64 / limit as f64
-            ),
-        },
-    ]);
-    targets.row(wrong_row("values", wrong));
-    ctx.table(&targets);
-    csv.write(&ctx.out, "cache-scenario.csv")?;
-    seconds_csv.write(&ctx.out, "cache-seconds.csv")?;
-    // The neighbour, as measured during the first run, in percent of the limit.
-    plot_over_time(
-        ctx,
-        "cache",
-        format!(
-            "Cache hit rate while a neighbour takes up to {NEIGHBOUR_PERCENT} % of a {} cgroup",
-            mib(limit)
+    let hog = |i: usize| 100.0 * s.neighbour.at(i as f64 + 0.5) as f64 / limit as f64;
+    match worst {
+        None => format!("met: {n} of {n} seconds"),
+        Some((i, d)) => format!(
+            "MISSED in {} of {n} seconds (the hog at {:.0} % of the limit or more); worst: \
+             second {i}, {:.1} points below ({} vs {}; hog at {:.0} % of the limit)",
+            deficits.len(),
+            deficits
+                .iter()
+                .map(|&(i, _)| hog(i))
+                .fold(f64::MAX, f64::min),
+            -d * 100.0,
+            pct(vr.seconds[i].rate()),
+            pct(cons.seconds[i].rate()),
+            hog(i)
         ),
-        "hit rate (%), neighbour memory (% of the limit)",
-        series,
-        &runs[0].samples,
-        n,
-        limit,
-    )?;
-    if wrong > 0 {
-        return Err(format!("{wrong} wrong values read from the caches"));
     }
-    Ok(())
 }
