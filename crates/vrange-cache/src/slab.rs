@@ -304,6 +304,16 @@ impl Slab {
         self.inner.lock().region.as_ref()?.idle()
     }
 
+    /// Whether some of its region is handed to the kernel now
+    /// ([`vrange::VolatileRegion::is_armed`]).
+    pub fn armed(&self) -> bool {
+        self.inner
+            .lock()
+            .region
+            .as_ref()
+            .is_some_and(vrange::VolatileRegion::is_armed)
+    }
+
     /// Pins the slab; `Err(Purged)` if its content is gone (it is then dead for good).
     ///
     /// # Panics

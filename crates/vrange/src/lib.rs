@@ -158,6 +158,17 @@ pub mod reclaimer {
         crate::reclaim::room()
     }
 
+    /// As [`room`], from the last reading any thread made (a [`room`], a [`make_room`], the
+    /// reclaimer's) less what refill fills charged since: atomics only, no system call, and
+    /// nothing of what others charged since it was read. `None` without a reading of the last
+    /// three ticks (and the last second).
+    ///
+    /// For a choice that costs nothing if the reading is stale: a cache that recycles its own
+    /// memory while memory is short, and asks [`room`] (or [`make_room`]) before it grows.
+    pub fn recent_room() -> Option<crate::short::Room> {
+        crate::last_room::recent()
+    }
+
     /// Registers `f`, called by the reclaimer thread at each tick (`VRANGE_POLL_MS`) and by every
     /// purge ([`crate::purge`], the budget's and headroom's) before it chooses victims: the place
     /// to mark volatile whatever the client kept pinned only to spare its hot path a state change
