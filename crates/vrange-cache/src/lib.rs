@@ -101,6 +101,7 @@
 mod counters;
 mod entry;
 mod lock;
+mod pool;
 mod probation;
 mod recycle;
 mod slab;
@@ -389,18 +390,20 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             let c = self.colour();
             // A value too large for the address space is refused before any arithmetic on
             // it can wrap (a wrapped size would map a small region for a huge value).
+            // Rounded up to its class, so that a pooled region of the class fits it.
             let total = len
                 .checked_add(c)
+                .and_then(pool::class_len)
                 .filter(|&t| t <= MAX_REGION)
                 .ok_or(Error::Overflow)?;
-            vrange::reclaimer::make_room(total);
-            let slab = Slab::new(total, self.region_opts(priority), false, &self.shared)?;
+            let slab = self.new_slab(total, c + len, priority, false)?;
             if slab.len() < total {
                 return Err(Error::Overflow); // never: a region is at least as long as asked
             }
             self.register(&slab);
             slab.entry_added(len);
-            slab.touch(total);
+            // The value's pages, not the class's rounded tail.
+            slab.touch(c + len);
             return Ok(placed(slab, c));
         }
         // len is at most a quarter of a slab here: none of these sums can overflow.
@@ -421,13 +424,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let slab = match self.recycled_slab(priority, probation) {
             Some(slab) => slab,
             None => {
-                vrange::reclaimer::make_room(self.opts.slab_bytes);
-                let slab = Slab::new(
-                    self.opts.slab_bytes,
-                    self.region_opts(priority),
-                    probation,
-                    &self.shared,
-                )?;
+                let len = self.opts.slab_bytes;
+                let slab = self.new_slab(len, len, priority, probation)?;
                 self.register(&slab);
                 slab
             }
@@ -442,6 +440,29 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         drop(open);
         self.opened_slab();
         Ok(placed(slab, c))
+    }
+
+    /// A new slab of `len` bytes for class `priority`, of which `used` will be written: on a
+    /// pooled region if there is one (its resident pages need no room), else on a fresh one.
+    /// Before pages the cgroup will be charged for, [`vrange::reclaimer::make_room`] for them
+    /// (see "Pressure" above).
+    fn new_slab(
+        &self,
+        len: usize,
+        used: usize,
+        priority: Priority,
+        probation: bool,
+    ) -> Result<Arc<Slab>> {
+        let opts = self.region_opts(priority);
+        if let Some(slab) = Slab::pooled(len, opts, probation, &self.shared) {
+            let charged = used.saturating_sub(slab.touched());
+            if charged > 0 {
+                vrange::reclaimer::make_room(charged);
+            }
+            return Ok(slab);
+        }
+        vrange::reclaimer::make_room(used);
+        Slab::new(len, opts, probation, &self.shared)
     }
 
     /// The open slab this thread fills for class `priority` (on probation or not).

@@ -29,6 +29,11 @@ impl<T> Mutex<T> {
         }
     }
 
+    /// The value, through the only reference to the mutex: no lock, no rank.
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        self.inner.get_mut()
+    }
+
     /// Takes the lock (debug builds: asserting that this thread holds no lock of this rank or
     /// higher).
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {

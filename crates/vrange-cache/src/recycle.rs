@@ -94,20 +94,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let len = self.opts.slab_bytes;
         let most = BATCH.max(self.slabs.len() / SHARE);
         let keep = |s: &Slab| s.len() == len && s.unpinned() && !s.has_holds();
-        // Slabs the reclaimer armed are left to the kernel while the first class in the order
-        // has others: writing into pages the kernel cleaned took 2.6 times as long as into
-        // others here (the processor sets their page-table bits again, page by page),
-        // unmarking them proves every page, and the reclaimer would arm the next coldest in
-        // their place. The armed reserve is the coldest memory, so the order departs from
-        // least recently used within a class by at most the reserve, and never across classes.
         let oldest = self.in_victim_order(keep, most);
-        let class = oldest.first().map(|(_, s)| s.purge_class());
-        let unarmed: Vec<_> = oldest
-            .iter()
-            .filter(|(_, s)| Some(s.purge_class()) == class && !s.armed())
-            .cloned()
-            .collect();
-        let oldest = if unarmed.is_empty() { oldest } else { unarmed };
         // Popped from the end: the first in the order goes first.
         oldest
             .into_iter()
@@ -190,51 +177,5 @@ mod tests {
         for (k, v) in &held {
             assert_eq!(**v, [*k as u8; VALUE][..], "key {k}");
         }
-    }
-
-    #[test]
-    fn a_slab_the_reclaimer_armed_is_recycled_after_the_others() {
-        let _s = vrange_testkit::serial();
-        quiet();
-        let c = cache();
-        // The reclaimer arms every slab (all volatile, idle past a short delay).
-        vrange::set_option("VRANGE_POLL_MS", "10").unwrap();
-        vrange::set_option("VRANGE_ARM_DELAY_MS", "20").unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let slabs = || c.in_victim_order(|_| true, usize::MAX);
-        while slabs().iter().any(|(_, s)| !s.armed()) {
-            assert!(std::time::Instant::now() < deadline, "slabs not armed");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        quiet();
-        vrange::set_option("VRANGE_POLL_MS", "100").unwrap();
-        // Reading the keys of the newest slab pins it (no longer armed); it goes volatile
-        // again at the flush, unarmed, the youngest of all.
-        let newest = (8 * 16 - 16..8 * 16u64).collect::<Vec<_>>();
-        for k in &newest {
-            assert_eq!(*c.lookup(k).expect("intact"), [*k as u8; VALUE][..]);
-        }
-        c.shared.flush_idle();
-        c.recycle_oldest(Priority::Normal, false)
-            .expect("a victim")
-            .unpin();
-        // Looked at without a lookup, which would pin the slabs.
-        let dead = (0..8 * 16u64)
-            .filter(|k| c.map.get(k).is_some_and(|s| s.slab.is_dead()))
-            .collect::<Vec<_>>();
-        assert_eq!(dead, newest, "the unarmed slab went first");
-        // With only armed slabs left, one of them goes.
-        c.recycle_oldest(Priority::Normal, false)
-            .expect("an armed victim")
-            .unpin();
-        let mut lost = 0;
-        for k in 0..8 * 16u64 {
-            match c.lookup(&k) {
-                Ok(v) => assert_eq!(*v, [k as u8; VALUE][..], "key {k}"),
-                Err(Miss::Purged) => lost += 1,
-                Err(Miss::Absent) => panic!("key {k} absent"),
-            }
-        }
-        assert_eq!(lost, 32, "two slabs' entries");
     }
 }

@@ -42,6 +42,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::{Arc, Weak};
 use vrange::{Options, Priority, VolatileRegion};
 
+/// The class a slab's region is purged as: one below its values' on probation.
+fn region_class(opts: &Options, probation: bool) -> Priority {
+    if probation {
+        crate::probation::below(opts.priority)
+    } else {
+        opts.priority
+    }
+}
+
 /// The slab's content is gone (the system purged it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Purged;
@@ -150,15 +159,30 @@ impl Slab {
         let region = VolatileRegion::new(
             len,
             Options {
-                priority: if probation {
-                    crate::probation::below(opts.priority)
-                } else {
-                    opts.priority
-                },
+                priority: region_class(&opts, probation),
                 ..opts
             },
         )?;
         Ok(Slab::around(region, opts.priority, probation, shared, 0))
+    }
+
+    /// As [`Slab::new`], on a region of exactly `len` bytes from the pool (`crate::pool`), if it
+    /// has one; its pages that stayed resident count as touched.
+    pub fn pooled(
+        len: usize,
+        opts: Options,
+        probation: bool,
+        shared: &Arc<Shared>,
+    ) -> Option<Arc<Slab>> {
+        let (region, touched) =
+            crate::pool::take(len, opts.policy, region_class(&opts, probation))?;
+        Some(Slab::around(
+            region,
+            opts.priority,
+            probation,
+            shared,
+            touched,
+        ))
     }
 
     /// A new slab on the pages of a recycled one's region (see `crate::recycle`), pinned once
@@ -302,16 +326,6 @@ impl Slab {
     /// How long it has been volatile (`None` while held or purged).
     pub fn idle(&self) -> Option<std::time::Duration> {
         self.inner.lock().region.as_ref()?.idle()
-    }
-
-    /// Whether some of its region is handed to the kernel now
-    /// ([`vrange::VolatileRegion::is_armed`]).
-    pub fn armed(&self) -> bool {
-        self.inner
-            .lock()
-            .region
-            .as_ref()
-            .is_some_and(vrange::VolatileRegion::is_armed)
     }
 
     /// Pins the slab; `Err(Purged)` if its content is gone (it is then dead for good).
@@ -562,6 +576,14 @@ impl Drop for Slab {
             self.shared
                 .counters
                 .slab_freed(self.priority, self.len(), self.touched());
+        }
+        // The last reference: no entry uses the slab, and no pin is held (a pin keeps it).
+        let touched = self.touched();
+        let inner = self.inner.get_mut();
+        if inner.holds.is_empty() {
+            if let Some(region) = inner.region.take() {
+                crate::pool::put(region, touched);
+            }
         }
     }
 }

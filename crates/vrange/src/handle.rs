@@ -236,17 +236,6 @@ impl VolatileRegion {
         managed::idle(self.as_ptr() as usize, now).map(std::time::Duration::from_nanos)
     }
 
-    /// Whether some of the region is handed to the kernel now (armed on approach, the
-    /// reclaimer's reserve: `MADV_FREE`). Its pages then cost more at their next write (the
-    /// kernel cleaned their page-table entries: the processor sets the bits again, page by
-    /// page) and at the next unmark (each page is proved). For a client choosing which of its
-    /// volatile regions to take back for new content: an armed one is best left to the kernel.
-    pub fn is_armed(&self) -> bool {
-        self.span(0, self.len)
-            .and_then(managed::is_armed)
-            .unwrap_or(false)
-    }
-
     /// Purges the region now if it is volatile, as the reclaimer would (whole ranges; a pinned
     /// range is left alone), and counts it as an explicit purge. Returns the bytes freed. For a
     /// client that keeps its own budget (a cache purging its least recently used entries).

@@ -513,24 +513,6 @@ pub(crate) fn is_purged(span: Span) -> Result<bool, Error> {
     Ok(purged)
 }
 
-/// Whether any range of `span` is handed to the kernel now (`ARMING` or `ARMED`: armed on
-/// approach). Reads only, as [`is_purged`]. A shared region's pages are never armed.
-pub(crate) fn is_armed(span: Span) -> Result<bool, Error> {
-    let first = first_of(span)?;
-    if first.1.header().is_some() {
-        return Ok(false);
-    }
-    let mut armed = false;
-    for_each_range(first, span, |_, slot| {
-        armed |= matches!(
-            state::tag(slot.state().load()),
-            state::ARMING | state::ARMED
-        );
-        Ok(())
-    })?;
-    Ok(armed)
-}
-
 /// Purges every volatile range of `span` now, as the reclaimer would. Returns (ranges, bytes).
 /// The caller holds the purge lock ([`pause`]).
 pub(crate) fn purge_span(span: Span) -> Result<(u64, u64), Error> {

@@ -417,7 +417,6 @@ fn hybrid_ranges_are_armed_after_the_delay_and_proved_per_page() {
     vrange::set_option("VRANGE_ARM_DELAY_MS", "50").unwrap();
     vrange::set_option("VRANGE_POLL_MS", "10").unwrap();
     pin_cpu();
-    assert!(!r.is_armed(), "pinned");
     // SAFETY: nothing refers into the region while volatile.
     unsafe { r.mark().unwrap() };
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -430,7 +429,6 @@ fn hybrid_ranges_are_armed_after_the_delay_and_proved_per_page() {
         r.len() as u64,
         "armed within the delay"
     );
-    assert!(r.is_armed(), "the region says it is armed");
     assert!(
         lazy_free_kb(r.as_ptr()) > 0,
         "armed pages are lazy-free in the kernel"
@@ -457,7 +455,6 @@ fn hybrid_ranges_are_armed_after_the_delay_and_proved_per_page() {
         "every page is either intact or zero"
     );
     assert_eq!(vrange::stats().armed_ranges, 0);
-    assert!(!r.is_armed(), "pinned again");
 }
 
 #[test]

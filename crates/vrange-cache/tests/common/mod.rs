@@ -40,7 +40,9 @@ pub fn version_of(v: &[u8], key: u64) -> Option<u64> {
 }
 
 /// Turns off every pressure source of this process's reclaimer, so that only the test's own
-/// `vrange::purge` calls purge anything.
+/// `vrange::purge` calls purge anything, and purges what volatile memory the process has now:
+/// the regions earlier tests' caches left in the pool (the lowest class) would otherwise go
+/// before the test's own.
 pub fn quiet_reclaimer() {
     for (k, v) in [
         ("VRANGE_PSI", "off"),
@@ -51,4 +53,5 @@ pub fn quiet_reclaimer() {
     ] {
         vrange::set_option(k, v).expect(k);
     }
+    vrange::purge(usize::MAX);
 }

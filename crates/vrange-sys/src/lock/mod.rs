@@ -52,6 +52,8 @@ pub enum Rank {
     CacheSlab,
     /// vrange-cache: the slabs waiting for the flush.
     CacheIdle,
+    /// vrange-cache: the process's pool of regions no entry uses (taken alone).
+    CachePool,
     /// vrange-malloc: one arena (several exist; a thread holds at most one except a fork's
     /// preparation, which holds them all).
     MallocArena,

@@ -1,0 +1,86 @@
+//! The pool of regions no entry uses, against the real kernel: a new cache writes its values
+//! into the pages the last one left (without a page fault), values read right, and a purge
+//! takes a pooled region before any value.
+
+use vrange::Priority;
+use vrange_cache::{Cache, Options};
+use vrange_sys::process::page_faults;
+
+const MIB: usize = 1 << 20;
+
+fn quiet() {
+    for (k, v) in [
+        ("VRANGE_PSI", "off"),
+        ("VRANGE_VMPRESSURE", "0"),
+        ("VRANGE_HEADROOM", "0"),
+        ("VRANGE_BUDGET", "0"),
+        ("VRANGE_ARM_DELAY_MS", "3600000"),
+    ] {
+        vrange::set_option(k, v).expect(k);
+    }
+}
+
+/// Inserts `n` values of `len` bytes (key `k`'s bytes all `k`) into a new cache, and returns it
+/// with the minor faults the inserts took.
+fn filled(n: u64, len: usize) -> (Cache<u64>, u64) {
+    let c: Cache<u64> = Cache::new(Options {
+        probation: false,
+        ..Options::default()
+    });
+    let before = page_faults().minor;
+    for k in 0..n {
+        c.insert_with(k, len, Priority::Normal, |buf| buf.fill(k as u8))
+            .unwrap();
+    }
+    let faults = page_faults().minor - before;
+    (c, faults)
+}
+
+fn check(c: &Cache<u64>, n: u64, len: usize) {
+    for k in 0..n {
+        let v = c.get(&k).unwrap_or_else(|| panic!("key {k} missing"));
+        assert_eq!(v.len(), len);
+        assert!(v.iter().all(|&b| b == k as u8), "key {k} read wrong");
+    }
+}
+
+#[test]
+fn a_new_cache_writes_into_the_pages_the_last_one_left() {
+    let _s = vrange_testkit::serial();
+    quiet();
+    let page = vrange_sys::mem::page_size();
+    for (n, len) in [(8u64, MIB), (64, 64 << 10), (256, 4000)] {
+        // The first cache may find pooled regions of other tests too.
+        let (first, fresh) = filled(n, len);
+        check(&first, n, len);
+        drop(first);
+        let (second, pooled) = filled(n, len);
+        check(&second, n, len);
+        let pages = (n as usize * len / page) as u64;
+        println!(
+            "{n} values of {len} bytes: {fresh} faults into fresh regions, {pooled} into pooled \
+             ones ({pages} pages written)"
+        );
+        assert!(
+            pooled < pages / 8,
+            "pooled regions are resident: {pooled} faults for {pages} pages"
+        );
+    }
+}
+
+#[test]
+fn a_purge_takes_pooled_regions_before_values() {
+    let _s = vrange_testkit::serial();
+    quiet();
+    let (kept, _) = filled(4, MIB);
+    let (gone, _) = filled(4, MIB);
+    drop(gone);
+    // The purge of 4 MiB, the least anyone could need, takes the pooled regions (DropFirst)
+    // and not the values of the live cache (Normal).
+    let freed = vrange::purge(4 * MIB);
+    assert!(freed >= 4 * MIB, "freed {freed}");
+    check(&kept, 4, MIB);
+    // Pooled regions purged meanwhile are taken again as zero pages: values still read right.
+    let (again, _) = filled(4, MIB);
+    check(&again, 4, MIB);
+}
