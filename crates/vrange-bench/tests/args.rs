@@ -106,6 +106,24 @@ fn refuses_an_unknown_stress_scenario_with_status_2_and_lists_them() {
 }
 
 #[test]
+fn refuses_a_bad_cache_part_or_miss_cost_with_status_2() {
+    for (args, said) in [
+        (["--parts", "hot,nonsense"], "nonsense"),
+        (["--miss-cost", "20,x"], "x"),
+        (["--miss-cost", "2000000"], "2000000"),
+    ] {
+        let out = vrange_bench().arg("cache").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(said),
+            "{args:?}: {said} not said: {}",
+            show(&out)
+        );
+    }
+}
+
+#[test]
 fn a_role_runs_instead_of_a_suite() {
     let out = vrange_bench()
         .args(["role", "nonsense", "1"])

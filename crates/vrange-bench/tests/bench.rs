@@ -430,17 +430,16 @@ fn cache_quick_compares_the_hot_path_and_runs_the_scenario() {
             positive(cell, "ns per hit");
         }
     }
-    // The scenario's table (the first "peer" table lists the hot path's peers).
-    let at = out.md.find("| requests/s").expect("the scenario's table");
-    let line_start = out.md[..at].rfind('\n').map_or(0, |i| i + 1);
-    let (header, rows) = markdown_table(&out.md[line_start..], "peer");
+    // The scenario's table: one miss cost (--quick), three peers.
+    let (header, rows) = table(&out, "miss cost");
+    let col = |name: &str| column(&header, name);
     let vr = rows
         .iter()
-        .find(|r| r[0].starts_with("vrange-cache"))
+        .find(|r| r[col("peer")].starts_with("vrange-cache"))
         .unwrap_or_else(|| panic!("no vrange-cache row:\n{}", out.text));
-    let col = |name: &str| column(&header, name);
     assert_eq!(vr[col("OOM kills")], "0", "{vr:?}");
     assert_eq!(rows.len(), 3, "three peers");
+    assert!(rows.iter().all(|r| r[0] == "0 µs"), "{rows:?}");
     for r in &rows {
         assert_eq!(r[col("wrong values")], "0", "{r:?}");
     }
