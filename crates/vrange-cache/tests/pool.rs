@@ -2,23 +2,14 @@
 //! into the pages the last one left (without a page fault), values read right, and a purge
 //! takes a pooled region before any value.
 
+mod common;
+
+use common::quiet_reclaimer as quiet;
 use vrange::Priority;
 use vrange_cache::{Cache, Options};
 use vrange_sys::process::page_faults;
 
 const MIB: usize = 1 << 20;
-
-fn quiet() {
-    for (k, v) in [
-        ("VRANGE_PSI", "off"),
-        ("VRANGE_VMPRESSURE", "0"),
-        ("VRANGE_HEADROOM", "0"),
-        ("VRANGE_BUDGET", "0"),
-        ("VRANGE_ARM_DELAY_MS", "3600000"),
-    ] {
-        vrange::set_option(k, v).expect(k);
-    }
-}
 
 /// Inserts `n` values of `len` bytes (key `k`'s bytes all `k`) into a new cache, and returns it
 /// with the minor faults the inserts took.
