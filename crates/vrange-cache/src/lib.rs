@@ -454,8 +454,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         probation: bool,
     ) -> Result<Arc<Slab>> {
         let opts = self.region_opts(priority);
-        if let Some(slab) = Slab::pooled(len, opts, probation, &self.shared) {
-            let charged = used.saturating_sub(slab.touched());
+        if let Some((slab, resident)) = Slab::pooled(len, used, opts, probation, &self.shared) {
+            let charged = used.saturating_sub(resident);
             if charged > 0 {
                 vrange::reclaimer::make_room(charged);
             }

@@ -23,8 +23,9 @@ use vrange_sys::lock::{Lock, Rank};
 
 /// The most bytes of written pages (the most that may be resident) the pool keeps.
 pub(crate) const POOL_BYTES: usize = 128 << 20;
-/// The most regions it keeps (slabs of 256 KiB make 128 MiB).
-const REGIONS: usize = 512;
+/// The most regions it keeps (the smallest large values' regions, 64 KiB, make 128 MiB; the
+/// array is 80 KiB of zero pages until used).
+const REGIONS: usize = 2048;
 
 /// Pooled regions in `regions[..count]`, the last given last, each with the bytes of it
 /// written, and their sum.
@@ -92,17 +93,25 @@ pub(crate) fn put(region: VolatileRegion, touched: usize) {
     drop(refused);
 }
 
-/// A pooled region of exactly `len` bytes and `policy`, pinned, in class `priority`, with the
-/// bytes of it that may be resident (0 if it was purged while pooled).
+/// A pooled region of exactly `len` bytes and `policy`, pinned, in class `priority`, whose
+/// written pages lie within the first `used` bytes (which its new user writes) and one page
+/// more, with the bytes of it that may be resident (0 if it was purged while pooled). Stale
+/// pages past `used` would stay resident and pinned while the region lives (they are never
+/// marked: see `Slab::pooled`); one is allowed, since a value's colour moves its end by up
+/// to a page from one user to the next.
 pub(crate) fn take(
     len: usize,
+    used: usize,
     policy: Policy,
     priority: Priority,
 ) -> Option<(VolatileRegion, usize)> {
+    let page = vrange_sys::mem::page_size();
+    let used = used.checked_next_multiple_of(page)?;
     let (region, touched) = locked(|pool| {
         let i = pool.regions[..pool.count].iter().rposition(|r| {
-            r.as_ref()
-                .is_some_and(|(r, _)| r.len() == len && r.policy() == policy)
+            r.as_ref().is_some_and(|(r, touched)| {
+                r.len() == len && *touched <= used + page && r.policy() == policy
+            })
         })?;
         pool.count -= 1;
         pool.regions.swap(i, pool.count);

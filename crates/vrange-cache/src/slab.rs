@@ -166,23 +166,23 @@ impl Slab {
         Ok(Slab::around(region, opts.priority, probation, shared, 0))
     }
 
-    /// As [`Slab::new`], on a region of exactly `len` bytes from the pool (`crate::pool`), if it
-    /// has one; its pages that stayed resident count as touched.
+    /// As [`Slab::new`], on a region of exactly `len` bytes from the pool (`crate::pool`) whose
+    /// written pages lie within the first `used` bytes, if it has one; with the bytes of it
+    /// that may be resident. Its old pages count as untouched until values are written there:
+    /// a flush marks volatile only the pages of this slab's values, so that a purge around a
+    /// hold takes no value for a stale page. (Until overwritten, they are resident and not
+    /// counted: at most the rest of an open slab.)
     pub fn pooled(
         len: usize,
+        used: usize,
         opts: Options,
         probation: bool,
         shared: &Arc<Shared>,
-    ) -> Option<Arc<Slab>> {
-        let (region, touched) =
-            crate::pool::take(len, opts.policy, region_class(&opts, probation))?;
-        Some(Slab::around(
-            region,
-            opts.priority,
-            probation,
-            shared,
-            touched,
-        ))
+    ) -> Option<(Arc<Slab>, usize)> {
+        let (region, resident) =
+            crate::pool::take(len, used, opts.policy, region_class(&opts, probation))?;
+        let slab = Slab::around(region, opts.priority, probation, shared, 0);
+        Some((slab, resident))
     }
 
     /// A new slab on the pages of a recycled one's region (see `crate::recycle`), pinned once

@@ -75,3 +75,26 @@ fn a_purge_takes_pooled_regions_before_values() {
     let (again, _) = filled(4, MIB);
     check(&again, 4, MIB);
 }
+
+#[test]
+fn a_pooled_slabs_old_pages_are_not_a_hold_s_neighbours() {
+    let _s = vrange_testkit::serial();
+    quiet();
+    // A slab written through, left to the pool.
+    let (full, _) = filled(64, 4000);
+    drop(full);
+    // Two values in one page of a slab on that region; one of them held.
+    let c: Cache<u64> = Cache::new(Options {
+        probation: false,
+        ..Options::default()
+    });
+    c.insert(1, &[1u8; 100], Priority::Normal).unwrap();
+    c.insert(2, &[2u8; 100], Priority::Normal).unwrap();
+    let held = c.get(&1).expect("fresh").hold();
+    // A purge of everything: the held page stays, and the region's old pages are not this
+    // slab's to lose (they were never marked volatile), so the other value lives too.
+    vrange::purge(usize::MAX);
+    assert_eq!(&held[..], &[1u8; 100][..]);
+    drop(held);
+    assert_eq!(&c.get(&2).expect("not purged")[..], &[2u8; 100][..]);
+}
