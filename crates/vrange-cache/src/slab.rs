@@ -170,8 +170,8 @@ impl Slab {
     /// written pages lie within the first `used` bytes, if it has one; with the bytes of it
     /// that may be resident. Its old pages count as untouched until values are written there:
     /// a flush marks volatile only the pages of this slab's values, so that a purge around a
-    /// hold takes no value for a stale page. (Until overwritten, they are resident and not
-    /// counted: at most the rest of an open slab.)
+    /// hold takes no value for a stale page. (Until overwritten, they are resident, pinned and
+    /// not counted: a slab fills in order, so what stays is its tail past its last value.)
     pub fn pooled(
         len: usize,
         used: usize,
