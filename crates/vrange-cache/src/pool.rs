@@ -110,7 +110,7 @@ pub(crate) fn take(
     let (region, touched) = locked(|pool| {
         let i = pool.regions[..pool.count].iter().rposition(|r| {
             r.as_ref().is_some_and(|(r, touched)| {
-                r.len() == len && *touched <= used + page && r.policy() == policy
+                r.len() == len && *touched <= used.saturating_add(page) && r.policy() == policy
             })
         })?;
         pool.count -= 1;
