@@ -71,6 +71,12 @@
 //! back to the system only when someone else needs it: vrange's reclaimer still purges its
 //! volatile slabs on pressure, in one order with all other vrange memory of the process.
 //!
+//! A slab whose entries are all gone (removed, replaced, or its cache dropped) leaves its
+//! region to a pool shared by every cache of the process, for the next slab or large value of
+//! its length: at most 128 MiB of written pages, volatile in the lowest class (`DropFirst`),
+//! so any purge takes it before a value. A dropped cache's memory thus stays resident until
+//! reused or purged, as an allocator keeps what it freed.
+//!
 //! # Hits, and when a released slab becomes volatile
 //! A hit costs a map lookup and two atomic operations on its slab: a slab stays pinned on the
 //! cache's behalf after its last reader lets go, until the next *flush*, which marks every such
@@ -390,20 +396,23 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             let c = self.colour();
             // A value too large for the address space is refused before any arithmetic on
             // it can wrap (a wrapped size would map a small region for a huge value).
-            // Rounded up to its class, so that a pooled region of the class fits it.
-            let total = len
+            let used = len
                 .checked_add(c)
-                .and_then(pool::class_len)
                 .filter(|&t| t <= MAX_REGION)
                 .ok_or(Error::Overflow)?;
-            let slab = self.new_slab(total, c + len, priority, false)?;
+            // Rounded up to its class, so that a pooled region of the class fits it (not past
+            // the largest region: a value that fits unrounded is not refused for its class).
+            let total = pool::class_len(used)
+                .filter(|&t| t <= MAX_REGION)
+                .unwrap_or(used);
+            let slab = self.new_slab(total, used, priority, false)?;
             if slab.len() < total {
                 return Err(Error::Overflow); // never: a region is at least as long as asked
             }
             self.register(&slab);
             slab.entry_added(len);
             // The value's pages, not the class's rounded tail.
-            slab.touch(c + len);
+            slab.touch(used);
             return Ok(placed(slab, c));
         }
         // len is at most a quarter of a slab here: none of these sums can overflow.

@@ -48,9 +48,10 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// recently used unpinned slab, if memory is short and there is one.
     pub(crate) fn recycled_slab(&self, priority: Priority, probation: bool) -> Option<Arc<Slab>> {
         // A recent reading that says short is trusted (reading the cgroup's files took a
-        // fifteenth of a busy cache's time, once per slab): at worst the cache recycles for up
-        // to a second after memory stopped being short. One that says otherwise is not: the
-        // cache would grow on it.
+        // fifteenth of a busy cache's time, once per slab): at worst the cache recycles for
+        // three of the reclaimer's ticks (at least a second) after memory stopped being short,
+        // which gives nothing back late. One that says otherwise is not: the cache would grow
+        // on it.
         let bytes = self.opts.slab_bytes as u64;
         let short = vrange::reclaimer::recent_room().is_some_and(|r| r.short_for(bytes))
             || vrange::reclaimer::room().is_some_and(|r| r.short_for(bytes));

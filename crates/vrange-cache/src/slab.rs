@@ -1,6 +1,8 @@
 //! A slab: one vrange region holding the values of one or more entries, purged whole. It never
 //! reuses space, so bytes once written stay what they were while the slab lives. A dead slab's
-//! region may become a new slab (`crate::recycle`): no one can pin the dead one again.
+//! region may become a new slab (`crate::recycle`): no one can pin the dead one again. A slab
+//! dropped whole (no entry left, no hold) leaves its region to the process's pool
+//! (`crate::pool`), for a new slab of any cache.
 //!
 //! # Pins, and why a hit changes no range state
 //! `state` holds the readers' and writers' pin count and two flags. `HELD`: the region is

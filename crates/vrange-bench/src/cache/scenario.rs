@@ -32,26 +32,25 @@ pub(crate) fn service_role(args: &[String]) -> i32 {
     let (Some((peer, rest)), true) = (args.split_first(), (6..=9).contains(&args.len())) else {
         return usage();
     };
-    let Some(numbers) = rest
+    // ZIPF (the fifth after PEER) is a fraction; every other argument a count.
+    let counts: Option<Vec<u64>> = rest
         .iter()
         .enumerate()
-        .map(|(i, a)| match i {
-            4 => a.parse::<f64>().ok().map(f64::to_bits),
-            _ => a.parse::<u64>().ok(),
-        })
-        .collect::<Option<Vec<u64>>>()
-    else {
+        .filter(|&(i, _)| i != 4)
+        .map(|(_, a)| a.parse().ok())
+        .collect();
+    let (Some(counts), Ok(zipf)) = (counts, rest[4].parse::<f64>()) else {
         eprintln!("cache service role: bad numbers");
         return 2;
     };
-    let at = |i: usize| numbers.get(i).copied().unwrap_or(0);
-    let (capacity, keys, epoch, end, zipf) = (at(0), at(1), at(2), at(3), f64::from_bits(at(4)));
+    let at = |i: usize| counts.get(i).copied().unwrap_or(0);
+    let (capacity, keys, epoch, end) = (at(0), at(1), at(2), at(3));
     let load = Load {
         epoch,
         end,
-        rate: at(5),
-        drift: at(6),
-        work: at(7),
+        rate: at(4),
+        drift: at(5),
+        work: at(6),
     };
     // The OOM killer's first choice, so that the neighbour is spared (lowering the
     // neighbour's score instead would need CAP_SYS_RESOURCE).
