@@ -43,6 +43,8 @@ struct Class {
     purged_lookups: AtomicU64,
     promoted: AtomicU64,
     recycled: AtomicU64,
+    carried: AtomicU64,
+    carried_bytes: AtomicU64,
     purged_entries: AtomicU64,
     purged_bytes: AtomicU64,
 }
@@ -55,6 +57,8 @@ pub(crate) struct Counters {
     classes: [Class; CLASSES],
     tombstones: AtomicU64,
     dropped_tombstones: AtomicU64,
+    /// Slabs that died so far: the sequence number of the latest death.
+    deaths: AtomicU64,
 }
 
 /// This thread's line: its own (below `OWN_LINES`) or the shared one. Threads are numbered
@@ -93,6 +97,7 @@ impl Counters {
             classes: Default::default(),
             tombstones: AtomicU64::new(0),
             dropped_tombstones: AtomicU64::new(0),
+            deaths: AtomicU64::new(0),
         }
     }
 
@@ -117,6 +122,16 @@ impl Counters {
     /// A slab of class `p` gave its pages to a new slab (`crate::recycle`).
     pub fn recycled(&self, p: Priority) {
         self.classes[class(p)].recycled.fetch_add(1, Relaxed);
+    }
+
+    /// A value of `bytes` was carried out of an evicted slab of class `p` (`crate::merge`):
+    /// it was counted purged when its slab died, and is not.
+    pub fn carried(&self, p: Priority, bytes: usize) {
+        let c = &self.classes[class(p)];
+        c.carried.fetch_add(1, Relaxed);
+        c.carried_bytes.fetch_add(bytes as u64, Relaxed);
+        dec(&c.purged_entries, 1);
+        dec(&c.purged_bytes, bytes as u64);
     }
 
     pub fn purged_lookup(&self, p: Priority) {
@@ -144,7 +159,16 @@ impl Counters {
 
     /// A slab's content was found purged: its entries stay in the map as tombstones until
     /// looked up, removed or swept.
-    pub fn slab_died(&self, p: Priority, len: usize, touched: usize, entries: usize, bytes: usize) {
+    /// A slab of class `p` died with `entries` live entries of `bytes`; returns its death's
+    /// sequence number (from 1).
+    pub fn slab_died(
+        &self,
+        p: Priority,
+        len: usize,
+        touched: usize,
+        entries: usize,
+        bytes: usize,
+    ) -> u64 {
         let c = &self.classes[class(p)];
         dec(&c.mapped, len as u64);
         dec(&c.resident, touched as u64);
@@ -152,6 +176,12 @@ impl Counters {
         c.purged_entries.fetch_add(entries as u64, Relaxed);
         c.purged_bytes.fetch_add(bytes as u64, Relaxed);
         self.tombstones.fetch_add(entries as u64, Relaxed);
+        self.deaths.fetch_add(1, Relaxed) + 1
+    }
+
+    /// The sequence number of the latest slab death (0: none yet).
+    pub fn deaths(&self) -> u64 {
+        self.deaths.load(Relaxed)
     }
 
     pub fn tombstone_gone(&self) {
@@ -180,6 +210,8 @@ impl Counters {
             purged_lookups: c.purged_lookups.load(Relaxed),
             promoted: c.promoted.load(Relaxed),
             recycled: c.recycled.load(Relaxed),
+            carried: c.carried.load(Relaxed),
+            carried_bytes: c.carried_bytes.load(Relaxed),
             purged_entries: c.purged_entries.load(Relaxed),
             purged_bytes: c.purged_bytes.load(Relaxed),
             resident_bytes: c.resident.load(Relaxed),
@@ -214,6 +246,11 @@ pub struct ClassStats {
     /// Slabs whose pages a new slab took over while memory was short (see the crate's
     /// "Recycling"); their entries count in `purged_entries`.
     pub recycled: u64,
+    /// Values read since they were written that the cache's own evictions (its budget,
+    /// recycling) carried into a new slab instead of dropping (see the crate's "Eviction").
+    pub carried: u64,
+    /// Their value bytes.
+    pub carried_bytes: u64,
     /// Entries whose memory the system purged (found by a lookup or by the cache's sweep).
     pub purged_entries: u64,
     /// Their value bytes.

@@ -61,11 +61,22 @@
 //! lookup whose hit moves a value off probation (below) when the move needs a new slab: such
 //! a lookup may purge, as an insert may.
 //!
+//! # Eviction: whole slabs, chosen per value
+//! The cache's own evictions (its budget, and recycling below) take whole slabs: lowest class
+//! first (probation a class below its own, but kept at about 3 % of its class), then the
+//! oldest made. Before a slab goes, the values read since they were written (or last carried)
+//! are copied into a *merge slab* of their class, up to 15/16 of a slab, the most read first,
+//! after Segcache (NSDI '21): what stays is chosen per value while the memory freed is a whole
+//! slab. Each entry counts its reads in two bits; a carry takes one off, so a value must keep
+//! being read to keep being carried ([`ClassStats::carried`] counts them). The kernel's and the
+//! reclaimer's purges under pressure carry nothing: they take whole slabs, by how long each
+//! was idle, in one order with all other vrange memory of the process.
+//!
 //! # Recycling
 //! While memory is short (a new slab would leave the memory cgroup less free than that
-//! threshold), a new slab is not mapped: it takes over the pages of the cache's own least
-//! recently used unpinned slab (lowest class first, probation a class below), whose entries
-//! then read as purged ([`ClassStats::recycled`] counts such slabs).
+//! threshold), a new slab is not mapped: it takes over the pages of the slab the cache's own
+//! eviction would take first (its read values carried out first), whose other entries then
+//! read as purged ([`ClassStats::recycled`] counts such slabs).
 //! The pages are resident already: no fault, no zeroing, no new charge to the cgroup, where
 //! purging the old slab and faulting a new one in would do all three. The cache gives memory
 //! back to the system only when someone else needs it: vrange's reclaimer still purges its
@@ -86,9 +97,9 @@
 //! it, it only becomes volatile up to a tick later than its last use.
 //!
 //! # Age
-//! A slab's age is the time it was flushed after its last use; a hit on one entry renews the
-//! whole slab. Values inserted together age together, which is what a purge of the oldest slab
-//! relies on.
+//! For the reclaimer, a slab's age is the time it was flushed after its last use: a hit on one
+//! entry renews the whole slab. For the cache's own evictions it is the time since the slab was
+//! made, and a read value survives by being carried (above).
 //!
 //! # Probation: scans do not flush the cache
 //! LRU at slab grain alone lets a scan (keys requested once) push out the values being read.
@@ -107,6 +118,7 @@
 mod counters;
 mod entry;
 mod lock;
+mod merge;
 mod pool;
 mod probation;
 mod recycle;
@@ -123,10 +135,9 @@ use dashmap::DashMap;
 use slab::{Shared, Slab};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU8, AtomicUsize};
 use std::sync::{Arc, Weak};
-use vrange::order::Place;
 use vrange_sys::lock::Rank;
 
 /// Open slabs per class: inserting threads are spread over this many (see [`shard`]).
@@ -167,9 +178,8 @@ pub struct Options {
     /// policy is taken as hybrid: a slab must be purged whole.
     pub policy: Policy,
     /// Resident bytes (as [`Stats::resident_bytes`] counts them) this cache keeps at most:
-    /// past it, an insert purges the cache's own least recently used slabs (lowest class
-    /// first, probation below its class) down to 15/16 of it, or to four slabs below it if
-    /// that is closer. `None`: no budget of its own (the process's reclaimer still purges on
+    /// past it, an insert evicts the cache's own slabs (see "Eviction": whole slabs, their
+    /// read values carried) down to 15/16 of it, or to four slabs below it if that is closer. `None`: no budget of its own (the process's reclaimer still purges on
     /// pressure and on `VRANGE_BUDGET`).
     pub budget: Option<usize>,
     /// Scan resistance (default on): a key's first value waits on probation, purged before
@@ -202,14 +212,28 @@ const MIN_SLAB: usize = 64 << 10;
 /// A cache refuses a larger slab at creation rather than failing every insert.
 pub const MAX_SLAB_BYTES: usize = 1 << 47;
 /// Tombstones (purged entries not yet looked up: a map entry and a share of a small slab
-/// record, about 100 bytes each) kept before a sweep drops them: this many, or twice the live
-/// entries if more.
+/// record, about 100 bytes each) kept before a sweep drops those of the older half of the dead
+/// slabs: this many, or as many as the live entries if more. A tombstone of a probation value
+/// is S3-FIFO's ghost: its lookup sends the key's next insert past probation.
 const MIN_TOMBSTONES: u64 = 1 << 16;
 
 struct Slot {
     slab: Arc<Slab>,
     off: usize,
     len: usize,
+    /// Reads since the value was written or last carried (`crate::merge`), at most 3.
+    hits: AtomicU8,
+}
+
+impl Slot {
+    fn new(slab: Arc<Slab>, off: usize, len: usize) -> Slot {
+        Slot {
+            slab,
+            off,
+            len,
+            hits: AtomicU8::new(0),
+        }
+    }
 }
 
 impl Drop for Slot {
@@ -256,7 +280,8 @@ pub struct Cache<K: Hash + Eq> {
     opts: Options,
     opened: AtomicUsize,
     colours: AtomicUsize,
-    budget_lock: Mutex<()>,
+    /// The cache's own evictions: one at a time, with their merge slabs (`crate::merge`).
+    budget_lock: Mutex<merge::Merge>,
 }
 
 impl<K: Hash + Eq> std::fmt::Debug for Cache<K> {
@@ -359,7 +384,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             opts,
             opened: AtomicUsize::new(0),
             colours: AtomicUsize::new(0),
-            budget_lock: Mutex::new(Rank::CacheBudget, ()),
+            budget_lock: Mutex::new(Rank::CacheBudget, merge::Merge::default()),
         })
     }
 
@@ -384,12 +409,6 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// `probation` (a value of its own region is never on probation: moving it on its first
     /// hit would copy the whole value).
     fn place(&self, len: usize, priority: Priority, probation: bool) -> Result<Placed> {
-        let placed = |slab, off| Placed {
-            slab,
-            off,
-            len,
-            committed: false,
-        };
         // Four values of this size must fit a slab behind the largest colour (slab_bytes is
         // at least MIN_SLAB, far above MAX_COLOUR).
         if len > (self.opts.slab_bytes - MAX_COLOUR) / 4 {
@@ -410,10 +429,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 return Err(Error::Overflow); // never: a region is at least as long as asked
             }
             self.register(&slab);
-            slab.entry_added(len);
-            // The value's pages, not the class's rounded tail.
-            slab.touch(used);
-            return Ok(placed(slab, c));
+            // The value's pages (up to `used`), not the class's rounded tail.
+            return Ok(self.placed_in(slab, c, len));
         }
         // len is at most a quarter of a slab here: none of these sums can overflow.
         let need = len.max(1).next_multiple_of(ALIGN);
@@ -423,9 +440,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             if end <= o.slab.len() && o.slab.pin().is_ok() {
                 let off = o.used;
                 o.used = end;
-                o.slab.entry_added(len);
-                o.slab.touch(off + len);
-                return Ok(placed(o.slab.clone(), off));
+                return Ok(self.placed_in(o.slab.clone(), off, len));
             }
         }
         // Full, or purged while open: close it.
@@ -439,16 +454,26 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 slab
             }
         };
-        slab.entry_added(len);
         let c = self.colour();
-        slab.touch(c + len);
         *open = Some(Open {
             slab: slab.clone(),
             used: c + need,
         });
         drop(open);
         self.opened_slab();
-        Ok(placed(slab, c))
+        Ok(self.placed_in(slab, c, len))
+    }
+
+    /// The place of `len` bytes at `off` in `slab`, which the caller pinned for it.
+    fn placed_in(&self, slab: Arc<Slab>, off: usize, len: usize) -> Placed {
+        slab.entry_added(len);
+        slab.touch(off + len);
+        Placed {
+            slab,
+            off,
+            len,
+            committed: false,
+        }
     }
 
     /// A new slab of `len` bytes for class `priority`, of which `used` will be written: on a
@@ -518,12 +543,9 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             Some(mut s) if Arc::ptr_eq(&s.slab, slab) && s.off == off => {
                 // The old slot's drop gives its space in the probation slab up; the new slot
                 // takes over the place's count of its slab.
-                *s = Slot {
-                    slab: p.slab.clone(),
-                    off: p.off,
-                    len: p.len,
-                };
+                *s = Slot::new(p.slab.clone(), p.off, p.len);
                 drop(s);
+                p.slab.record(self.map.hasher().hash_one(key), p.off);
                 self.shared.counters.promoted(slab.priority);
                 p.into_entry()
             }
@@ -534,11 +556,12 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
 
     /// Puts a written value in the map; the slot takes over the place's count of the slab.
     fn commit(&self, key: K, placed: &mut Placed, priority: Priority) {
-        let slot = Slot {
-            slab: placed.slab.clone(),
-            off: placed.off,
-            len: placed.len,
-        };
+        if !placed.slab.probation {
+            placed
+                .slab
+                .record(self.map.hasher().hash_one(&key), placed.off);
+        }
+        let slot = Slot::new(placed.slab.clone(), placed.off, placed.len);
         self.map.insert(key, slot);
         self.shared.counters.inserted(priority);
         if let Some(b) = self.opts.budget {
@@ -614,6 +637,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                     let ptr = unsafe { s.slab.at(s.off) };
                     let entry = Entry::pinned(&s.slab, ptr, s.len);
                     if !s.slab.probation {
+                        s.hit();
                         return Ok(entry);
                     }
                     // The first hit on probation: the map's guard goes before the move.
@@ -629,8 +653,15 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             }
         };
         debug_assert!(pinned.is_err());
-        self.map
-            .remove_if(key, |_, s| Arc::ptr_eq(&s.slab, &slab) && s.off == off);
+        if self
+            .map
+            .remove_if(key, |_, s| Arc::ptr_eq(&s.slab, &slab) && s.off == off)
+            .is_none()
+        {
+            // The entry changed since: its value carried out of the slab as it died
+            // (`crate::merge`), replaced, or removed (by another lookup that saw the purge).
+            return self.lookup(key);
+        }
         if slab.probation {
             // Requested again after its probation value was purged unread: its next insert
             // skips probation.
@@ -772,8 +803,12 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             None => false,
         });
         let tombstones = self.shared.counters.tombstones();
-        if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 * 2 / 3) {
-            self.map.retain(|_, s| !s.slab.is_dead());
+        // More tombstones than live entries: those of the older half of the deaths go.
+        if tombstones > MIN_TOMBSTONES.max(self.map.len() as u64 / 2) {
+            let last = self.shared.counters.deaths();
+            let kept = (self.slabs.len() as u64 / 2).max(1);
+            self.map
+                .retain(|_, s| !s.slab.is_dead() || s.slab.died() + kept > last);
             let left = self.shared.counters.tombstones();
             self.shared
                 .counters
@@ -781,11 +816,11 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
     }
 
-    /// Purges this cache's least recently used unpinned slabs, lowest class first (probation
-    /// slabs as a class below their own), until its resident bytes are 15/16 of `budget`, or
-    /// four slabs below it if that is closer (a small budget keeps nearly all of itself).
+    /// Evicts this cache's unpinned slabs in its eviction order, carrying their read values
+    /// (see "Eviction" above), until its resident bytes are 15/16 of `budget`, or four slabs
+    /// below it if that is closer (a small budget keeps nearly all of itself).
     fn keep_budget(&self, budget: u64) {
-        let Some(_g) = self.budget_lock.try_lock() else {
+        let Some(mut merge) = self.budget_lock.try_lock() else {
             return; // another thread is at it
         };
         self.sweep();
@@ -794,40 +829,28 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             return;
         }
         let victims = self.in_victim_order(|s| s.unpinned(), usize::MAX);
-        for (_, slab) in victims {
+        for slab in victims {
             if self.shared.counters.resident() <= target {
                 break;
             }
-            slab.purge_now();
+            self.evict(&slab, &mut merge);
         }
     }
 
-    /// This cache's live slabs that `keep` accepts, first in the one victim order
-    /// ([`vrange::order`]; a probation slab counted a class below its own) first, at most
-    /// `most` of them, each with how long it had been idle.
+    /// This cache's volatile slabs that `keep` accepts, in the order its own evictions take
+    /// them (`crate::merge::victim_order`), at most `most` of them.
     pub(crate) fn in_victim_order(
         &self,
         keep: impl Fn(&Slab) -> bool,
         most: usize,
-    ) -> Vec<(std::time::Duration, Arc<Slab>)> {
-        let mut slabs: Vec<_> = self
+    ) -> Vec<Arc<Slab>> {
+        let slabs: Vec<_> = self
             .slabs
             .iter()
             .filter_map(|s| s.value().upgrade())
-            .filter(|s| !s.is_dead() && keep(s))
-            .filter_map(|s| {
-                let idle = s.idle()?;
-                let place = Place::new(s.purge_class() as u8, idle.as_nanos() as u64);
-                Some((place, idle, s))
-            })
+            .filter(|s| !s.is_dead() && keep(s) && s.idle().is_some())
             .collect();
-        let n = slabs.len().min(most);
-        if n > 0 && n < slabs.len() {
-            slabs.select_nth_unstable_by_key(n - 1, |v| v.0);
-        }
-        slabs.truncate(n);
-        slabs.sort_unstable_by_key(|v| v.0);
-        slabs.into_iter().map(|(_, idle, s)| (idle, s)).collect()
+        merge::victim_order(slabs, most)
     }
 
     /// Releases a value handed out by [`Entry::into_raw`] (the C ABI's

@@ -6,22 +6,21 @@
 //! the memory cgroup and mapped again, for memory that was resident a moment before. Short
 //! means a new slab would pass the cache's budget, or leave the memory cgroup less free than
 //! the `VRANGE_HEADROOM` threshold ([`vrange::short::Room::short_for`]). Then the victim is the
-//! one a budget purge would choose: first in the one victim order ([`vrange::order`]), a
-//! probation slab counted a class below its own; it dies as if purged (its entries' lookups say `Purged`), and
-//! its region, pinned again, becomes the new slab. Memory goes back to the system only when
-//! someone else needs it: the reclaimer still purges the cache's volatile slabs on pressure,
-//! in one order with all other vrange memory of the process.
+//! one a budget eviction would choose: first in the one victim order ([`vrange::order`]), a
+//! probation slab counted a class below its own, then the oldest made; its values read since
+//! they were written are carried into a merge slab (`crate::merge`), the others' lookups say
+//! `Purged`, and its region, pinned again, becomes the new slab. Memory goes back to the
+//! system only when someone else needs it: the reclaimer still purges the cache's volatile
+//! slabs on pressure, in one order with all other vrange memory of the process.
 //!
 //! Choosing a victim scans every slab, so a scan keeps the oldest sixteenth (at least
-//! [`BATCH`]) as candidates for the recycles that follow; a candidate pinned, used or purged
-//! since is skipped (a slab read since the scan is young again, and taking it would break the
-//! least-recently-used order).
+//! [`BATCH`]) as candidates for the recycles that follow; a candidate pinned or purged since
+//! is skipped.
 
 use crate::slab::Slab;
 use crate::Cache;
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 use vrange::Priority;
 
 /// Candidates one scan keeps: at least this many, and a sixteenth of the slabs (a scan
@@ -30,9 +29,9 @@ const BATCH: usize = 32;
 /// The share of the slabs one scan keeps as candidates, `1/SHARE`.
 const SHARE: usize = 16;
 
-/// The candidates of the last scan with how long each had been idle then, the oldest last.
+/// The candidates of the last scan, the oldest last.
 #[derive(Debug)]
-pub(crate) struct Candidates(crate::lock::Mutex<Vec<(Weak<Slab>, Duration)>>);
+pub(crate) struct Candidates(crate::lock::Mutex<Vec<Weak<Slab>>>);
 
 impl Default for Candidates {
     fn default() -> Candidates {
@@ -68,10 +67,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         loop {
             let next = self.candidates.0.lock().pop();
             let victim = match next {
-                // Idle for less than at the scan: used since, so no longer among the oldest.
-                Some((w, idle)) => w
-                    .upgrade()
-                    .filter(|v| v.idle().is_some_and(|now| now >= idle)),
+                Some(w) => w.upgrade(),
                 None if scanned => return None,
                 None => {
                     scanned = true;
@@ -79,10 +75,18 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                     continue;
                 }
             };
-            let Some(recycled) = victim.and_then(|v| v.take_for_recycling()) else {
+            let Some(victim) = victim else {
+                continue;
+            };
+            let Some(recycled) = victim.take_for_recycling() else {
                 continue;
             };
             let slab = Slab::recycled(recycled, priority, probation, &self.shared)?;
+            // Pages proved intact (a purged region counts none touched): the values read since
+            // they were written go on before the new slab's writes.
+            if slab.touched() > 0 {
+                self.carry_out(&victim, &mut self.budget_lock.lock());
+            }
             self.register(&slab);
             return Some(slab);
         }
@@ -91,7 +95,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// The sixteenth of the slabs (at least [`BATCH`]) a budget purge would take first (the
     /// first last): unpinned, without holds, the size of a slab (values with a region of their
     /// own are not recycled).
-    fn oldest_slabs(&self) -> Vec<(Weak<Slab>, Duration)> {
+    fn oldest_slabs(&self) -> Vec<Weak<Slab>> {
         let len = self.opts.slab_bytes;
         let most = BATCH.max(self.slabs.len() / SHARE);
         let keep = |s: &Slab| s.len() == len && s.unpinned() && !s.has_holds();
@@ -100,7 +104,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         oldest
             .into_iter()
             .rev()
-            .map(|(idle, s)| (Arc::downgrade(&s), idle))
+            .map(|s| Arc::downgrade(&s))
             .collect()
     }
 }
@@ -157,6 +161,40 @@ mod tests {
         }
         assert_eq!(purged, 16, "one slab's entries");
         slab.unpin();
+    }
+
+    #[test]
+    fn a_recycled_slab_carries_its_read_values() {
+        let _s = vrange_testkit::serial();
+        quiet();
+        let c = cache();
+        // A quarter of every slab's values read once.
+        for k in (0..8 * 16u64).filter(|k| k % 4 == 0) {
+            assert_eq!(
+                *c.get(&k).expect("a value"),
+                [k as u8; VALUE][..],
+                "key {k}"
+            );
+        }
+        c.shared.flush_idle();
+        c.recycle_oldest(Priority::Normal, false)
+            .expect("a victim")
+            .unpin();
+        let stats = c.stats().classes[Priority::Normal as usize];
+        assert!(stats.carried >= 3, "the victim's read values: {stats:?}");
+        let mut purged = 0;
+        for k in 0..8 * 16u64 {
+            match c.lookup(&k) {
+                Ok(v) => assert_eq!(*v, [k as u8; VALUE][..], "key {k}"),
+                Err(Miss::Purged) => {
+                    assert!(k % 4 != 0, "read key {k} was not carried");
+                    purged += 1;
+                }
+                Err(Miss::Absent) => panic!("key {k} absent"),
+            }
+        }
+        // The oldest slab's unread values (15 or 16 fit, behind its colour), and no other.
+        assert!((11..=12).contains(&purged), "{purged} purged");
     }
 
     #[test]

@@ -40,7 +40,7 @@ use crate::counters::Counters;
 use crate::lock::Mutex;
 use dashmap::DashMap;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Weak};
 use vrange::{Options, Priority, VolatileRegion};
 
@@ -64,6 +64,13 @@ pub(crate) struct Recycled {
     touched: usize,
 }
 
+impl Recycled {
+    /// The region, still volatile.
+    pub fn into_region(self) -> VolatileRegion {
+        self.region
+    }
+}
+
 const HELD: u32 = 1 << 31;
 const QUEUED: u32 = 1 << 30;
 const COUNT: u32 = QUEUED - 1;
@@ -77,6 +84,10 @@ struct Inner {
     /// Held extents (page-rounded offsets `start..end`, one per hold: a multiset), never
     /// marked volatile while listed.
     holds: Vec<(usize, usize)>,
+    /// The values placed here, as (the key's hash, offset): how an eviction finds their
+    /// entries to carry the ones read since they were written (`crate::merge`). Entries
+    /// removed or moved since are found gone then.
+    records: Vec<(u64, usize)>,
 }
 
 impl Inner {
@@ -136,6 +147,8 @@ pub(crate) struct Slab {
     touched: AtomicUsize,
     inner: Mutex<Inner>,
     dead: AtomicBool,
+    /// The sequence number of its death (`Counters::slab_died`), 0 while alive.
+    died: AtomicU64,
     /// Entries (in the map or being written) whose values lie here, and their bytes.
     live: AtomicUsize,
     live_bytes: AtomicUsize,
@@ -145,6 +158,9 @@ pub(crate) struct Slab {
     /// The slab holds values on probation (`crate::probation`): its region is one class
     /// below `priority`, and a hit moves a value out of it.
     pub probation: bool,
+    /// When it was made (`vrange_sys::clock::now_ns`): the cache's own evictions take the
+    /// oldest first (`crate::merge`).
+    born: u64,
     shared: Arc<Shared>,
     me: Weak<Slab>,
 }
@@ -230,14 +246,17 @@ impl Slab {
                     region: Some(region),
                     me: None,
                     holds: Vec::new(),
+                    records: Vec::new(),
                 },
             ),
             dead: AtomicBool::new(false),
+            died: AtomicU64::new(0),
             live: AtomicUsize::new(0),
             live_bytes: AtomicUsize::new(0),
             held_bytes: AtomicUsize::new(0),
             priority,
             probation,
+            born: vrange_sys::clock::now_ns(),
             shared: shared.clone(),
             me: me.clone(),
         });
@@ -249,6 +268,14 @@ impl Slab {
     /// as if purged (its entries' lookups say `Purged`). `None`, changing nothing, if a reader
     /// pins it, a hold keeps pages of it, or it is dead already.
     pub fn take_for_recycling(&self) -> Option<Recycled> {
+        let taken = self.take_region()?;
+        self.shared.counters.recycled(self.priority);
+        Some(taken)
+    }
+
+    /// Takes the region of this volatile slab, still volatile, for the caller to evict: the
+    /// slab dies as if purged. `None`, changing nothing, as [`Slab::take_for_recycling`].
+    pub fn take_region(&self) -> Option<Recycled> {
         let mut inner = self.inner.lock();
         // Under the lock with the state zero, no pin exists and a new one waits for the lock,
         // then finds no region.
@@ -257,11 +284,25 @@ impl Slab {
         }
         let region = inner.region.take()?;
         self.die(&mut inner);
-        self.shared.counters.recycled(self.priority);
         Some(Recycled {
             region,
             touched: self.touched(),
         })
+    }
+
+    /// A value of the key hashed `hash` was placed at `off` (the caller holds a pin).
+    pub fn record(&self, hash: u64, off: usize) {
+        self.inner.lock().records.push((hash, off));
+    }
+
+    /// The records of the values placed here (see `Inner::records`), taken: the slab is dead.
+    pub fn take_records(&self) -> Vec<(u64, usize)> {
+        std::mem::take(&mut self.inner.lock().records)
+    }
+
+    /// How long ago it was made.
+    pub fn age(&self, now: u64) -> u64 {
+        now.saturating_sub(self.born)
     }
 
     /// The class the slab's region is purged as (one below its values' on probation).
@@ -314,6 +355,11 @@ impl Slab {
 
     pub fn is_dead(&self) -> bool {
         self.dead.load(Acquire)
+    }
+
+    /// The sequence number of its death (see `Counters::deaths`), 0 while alive.
+    pub fn died(&self) -> u64 {
+        self.died.load(Relaxed)
     }
 
     pub fn live_bytes(&self) -> usize {
@@ -453,13 +499,14 @@ impl Slab {
             let _ = r.purge();
         }
         if !self.dead.swap(true, AcqRel) {
-            self.shared.counters.slab_died(
+            let seq = self.shared.counters.slab_died(
                 self.priority,
                 self.len(),
                 self.touched(),
                 self.live.load(Relaxed),
                 self.live_bytes.load(Relaxed),
             );
+            self.died.store(seq, Relaxed);
         }
     }
 
