@@ -350,7 +350,8 @@
  *     values, and whole slabs while a put writes into them), follow, then promoted, per
  *     class: the values a first hit moved off probation, then recycled, per class: the
  *     slabs whose pages a new slab took over while memory was short (their entries count
- *     as purged). vrange_cache_destroy() frees
+ *     as purged), then carried, per class: the values read since they were written that the
+ *     cache's own evictions (budget, recycling) copied into a new slab instead of dropping. vrange_cache_destroy() frees
  *     the cache; values still held stay readable and are leaked, and every later call with
  *     the handle fails with EINVAL (a destroyed handle keeps 16 bytes so that this holds; no
  *     new cache gets its address).
@@ -1028,6 +1029,7 @@ struct vrange_cache_stats {
     uint64_t pinned_bytes;   /**< bytes no purge can take now: pages under held values */
     uint64_t promoted[4];    /**< per class (as classes): values moved off probation by a hit */
     uint64_t recycled[4];    /**< per class: slabs whose pages a new slab took, memory short */
+    uint64_t carried[4];     /**< per class: read values an eviction copied into a new slab */
 };
 
 /** Makes a cache (options NULL: the defaults). Returns it, or NULL with errno set. */

@@ -71,10 +71,11 @@ pub struct VrangeCacheStats {
     pub pinned_bytes: u64,
     pub promoted: [u64; 4],
     pub recycled: [u64; 4],
+    pub carried: [u64; 4],
 }
 
 const _: () = assert!(std::mem::size_of::<VrangeCacheOptions>() == 8 * 4);
-const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2 + 4 + 4));
+const _: () = assert!(std::mem::size_of::<VrangeCacheStats>() == 8 * (10 + 4 * 8 + 2 + 4 + 4 + 4));
 
 impl From<&ClassStats> for VrangeCacheClassStats {
     fn from(c: &ClassStats) -> Self {
@@ -341,6 +342,7 @@ pub unsafe extern "C" fn vrange_cache_stats(
             pinned_bytes: s.pinned_bytes(),
             promoted: std::array::from_fn(|i| s.classes[i].promoted),
             recycled: std::array::from_fn(|i| s.classes[i].recycled),
+            carried: std::array::from_fn(|i| s.classes[i].carried),
         };
         let n = size.min(std::mem::size_of::<VrangeCacheStats>());
         full.size = n as u64;

@@ -552,6 +552,7 @@ impl Cache {
             cd.set_item("purged_lookups", c.purged_lookups)?;
             cd.set_item("promoted", c.promoted)?;
             cd.set_item("recycled", c.recycled)?;
+            cd.set_item("carried", c.carried)?;
             cd.set_item("purged_entries", c.purged_entries)?;
             cd.set_item("purged_bytes", c.purged_bytes)?;
             cd.set_item("resident_bytes", c.resident_bytes)?;
