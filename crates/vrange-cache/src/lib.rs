@@ -263,6 +263,19 @@ struct Open {
     used: usize,
 }
 
+impl Open {
+    /// The offset of `need` more bytes (at most a slab: no overflow), the slab pinned for
+    /// them; `None` if they do not fit or the slab was purged.
+    fn append(&mut self, need: usize) -> Option<(Arc<Slab>, usize)> {
+        let end = self.used + need;
+        if end <= self.slab.len() && self.slab.pin().is_ok() {
+            let off = std::mem::replace(&mut self.used, end);
+            return Some((self.slab.clone(), off));
+        }
+        None
+    }
+}
+
 type Map<K> = DashMap<K, Slot, foldhash::fast::RandomState>;
 
 /// The cache. Share it between threads by reference or `Arc`.
@@ -435,13 +448,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         // len is at most a quarter of a slab here: none of these sums can overflow.
         let need = len.max(1).next_multiple_of(ALIGN);
         let mut open = self.open_slab(priority, probation).lock();
-        if let Some(o) = open.as_mut() {
-            let end = o.used + need;
-            if end <= o.slab.len() && o.slab.pin().is_ok() {
-                let off = o.used;
-                o.used = end;
-                return Ok(self.placed_in(o.slab.clone(), off, len));
-            }
+        if let Some((slab, off)) = open.as_mut().and_then(|o| o.append(need)) {
+            return Ok(self.placed_in(slab, off, len));
         }
         // Full, or purged while open: close it.
         open.take();

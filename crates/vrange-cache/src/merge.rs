@@ -181,15 +181,10 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         len: usize,
         priority: vrange::Priority,
     ) -> Option<Placed> {
-        // At most half a slab: no overflow.
+        // A value of a slab: no overflow.
         let need = len.max(1).next_multiple_of(ALIGN);
-        if let Some(o) = open.as_mut() {
-            let end = o.used + need;
-            if end <= o.slab.len() && o.slab.pin().is_ok() {
-                let off = o.used;
-                o.used = end;
-                return Some(self.placed_in(o.slab.clone(), off, len));
-            }
+        if let Some((slab, off)) = open.as_mut().and_then(|o| o.append(need)) {
+            return Some(self.placed_in(slab, off, len));
         }
         *open = None;
         let bytes = self.opts.slab_bytes;
