@@ -187,9 +187,20 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             return Some(self.placed_in(slab, off, len));
         }
         *open = None;
-        let bytes = self.opts.slab_bytes;
-        let slab = self.new_slab(bytes, bytes, priority, false).ok()?;
-        self.register(&slab);
+        // While memory is short, on the pages of the next victim, as any new slab.
+        let slab = match self.short_for_a_slab() {
+            true => self.recycle_oldest(priority, false, None),
+            false => None,
+        };
+        let slab = match slab {
+            Some(slab) => slab,
+            None => {
+                let bytes = self.opts.slab_bytes;
+                let slab = self.new_slab(bytes, bytes, priority, false).ok()?;
+                self.register(&slab);
+                slab
+            }
+        };
         let c = self.colour();
         *open = Some(Open {
             slab: slab.clone(),

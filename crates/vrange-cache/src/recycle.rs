@@ -46,23 +46,34 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
     /// A new slab (pinned once) for class `priority`, on the pages of this cache's least
     /// recently used unpinned slab, if memory is short and there is one.
     pub(crate) fn recycled_slab(&self, priority: Priority, probation: bool) -> Option<Arc<Slab>> {
+        if self.short_for_a_slab() {
+            self.recycle_oldest(priority, probation, Some(&mut *self.budget_lock.lock()))
+        } else {
+            None
+        }
+    }
+
+    /// Whether a new slab would leave memory short.
+    pub(crate) fn short_for_a_slab(&self) -> bool {
         // A recent reading that says short is trusted (reading the cgroup's files took a
         // fifteenth of a busy cache's time, once per slab): at worst the cache recycles for
         // three of the reclaimer's ticks (at least a second) after memory stopped being short,
         // which gives nothing back late. One that says otherwise is not: the cache would grow
         // on it.
         let bytes = self.opts.slab_bytes as u64;
-        let short = vrange::reclaimer::recent_room().is_some_and(|r| r.short_for(bytes))
-            || vrange::reclaimer::room().is_some_and(|r| r.short_for(bytes));
-        if short {
-            self.recycle_oldest(priority, probation)
-        } else {
-            None
-        }
+        vrange::reclaimer::recent_room().is_some_and(|r| r.short_for(bytes))
+            || vrange::reclaimer::room().is_some_and(|r| r.short_for(bytes))
     }
 
-    /// A new slab on the pages of the least recently used unpinned slab, if there is one.
-    fn recycle_oldest(&self, priority: Priority, probation: bool) -> Option<Arc<Slab>> {
+    /// A new slab on the pages of the slab the cache's own eviction takes first, if there is
+    /// one; with `merge`, the victim's read values are carried out first (a merge slab's own
+    /// recycling, under the eviction's lock, carries nothing: its victim's values are lost).
+    pub(crate) fn recycle_oldest(
+        &self,
+        priority: Priority,
+        probation: bool,
+        merge: Option<&mut crate::merge::Merge>,
+    ) -> Option<Arc<Slab>> {
         let mut scanned = false;
         loop {
             let next = self.candidates.0.lock().pop();
@@ -84,8 +95,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             let slab = Slab::recycled(recycled, priority, probation, &self.shared)?;
             // Pages proved intact (a purged region counts none touched): the values read since
             // they were written go on before the new slab's writes.
-            if slab.touched() > 0 {
-                self.carry_out(&victim, &mut self.budget_lock.lock());
+            if let Some(merge) = merge.filter(|_| slab.touched() > 0) {
+                self.carry_out(&victim, merge);
             }
             self.register(&slab);
             return Some(slab);
@@ -146,7 +157,9 @@ mod tests {
         let _s = vrange_testkit::serial();
         quiet();
         let c = cache();
-        let slab = c.recycle_oldest(Priority::Normal, false).expect("a victim");
+        let slab = c
+            .recycle_oldest(Priority::Normal, false, Some(&mut *c.budget_lock.lock()))
+            .expect("a victim");
         assert_eq!(slab.len(), 64 << 10);
         assert_eq!(c.stats().classes[Priority::Normal as usize].recycled, 1);
         // One slab's sixteen entries are gone (which one depends on the order the flush marked
@@ -177,7 +190,7 @@ mod tests {
             );
         }
         c.shared.flush_idle();
-        c.recycle_oldest(Priority::Normal, false)
+        c.recycle_oldest(Priority::Normal, false, Some(&mut *c.budget_lock.lock()))
             .expect("a victim")
             .unpin();
         let stats = c.stats().classes[Priority::Normal as usize];
@@ -203,14 +216,15 @@ mod tests {
         quiet();
         let c = cache();
         // The first recycle scans, takes the oldest and keeps the next seven as candidates.
-        c.recycle_oldest(Priority::Normal, false)
+        c.recycle_oldest(Priority::Normal, false, Some(&mut *c.budget_lock.lock()))
             .expect("a victim")
             .unpin();
         // Readers pin every value there is, the candidates' slabs included.
         let held: Vec<_> = (0..8 * 16).filter_map(|k| Some((k, c.get(&k)?))).collect();
         assert_eq!(held.len(), 7 * 16);
         assert!(
-            c.recycle_oldest(Priority::Normal, false).is_none(),
+            c.recycle_oldest(Priority::Normal, false, Some(&mut *c.budget_lock.lock()))
+                .is_none(),
             "a pinned slab was recycled"
         );
         for (k, v) in &held {

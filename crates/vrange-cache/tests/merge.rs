@@ -89,8 +89,9 @@ fn readers_racing_carries_see_right_bytes_and_a_purge_once_and_for_good() {
     const HOT: u64 = 64;
     put(&c, 0..HOT);
     let stop = AtomicBool::new(false);
+    let started = std::sync::Barrier::new(3);
     std::thread::scope(|s| {
-        let (c, stop) = (&c, &stop);
+        let (c, stop, started) = (&c, &stop, &started);
         // Readers: a value is right; a purge is final (no one inserts these keys again), so
         // a key reported purged must then be absent, never found.
         let readers: Vec<_> = (0..2)
@@ -98,6 +99,12 @@ fn readers_racing_carries_see_right_bytes_and_a_purge_once_and_for_good() {
                 s.spawn(move || {
                     let mut gone = HashSet::new();
                     let (mut hits, mut purged) = (0u64, 0u64);
+                    // Every hot value read once before the writer starts: the first
+                    // evictions of their slabs carry them, however the threads are scheduled.
+                    for k in (r..HOT).step_by(2) {
+                        assert!(check(&c.get(&k).expect("a fresh value"), k, 0), "key {k}");
+                    }
+                    started.wait();
                     while !stop.load(Relaxed) {
                         for k in (r..HOT).step_by(2) {
                             match c.lookup(&k) {
@@ -120,6 +127,7 @@ fn readers_racing_carries_see_right_bytes_and_a_purge_once_and_for_good() {
                 })
             })
             .collect();
+        started.wait();
         // The writer: new keys only, a hundred budgets' worth, so evictions carry the hot values
         // again and again while the readers look them up.
         put(c, 1000..1000 + 100 * 8 * 16);

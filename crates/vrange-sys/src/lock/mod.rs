@@ -44,10 +44,12 @@ pub enum Rank {
     Regions,
     /// vrange-cache: a shard's open slab (taken while writing a value into it).
     CacheOpen,
-    /// vrange-cache: the recycling candidates of the last scan.
-    CacheCandidates,
-    /// vrange-cache: the budget's purge (taken with `try_lock` only).
+    /// vrange-cache: its own evictions and their merge slabs (the budget takes it with
+    /// `try_lock`; recycling waits for it).
     CacheBudget,
+    /// vrange-cache: the recycling candidates of the last scan (a merge slab is recycled
+    /// under the eviction's lock).
+    CacheCandidates,
     /// vrange-cache: one slab's state (its holds, its region).
     CacheSlab,
     /// vrange-cache: the slabs waiting for the flush.
