@@ -20,7 +20,7 @@ use crate::counters::{class, CLASSES};
 use crate::slab::Slab;
 use crate::{Cache, Open, Placed, Slot, ALIGN};
 use std::hash::Hash;
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use vrange::order::Place;
@@ -30,7 +30,12 @@ use vrange::order::Place;
 const PROBATION_SHARE: u64 = 33;
 
 /// The highest read count an entry keeps.
-const MAX_HITS: u8 = 3;
+const MAX_HITS: usize = 3;
+/// Where an entry's read count sits in its `Slot::len_hits` word: above every length.
+pub(crate) const HITS_SHIFT: u32 = 62;
+/// The length's bits of `Slot::len_hits`.
+pub(crate) const LEN_MASK: usize = (1 << HITS_SHIFT) - 1;
+const _: () = assert!(crate::MAX_REGION <= LEN_MASK);
 
 /// The merge slabs being filled, one per class (under the cache's budget lock).
 #[derive(Default)]
@@ -72,12 +77,29 @@ pub(crate) fn victim_order(slabs: Vec<Arc<Slab>>, most: usize) -> Vec<Arc<Slab>>
 }
 
 impl Slot {
-    /// A hit on the entry: counts it, writing only while below [`MAX_HITS`].
+    /// A slot for `len` bytes at `off` in `slab`, read `hits` times.
+    pub(crate) fn with_hits(slab: Arc<Slab>, off: usize, len: usize, hits: usize) -> Slot {
+        debug_assert!(len <= LEN_MASK && hits <= MAX_HITS);
+        Slot {
+            slab,
+            off,
+            len_hits: AtomicUsize::new(len | hits << HITS_SHIFT),
+        }
+    }
+
+    /// Its read count.
+    pub(crate) fn hits(&self) -> usize {
+        self.len_hits.load(Relaxed) >> HITS_SHIFT
+    }
+
+    /// A hit on the entry (under its map shard's read lock): counts it, writing only while
+    /// below [`MAX_HITS`]. Racing hits write the same length, so a lost count is all a race
+    /// costs; a carry, which rewrites the slot, holds the shard's write lock.
     #[inline(always)]
     pub(crate) fn hit(&self) {
-        let h = self.hits.load(Relaxed);
-        if h < MAX_HITS {
-            self.hits.store(h + 1, Relaxed);
+        let w = self.len_hits.load(Relaxed);
+        if w >> HITS_SHIFT < MAX_HITS {
+            self.len_hits.store(w + (1 << HITS_SHIFT), Relaxed);
         }
     }
 }
@@ -117,7 +139,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let shard = |hash: u64| &self.map.shards()[self.map.determine_shard(hash as usize)];
         // The values read since written, with their counts, found under the shards' read
         // locks; the most read go first.
-        let mut read: Vec<(u8, usize, u64, usize)> = from
+        let mut read: Vec<(usize, usize, u64, usize)> = from
             .take_records()
             .into_iter()
             .filter_map(|(hash, off)| {
@@ -125,8 +147,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
                 let bucket = table.find(hash, |(_, v)| is_it(v.get(), off))?;
                 // SAFETY: the bucket was found in this table, which the read guard keeps.
                 let s = unsafe { bucket.as_ref() }.1.get();
-                let hits = s.hits.load(Relaxed);
-                (hits > 0).then_some((hits, s.len, hash, off))
+                let hits = s.hits();
+                (hits > 0).then_some((hits, s.len(), hash, off))
             })
             .collect();
         read.sort_unstable_by_key(|r| (std::cmp::Reverse(r.0), r.3));
@@ -152,16 +174,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             // region; the destination is the place's own, in a slab it holds pinned. Distinct
             // regions: no overlap.
             unsafe { std::ptr::copy_nonoverlapping(src, p.buf().as_mut_ptr(), len) };
-            let hits = slot.hits.get_mut().saturating_sub(1);
-            let old = std::mem::replace(
-                slot,
-                Slot {
-                    slab: p.slab.clone(),
-                    off: p.off,
-                    len,
-                    hits: AtomicU8::new(hits),
-                },
-            );
+            let hits = slot.hits().saturating_sub(1);
+            let old = std::mem::replace(slot, Slot::with_hits(p.slab.clone(), p.off, len, hits));
             drop(table);
             drop(old); // `from` loses the entry (under its lock: not under the shard's)
             p.slab.record(hash, p.off);
