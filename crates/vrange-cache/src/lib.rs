@@ -65,7 +65,8 @@
 //! The cache's own evictions (its budget, and recycling below) take whole slabs: lowest class
 //! first (probation a class below its own, but kept at about 3 % of its class), then the
 //! oldest made. Before a slab goes, the values read since they were written (or last carried)
-//! are copied into a *merge slab* of their class, up to 15/16 of a slab, the most read first,
+//! are copied into a *merge slab* of their class, up to 15/16 of a slab (half while
+//! recycling, which a miss waits for), the most read first,
 //! after Segcache (NSDI '21): what stays is chosen per value while the memory freed is a whole
 //! slab. Each entry counts its reads in two bits; a carry takes one off, so a value must keep
 //! being read to keep being carried ([`ClassStats::carried`] counts them). The kernel's and the
