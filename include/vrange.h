@@ -315,7 +315,8 @@
  *     vrange_cache_options) and leave any field 0 for its default: slab_bytes (256 KiB) is
  *     the size of the regions that hold values (small values share one; a value larger
  *     than a quarter of it gets its own), budget (0: none) the resident bytes this cache
- *     keeps at most (past it, a put purges the cache's least recently used slabs), and flags
+ *     keeps at most (past it, a put evicts the cache's oldest slabs, copying on the values read
+ *     since they were written), and flags
  *     0 (hybrid regions) or VRANGE_MANAGED, either with VRANGE_CACHE_NO_PROBATION.
  *
  *     Probation (scan resistance): a key's first value is put in a probation slab, purged
@@ -323,7 +324,7 @@
  *     read); its first get moves it (one copy) into an ordinary slab. A value purged on
  *     probation and then asked for again (the get that says ESTALE) skips probation at its
  *     next put. Values with a region of their own are never on probation.
- *     VRANGE_CACHE_NO_PROBATION turns it off: one least-recently-used order by slab.
+ *     VRANGE_CACHE_NO_PROBATION turns it off.
  *
  *     vrange_cache_put() copies vlen bytes at val under the klen bytes at key (replacing any
  *     entry) with class priority: 0 or one VRANGE_DROP_* value. vrange_cache_get() returns

@@ -1,5 +1,5 @@
-//! Recycling: while the memory cgroup is short, a new slab takes over the pages of the cache's
-//! own least recently used slab instead of mapping fresh ones.
+//! Recycling: while the memory cgroup is short, a new slab takes over the pages of the slab
+//! the cache's own eviction would take first instead of mapping fresh ones.
 //!
 //! A cache growing into its container's limit would otherwise purge its oldest slab (the
 //! pages go back to the kernel) and then fault a new slab in: every page zeroed, charged to

@@ -245,10 +245,10 @@ impl Source {
 ///
 /// `slab_bytes`: bytes per slab (default 256 KiB, at least 64 KiB): values are packed into
 /// slabs and the system purges whole slabs. `budget`: resident bytes this cache keeps at most
-/// (past it, an insert purges the cache's own least recently used slabs, lowest priority
-/// first); None for no budget of its own (the process's reclaimer still purges under memory
+/// (past it, an insert evicts the cache's own oldest slabs, lowest priority first, keeping
+/// the values read since they were written by copying them on); None for no budget of its own (the process's reclaimer still purges under memory
 /// pressure). `probation` (default True): a key's first value is purged before values that
-/// were read, until its first hit moves it (scan resistance; False: plain LRU by slab).
+/// were read, until its first hit moves it (scan resistance; False: no probation).
 /// The Python key a cache key was made from ([`make_key`] undone).
 fn python_key<'py>(py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyAny>> {
     match key.split_first() {
