@@ -752,6 +752,7 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         for o in &self.open {
             o.lock().take();
         }
+        *self.budget_lock.lock() = merge::Merge::default();
         self.sweep();
     }
 

@@ -121,9 +121,9 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         let Some(taken) = victim.take_region() else {
             return;
         };
-        let region = taken.into_region();
+        let (region, records) = taken.into_parts();
         if region.unmark().is_ok_and(|u| !u.was_purged()) {
-            self.carry_out(victim, merge, BUDGET_CARRY);
+            self.carry_out(victim, records, merge, BUDGET_CARRY);
         }
         // SAFETY: the slab is dead and the carry done: nothing refers into the region.
         if unsafe { region.mark() }.is_ok() {
@@ -132,20 +132,24 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
     }
 
-    /// Carries the values of the dead slab `from` read since they were written into merge
-    /// slabs of its class, at most `share` sixteenths of a slab of them. The caller owns `from`'s region,
-    /// pinned and intact at the slab's address, and frees it afterwards. Returns the bytes
-    /// carried.
-    pub(crate) fn carry_out(&self, from: &Slab, merge: &mut Merge, share: usize) -> usize {
+    /// Carries the values of the dead slab `from` (its `records`) read since they were written
+    /// into merge slabs of its class, at most `share` sixteenths of a slab of them. The caller
+    /// owns `from`'s region, pinned and intact at the slab's address, and frees it afterwards.
+    pub(crate) fn carry_out(
+        &self,
+        from: &Slab,
+        records: Vec<(u64, usize)>,
+        merge: &mut Merge,
+        share: usize,
+    ) {
         if from.probation {
-            return 0;
+            return;
         }
         let is_it = |s: &Slot, off| std::ptr::eq(Arc::as_ptr(&s.slab), from) && s.off == off;
         let shard = |hash: u64| &self.map.shards()[self.map.determine_shard(hash as usize)];
         // The values read since written, with their counts, found under the shards' read
         // locks; the most read go first.
-        let mut read: Vec<(usize, usize, u64, usize)> = from
-            .take_records()
+        let mut read: Vec<(usize, usize, u64, usize)> = records
             .into_iter()
             .filter_map(|(hash, off)| {
                 let table = shard(hash).read();
@@ -189,7 +193,6 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             self.shared.counters.carried(from.priority, len);
             carried += len;
         }
-        carried
     }
 
     /// A pinned place for `len` bytes in the merge slab of class `priority`, a new one if the
@@ -207,11 +210,10 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
         }
         *open = None;
         // While memory is short, on the pages of the next victim, as any new slab.
-        let slab = match self.short_for_a_slab() {
-            true => self.recycle_oldest(priority, false, None),
-            false => None,
-        };
-        let slab = match slab {
+        let recycled = self
+            .short_for_a_slab()
+            .then(|| self.recycle_oldest(priority, false, None));
+        let slab = match recycled.flatten() {
             Some(slab) => slab,
             None => {
                 let bytes = self.opts.slab_bytes;

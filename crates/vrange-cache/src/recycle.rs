@@ -49,8 +49,8 @@ impl Default for Candidates {
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
-    /// A new slab (pinned once) for class `priority`, on the pages of this cache's least
-    /// recently used unpinned slab, if memory is short and there is one.
+    /// A new slab (pinned once) for class `priority`, on the pages of the slab this cache's
+    /// own eviction takes first, if memory is short and there is one.
     pub(crate) fn recycled_slab(&self, priority: Priority, probation: bool) -> Option<Arc<Slab>> {
         if self.short_for_a_slab() {
             self.recycle_oldest(priority, probation, Some(&mut *self.budget_lock.lock()))
@@ -95,14 +95,15 @@ impl<K: Hash + Eq + Send + Sync + 'static> Cache<K> {
             let Some(victim) = victim else {
                 continue;
             };
-            let Some(recycled) = victim.take_for_recycling() else {
+            let Some(mut recycled) = victim.take_for_recycling() else {
                 continue;
             };
+            let records = recycled.take_records();
             let slab = Slab::recycled(recycled, priority, probation, &self.shared)?;
             // Pages proved intact (a purged region counts none touched): the values read since
             // they were written go on before the new slab's writes.
             if let Some(merge) = merge.filter(|_| slab.touched() > 0) {
-                self.carry_out(&victim, merge, RECYCLE_CARRY);
+                self.carry_out(&victim, records, merge, RECYCLE_CARRY);
             }
             self.register(&slab);
             return Some(slab);

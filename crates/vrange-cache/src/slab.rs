@@ -62,12 +62,19 @@ pub(crate) struct Purged;
 pub(crate) struct Recycled {
     region: VolatileRegion,
     touched: usize,
+    /// The dead slab's records (`Inner::records`), for an eviction to carry its read values.
+    records: Vec<(u64, usize)>,
 }
 
 impl Recycled {
-    /// The region, still volatile.
-    pub fn into_region(self) -> VolatileRegion {
-        self.region
+    /// The region, still volatile, and the dead slab's records.
+    pub fn into_parts(self) -> (VolatileRegion, Vec<(u64, usize)>) {
+        (self.region, self.records)
+    }
+
+    /// The dead slab's records, taken.
+    pub fn take_records(&mut self) -> Vec<(u64, usize)> {
+        std::mem::take(&mut self.records)
     }
 }
 
@@ -212,7 +219,9 @@ impl Slab {
         probation: bool,
         shared: &Arc<Shared>,
     ) -> Option<Arc<Slab>> {
-        let Recycled { region, touched } = recycled;
+        let Recycled {
+            region, touched, ..
+        } = recycled;
         region.set_priority(if probation {
             crate::probation::below(priority)
         } else {
@@ -283,21 +292,18 @@ impl Slab {
             return None;
         }
         let region = inner.region.take()?;
+        let records = std::mem::take(&mut inner.records);
         self.die(&mut inner);
         Some(Recycled {
             region,
             touched: self.touched(),
+            records,
         })
     }
 
     /// A value of the key hashed `hash` was placed at `off` (the caller holds a pin).
     pub fn record(&self, hash: u64, off: usize) {
         self.inner.lock().records.push((hash, off));
-    }
-
-    /// The records of the values placed here (see `Inner::records`), taken: the slab is dead.
-    pub fn take_records(&self) -> Vec<(u64, usize)> {
-        std::mem::take(&mut self.inner.lock().records)
     }
 
     /// How long ago it was made.
@@ -498,6 +504,8 @@ impl Slab {
         } else if let Some(r) = inner.region.as_ref() {
             let _ = r.purge();
         }
+        // Nothing is left to carry (an eviction took them first).
+        inner.records = Vec::new();
         if !self.dead.swap(true, AcqRel) {
             let seq = self.shared.counters.slab_died(
                 self.priority,
