@@ -3,7 +3,9 @@
 //! before anyone asks, and its usage falls by them; younger chunks (of the low class, which an
 //! ordinary cut would take first) and pinned ones stay, byte for byte; the participant learns
 //! of each purge exactly. Without the mode (the default)
-//! nothing is purged. On cgroup v1 (the host, the 6.1 guest) and v2 (the 6.12 guest) alike.
+//! nothing is purged, and turned off after it ran, nothing more. On cgroup v1 (the host, the
+//! 6.1 guest) and v2 (the 6.12 guest) alike; on v2 a step also takes page cache through
+//! `memory.reclaim`.
 //! The controller's holds (a stall, pressure, refaults) are decided by a pure function, tested
 //! with made-up readings in the crate.
 
@@ -177,10 +179,103 @@ fn cold_volatile_memory_goes_back_before_anyone_asks_and_young_memory_stays() {
         assert!(Instant::now() < deadline, "the young chunks never went");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Turned off (the daemon started again without `--proactive`): what turns cold from then
+    // on stays until pressure, as if the mode had never run.
+    drop(coordinator);
+    let coordinator = InProcess::start(options(&socket, cg.path()));
+    for _ in 0..OLD {
+        command(&mut p, "mark", "MARKED");
+    }
+    await_participants(&socket, 1, ANSWER).expect("the participant connects again");
+    std::thread::sleep(AGE + Duration::from_secs(2));
+    let r = command(&mut p, "report", "REPORT");
+    assert_eq!(
+        purged_bits(&r)[OLD + YOUNG..],
+        [false; OLD],
+        "nothing cold goes once the mode is off"
+    );
+    let (status, _) = vrange_coordinator::query(&socket).expect("query");
+    assert_eq!((status.proactive, status.proactive_saved), (0, 0));
     assert!(p.send("exit"));
     p.wait(ANSWER);
     drop(coordinator);
     assert_eq!(cg.oom_kills().unwrap_or(0), 0);
+    cgroup::remove(child);
+}
+
+/// On cgroup v2 a step takes what volatile memory cannot give from the kernel's page cache
+/// (`memory.reclaim`): a cgroup holding only a file's clean pages, and no participant, is
+/// brought down by the mode, which counts those bytes as saved. v1 has no `memory.reclaim`
+/// (listed as lacking).
+#[test]
+fn on_cgroup_v2_a_step_takes_page_cache_through_memory_reclaim() {
+    let _s = serial();
+    const FILE: u64 = 64 << 20;
+    let Some(child) = cgroup::child_high("vrange-proactive-reclaim-", LIMIT, LIMIT) else {
+        return;
+    };
+    let cg = child.cgroup().clone();
+    let dir = socket_dir("proactive-reclaim");
+    let socket = dir.join("coordinator.sock");
+    // The file's pages are charged to the cgroup of the process that writes them: `dd`, in it.
+    let file = dir.join("cached");
+    let mut dd = std::process::Command::new("dd");
+    dd.arg("if=/dev/zero")
+        .arg(format!("of={}", file.display()))
+        .args([
+            "bs=1M",
+            &format!("count={}", FILE >> 20),
+            "conv=fsync",
+            "status=none",
+        ]);
+    vrange_sys::cgroup::join_before_exec(&mut dd, &cg.file("cgroup.procs")).expect("join");
+    assert!(dd.status().expect("dd").success(), "dd wrote the file");
+    let cached = || {
+        let stat = std::fs::read_to_string(cg.file("memory.stat")).expect("memory.stat");
+        stat.lines()
+            .find_map(|l| l.strip_prefix("file ")?.parse::<u64>().ok())
+            .expect("file in memory.stat")
+    };
+    let before = cached();
+    assert!(
+        before >= FILE / 2,
+        "the file is cached: {} MiB",
+        before >> 20
+    );
+    let coordinator = InProcess::start(vrange_coordinator::Options {
+        proactive: Some(Proactive {
+            min_idle: AGE,
+            interval: Duration::from_millis(100),
+            stall_pct: 100.0,
+            step_pct: 10.0,
+        }),
+        ..options(&socket, cg.path())
+    });
+    let deadline = Instant::now() + ANSWER;
+    let status = loop {
+        // The socket comes with the coordinator's first tick.
+        let status = vrange_coordinator::query(&socket).map(|(s, _)| s);
+        if let Ok(s) = status.as_ref() {
+            if cached() <= before / 2 && s.proactive_saved >= before / 4 {
+                break *s;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page cache stays: {} MiB of {} MiB, {status:?}",
+            cached() >> 20,
+            before >> 20
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "page cache {} MiB -> {} MiB, saved {} MiB",
+        before >> 20,
+        cached() >> 20,
+        status.proactive_saved >> 20
+    );
+    drop(coordinator);
+    drop(dir);
     cgroup::remove(child);
 }
 
