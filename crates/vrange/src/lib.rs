@@ -78,6 +78,7 @@ mod reclaim;
 mod refill;
 mod refill_block;
 mod refill_here;
+mod refill_lazy;
 mod refill_order;
 mod region;
 mod regions;

@@ -323,6 +323,10 @@ fn run() {
         }
         serving = Some(generation);
         let awake = now_ns() < awake_until;
+        if !awake {
+            // Before it sleeps: the blocks made and not yet lazily freed go now.
+            flush_lazy();
+        }
         match uffd::next_faults(fd, if awake { 0 } else { 1000 }, &mut faults) {
             Ok(0) if awake => std::hint::spin_loop(),
             Ok(0) if no_regions_left() => return,
@@ -359,6 +363,12 @@ fn reregister(fd: i32) {
         let w = unsafe { &mut *filler.work.get() };
         refill_block::target_again(fd, &filler.blocks, w.buffer.at, filler.block);
     });
+}
+
+/// Lazily frees every region's blocks made and not yet freed (`crate::refill_lazy`).
+fn flush_lazy() {
+    // SAFETY: `create` records a `Filler` for each region of this kind.
+    unsafe { refill_block::flush_lazy_each(Kind::Refill, |f: &Filler| (&f.blocks, f.block)) };
 }
 
 /// Whether the thread may leave: no region is left (decided, and the flag cleared, under the

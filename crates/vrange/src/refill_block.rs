@@ -1,7 +1,7 @@
 //! How one block of a refill region is made, by the refill thread (`crate::refill`) and in a
 //! SIGBUS handler (`crate::refill_here`) alike: the fill function writes the block into a fill
 //! buffer of the region's, which is then put in place, and the block is handed to the
-//! lazy-free path. Owns the choice between moving the buffer's pages into place
+//! lazy-free path (`crate::refill_lazy`). Owns the choice between moving the buffer's pages into place
 //! (`UFFDIO_MOVE`, Linux 6.8) and copying them (`UFFDIO_COPY`), and the recycling of a region's
 //! oldest blocks near the memory cgroup's limit. Async-signal-safe but for the fill function:
 //! system calls and atomics only; it never allocates or locks, and never reads how memory
@@ -31,7 +31,10 @@
 //! meant to be read); a block present when its install comes (another fill put it there) is
 //! kept, page by page.
 
+use crate::extents::Kind;
+use crate::refill_lazy::{Place, Run};
 use crate::refill_order::Order;
+use crate::regions;
 use std::os::fd::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
@@ -80,6 +83,8 @@ pub(crate) struct Blocks {
     /// move was refused with EINVAL since they were registered ([`map_buffers`],
     /// [`target_again`]).
     pub(crate) moves: AtomicBool,
+    /// Blocks made and not yet lazily freed (`crate::refill_lazy`).
+    pub(crate) lazy: Run,
 }
 
 /// Blocks a region lists at most (a larger region's oldest go unlisted: the kernel takes them).
@@ -91,6 +96,7 @@ impl Blocks {
         Blocks {
             order: Order::new(len.div_ceil(block).min(ORDER_MAX)),
             moves: AtomicBool::new(moves),
+            lazy: Run::default(),
         }
     }
 }
@@ -116,6 +122,27 @@ pub(crate) fn target_again(fd: RawFd, blocks: &Blocks, at: NonNull<u8>, len: usi
     blocks.moves.store(target, Relaxed);
 }
 
+/// Lazily frees, now, the blocks made and not yet freed of every region of `kind`, whose
+/// blocks and block size `parts` gives from its table entry's state.
+///
+/// # Safety
+/// Regions of `kind` record a `T` as their state.
+pub(crate) unsafe fn flush_lazy_each<T>(kind: Kind, parts: impl Fn(&T) -> (&Blocks, usize)) {
+    regions::each(kind, |start, _| {
+        let Some(inside) = regions::enter(start) else {
+            return;
+        };
+        // SAFETY: a `T` (the caller's promise), alive while this thread is inside the region.
+        let state = unsafe { &*inside.entry.state().cast::<T>() };
+        let (blocks, block) = parts(state);
+        blocks.lazy.flush(Place {
+            start: inside.start,
+            len: inside.len,
+            block,
+        });
+    });
+}
+
 /// A refill region as its fills see it.
 pub(crate) struct Region<'a> {
     /// The descriptor it is registered on.
@@ -124,6 +151,16 @@ pub(crate) struct Region<'a> {
     pub(crate) len: usize,
     pub(crate) block: usize,
     pub(crate) blocks: &'a Blocks,
+}
+
+impl Region<'_> {
+    fn place(&self) -> Place {
+        Place {
+            start: self.start,
+            len: self.len,
+            block: self.block,
+        }
+    }
 }
 
 /// A fill buffer of the region's block size.
@@ -184,9 +221,9 @@ pub(crate) fn make(
         crate::stats::count_refill_failure();
         return false;
     }
-    // Clean lazy pages: the first the kernel drops when memory is short.
-    // SAFETY: the block's content is the fill's, made again at the next fault.
-    let _ = unsafe { mem::purge_lazy(dst as *mut u8, n) };
+    // Clean lazy pages, the first the kernel drops when memory is short: at once while it is,
+    // else with the blocks made next to it.
+    region.blocks.lazy.made(region.place(), offset, recycling);
     // Blocks past index u32::MAX (a region of more than 2^32 blocks) are not listed: never
     // recycled, only taken by the kernel.
     if let Ok(b) = u32::try_from(offset / region.block) {

@@ -129,6 +129,13 @@ pub(crate) fn reregister(fd: i32) {
     });
 }
 
+/// Lazily frees every region's blocks made and not yet freed (`crate::refill_lazy`): the
+/// reclaimer's tick, while such regions live.
+pub(crate) fn flush_lazy() {
+    // SAFETY: `add` records a `Here` for each region of this kind.
+    unsafe { refill_block::flush_lazy_each(Kind::RefillHere, |h: &Here| (&h.blocks, h.block)) };
+}
+
 /// For the SIGBUS hook (`crate::refill`'s, which passes the SIGBUS-mode descriptor `fd`):
 /// fills the block holding `addr` if a region filled on the faulting thread holds it.
 /// Async-signal-safe but for the fill function itself.

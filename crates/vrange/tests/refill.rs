@@ -190,6 +190,16 @@ fn bad_arguments_are_refused_and_from_raw_names_live_regions_only() {
     drop(unsafe { RefillRegion::from_raw(ptr, len) }.unwrap());
 }
 
+/// Blocks made one after another are lazily freed in runs; the last run goes when the refill thread rests.
+#[test]
+fn blocks_made_one_after_another_are_lazily_freed_once_the_refill_thread_rests() {
+    let _s = serial();
+    let Some((r, _)) = region(32 * BLOCK, 12) else {
+        return;
+    };
+    common::assert_lazily_freed_soon(&r, 32 * BLOCK);
+}
+
 // ---- Larger than its memory cgroup ----
 
 pressure_tests!("refill-reader", BLOCK, |len| {

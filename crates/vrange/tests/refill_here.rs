@@ -390,6 +390,16 @@ fn the_table_is_bounded_and_reuses_freed_entries() {
     drop(again);
 }
 
+/// Blocks made one after another are lazily freed in runs; the last run goes when the reclaimer's next tick.
+#[test]
+fn blocks_made_one_after_another_are_lazily_freed_by_the_next_tick() {
+    let _s = serial();
+    let Some((r, _)) = region(32 * BLOCK, 12) else {
+        return;
+    };
+    common::assert_lazily_freed_soon(&r, 32 * BLOCK);
+}
+
 // ---- Larger than its memory cgroup ----
 
 pressure_tests!("refill-here-reader", BLOCK, |len| {

@@ -206,8 +206,12 @@ pub(super) fn run() {
         check_budget(reasons & WAKE_BUDGET != 0, t);
         // Fills in a SIGBUS handler cannot read the headroom: they use this tick's reading
         // (`room::recent`).
-        if files_ok && crate::refill_here::live() {
-            let _ = super::room::measure(&mut refill_room);
+        if crate::refill_here::live() {
+            if files_ok {
+                let _ = super::room::measure(&mut refill_room);
+            }
+            // Their blocks made since the last tick, lazily freed (a fault leaves a run).
+            crate::refill_here::flush_lazy();
         }
         // Headroom from the open source each tick; by short-lived reads once a second, or each
         // tick while tight (no limit: the machine's MemAvailable).

@@ -124,6 +124,34 @@ pub fn close_from_floor() {
 }
 
 /// Word `i` of a refill region, read through it (a missing block is filled first).
+/// Reads through the first `len` bytes of `r` (a word of each page, in order) and waits for
+/// them to be lazily freed, which they must be within a moment of the last fill (blocks made
+/// one after another are freed in runs: `crate::refill_lazy`), so that the kernel could take
+/// them. Allows what the kernel keeps in its per-CPU batches (31 pages on each of 2 CPUs) and
+/// what the kernel took already.
+pub fn assert_lazily_freed_soon(r: &vrange::RefillRegion, len: usize) {
+    let page = vrange::page_size();
+    for at in (0..len).step_by(page) {
+        read_word(r, at / 8);
+    }
+    let slack = 62 * page as u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let lazy = vrange_testkit::procfs::lazy_free_kb(r.as_ptr()) << 10;
+        let resident = (vrange_sys::mem::resident_pages(r.as_ptr(), len).unwrap() * page) as u64;
+        if lazy + slack >= resident && lazy > 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} KiB of {} KiB resident lazily freed",
+            lazy >> 10,
+            resident >> 10
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub fn read_word(r: &vrange::RefillRegion, i: usize) -> u64 {
     assert!(i * 8 < r.len());
     // SAFETY: inside the region; reading fills its block first if it is missing.
