@@ -34,7 +34,8 @@
 //!
 //! The refill thread lives while refill regions do (it leaves a second after the last one is
 //! freed). It sleeps in poll(2) between faults, except while faults come close together (within
-//! 100 µs of the last fill): then it polls without sleeping for 100 µs after each, so that a
+//! 100 µs of the last fill): then it polls without sleeping for 100 µs after each, yielding its
+//! CPU between looks (to the faulting thread, when both share one), so that a
 //! thread reading through missing blocks does not wait for it to wake as well. The fill function runs on it, one call at a time for the whole process, and
 //! must not touch a refill region itself (it would wait for its own fill) nor free the region
 //! it fills. A fork child inherits no registration: there, missing pages read zero.
@@ -328,7 +329,8 @@ fn run() {
             flush_lazy();
         }
         match uffd::next_faults(fd, if awake { 0 } else { 1000 }, &mut faults) {
-            Ok(0) if awake => std::hint::spin_loop(),
+            // A thread that faults on this CPU runs first.
+            Ok(0) if awake => std::thread::yield_now(),
             Ok(0) if no_regions_left() => return,
             Ok(n) => {
                 let read_at = now_ns();
