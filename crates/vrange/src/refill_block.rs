@@ -1,9 +1,9 @@
 //! How one block of a refill region is made, by the refill thread (`crate::refill`) and in a
 //! SIGBUS handler (`crate::refill_here`) alike: the fill function writes the block into a fill
 //! buffer of the region's, which is then put in place, and the block is handed to the
-//! lazy-free path (`crate::refill_lazy`). Owns the choice between moving the buffer's pages into place
-//! (`UFFDIO_MOVE`, Linux 6.8) and copying them (`UFFDIO_COPY`), and the recycling of a region's
-//! oldest blocks near the memory cgroup's limit. Async-signal-safe but for the fill function:
+//! lazy-free path (`crate::refill_lazy`). Owns the choice between moving the buffer's pages
+//! into place (`UFFDIO_MOVE`, Linux 6.8) and copying them (`UFFDIO_COPY`), and the recycling
+//! of a region's oldest blocks near the memory cgroup's limit. Async-signal-safe but for the fill function:
 //! system calls and atomics only; it never allocates or locks, and never reads how memory
 //! stands itself (the caller asks `crate::short::Room::recycle_for` the block's bytes, by the
 //! means its thread has).
