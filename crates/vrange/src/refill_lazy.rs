@@ -7,7 +7,7 @@
 //! when the next block is not its neighbour, when it reaches [`RUN_MAX`] bytes, when memory is
 //! short (the block and the run at once), and within a moment otherwise: the refill thread
 //! before it sleeps, the reclaimer at each tick for regions filled on the faulting thread
-//! ([`flush`]). What the kernel cannot take meanwhile is one run per region, at most
+//! ([`Run::flush`]). What the kernel cannot take meanwhile is one run per region, at most
 //! [`RUN_MAX`] bytes, for at most one tick.
 //!
 //! A write to a refill page is not kept for good either way (the module documentation of
