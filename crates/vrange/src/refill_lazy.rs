@@ -40,7 +40,9 @@ pub(crate) struct Place {
 impl Place {
     /// Lazily frees `count` blocks from block `first` (the region's last one may be short).
     fn free(&self, first: u64, count: u64) {
-        let from = first as usize * self.block;
+        let Some(from) = (first as usize).checked_mul(self.block) else {
+            return;
+        };
         if count == 0 || from >= self.len {
             return;
         }
